@@ -1,0 +1,244 @@
+"""The relay core: dedup by (runId, id, seq), tombstones, routing, bounded memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workload_manager.relay import (
+    DeliverToBroker,
+    Drop,
+    DropReason,
+    Event,
+    InvalidEvent,
+    LifecycleEvent,
+    RelayCore,
+    RemoveEvent,
+    SendToPeers,
+)
+from workload_manager.workload import Workload, WorkloadState
+
+ORIGIN = "nod_origin"
+STATES_BY_SEQ = [WorkloadState.QUEUED, WorkloadState.RUNNING, WorkloadState.COMPLETED]
+METHOD = {
+    WorkloadState.QUEUED: "workload:submitted",
+    WorkloadState.RUNNING: "workload:started",
+    WorkloadState.COMPLETED: "workload:completed",
+    WorkloadState.FAILED: "workload:errored",
+    WorkloadState.CANCELLED: "workload:errored",
+}
+
+
+def event(
+    seq: int,
+    *,
+    wid: str = "1",
+    run: str = "run-a",
+    origin: str = ORIGIN,
+    state: WorkloadState | None = None,
+) -> LifecycleEvent:
+    state = state or STATES_BY_SEQ[min(seq, 3) - 1]
+    workload = Workload(
+        id=wid,
+        model="m",
+        engine="vllm",
+        runId=run,
+        state=state,
+        originatedFrom=origin,
+        createdAt=1,
+        seq=seq,
+    )
+    return LifecycleEvent(METHOD[state], workload)
+
+
+def test_method_and_state_must_agree() -> None:
+    with pytest.raises(InvalidEvent, match="workload:started carries state running, not queued"):
+        LifecycleEvent("workload:started", event(1).workload)
+    assert LifecycleEvent("workload:errored", event(3, state=WorkloadState.CANCELLED).workload)
+
+
+def test_first_seen_remote_event_goes_to_broker_and_on_to_other_peers() -> None:
+    relay = RelayCore()
+    ev = event(1)
+    actions = relay.receive_remote(ev, "nod_b", now=0)
+    assert actions == (DeliverToBroker(ev), SendToPeers(ev, frozenset({"nod_b", ORIGIN})))
+    assert relay.receive_remote(ev, "nod_c", now=0) == (Drop(DropReason.DUPLICATE),)
+
+
+def test_local_events_go_to_peers_not_back_to_broker() -> None:
+    relay = RelayCore()
+    ev = event(1)
+    assert relay.receive_local(ev, now=0) == (SendToPeers(ev, frozenset()),)
+    # our own event relayed back by a peer is a duplicate, not news for our broker
+    assert relay.receive_remote(ev, "nod_b", now=0) == (Drop(DropReason.DUPLICATE),)
+
+
+def test_stale_event_is_dropped() -> None:
+    relay = RelayCore()
+    relay.receive_remote(event(2), "nod_b", now=0)
+    assert relay.receive_remote(event(1), "nod_b", now=0) == (Drop(DropReason.STALE),)
+    assert relay.counters.stale == 1
+
+
+def test_same_id_in_a_new_run_is_a_new_workload() -> None:
+    relay = RelayCore()
+    relay.receive_remote(event(3, run="run-a"), "nod_b", now=0)
+    actions = relay.receive_remote(event(1, run="run-b"), "nod_b", now=0)
+    assert isinstance(actions[0], DeliverToBroker)
+
+
+def test_removal_removes_every_run_under_the_pair_and_holds_it_down() -> None:
+    relay = RelayCore()
+    relay.receive_remote(event(1, run="run-a"), "nod_b", now=0)
+    relay.receive_remote(event(1, run="run-b"), "nod_b", now=0)
+    removal = RemoveEvent("1", ORIGIN)
+    assert isinstance(relay.receive_remote(removal, "nod_b", now=1)[0], DeliverToBroker)
+    assert relay.live_count == 0
+    for run in ("run-a", "run-b"):
+        assert relay.receive_remote(event(2, run=run), "nod_c", now=2) == (
+            Drop(DropReason.REMOVED),
+        )
+    assert relay.receive_remote(removal, "nod_c", now=2) == (Drop(DropReason.DUPLICATE),)
+
+
+def test_removal_that_overtakes_the_events_still_holds_them_down() -> None:
+    relay = RelayCore()
+    assert isinstance(
+        relay.receive_remote(RemoveEvent("1", ORIGIN), "nod_b", now=0)[0], DeliverToBroker
+    )
+    assert relay.receive_remote(event(1), "nod_c", now=1) == (Drop(DropReason.REMOVED),)
+    assert relay.receive_remote(event(2), "nod_c", now=1) == (Drop(DropReason.REMOVED),)
+    assert relay.is_removed(ORIGIN, "1")
+
+
+def test_a_reused_id_is_held_down_while_the_tombstone_lives_then_accepted() -> None:
+    # The removal names no runId, so it covers every run of the id from that origin: the
+    # same answer on every member whatever the order (docs/protocol.md, "Removal").
+    relay = RelayCore(retention_s=10)
+    relay.receive_remote(event(1, run="run-a"), "nod_b", now=0)
+    relay.receive_remote(RemoveEvent("1", ORIGIN), "nod_b", now=0)
+    assert relay.receive_remote(event(1, run="run-b"), "nod_b", now=5) == (
+        Drop(DropReason.REMOVED),
+    )
+    relay.prune(now=11)
+    assert isinstance(
+        relay.receive_remote(event(1, run="run-b"), "nod_b", now=11)[0], DeliverToBroker
+    )
+
+
+def test_removal_by_another_origin_does_not_touch_ours() -> None:
+    relay = RelayCore()
+    relay.receive_remote(event(1), "nod_b", now=0)
+    relay.receive_remote(RemoveEvent("1", "nod_other"), "nod_b", now=0)
+    assert relay.latest("run-a", "1") is not None
+
+
+def test_retention_prunes_finished_and_tombstones_but_not_live() -> None:
+    relay = RelayCore(retention_s=10)
+    relay.receive_remote(event(1, wid="live"), "nod_b", now=0)
+    relay.receive_remote(event(3, wid="done"), "nod_b", now=0)
+    relay.receive_remote(event(1, wid="gone"), "nod_b", now=0)
+    relay.receive_remote(RemoveEvent("gone", ORIGIN), "nod_b", now=5)
+    assert relay.prune(now=9) == 0
+    assert relay.prune(now=10.5) == 1  # "done" finished at 0
+    assert relay.latest("run-a", "live") is not None
+    assert relay.is_removed(ORIGIN, "gone")
+    assert relay.prune(now=16) == 1  # the tombstone of "gone", removed at 5
+    assert not relay.is_removed(ORIGIN, "gone")
+    assert relay.live_count == 1
+
+
+def test_finished_workload_that_moves_on_is_not_pruned_by_its_old_finish_time() -> None:
+    relay = RelayCore(retention_s=10)
+    relay.receive_remote(event(3), "nod_b", now=0)
+    relay.receive_remote(event(4, state=WorkloadState.RUNNING), "nod_b", now=1)
+    assert relay.prune(now=100) == 0
+
+
+def test_cap_evicts_finished_first() -> None:
+    relay = RelayCore(max_workloads=3)
+    relay.receive_remote(event(1, wid="a"), "nod_b", now=0)
+    relay.receive_remote(event(3, wid="b"), "nod_b", now=0)
+    relay.receive_remote(event(1, wid="c"), "nod_b", now=0)
+    relay.receive_remote(event(1, wid="d"), "nod_b", now=0)
+    assert relay.live_count == 3
+    assert relay.latest("run-a", "b") is None
+    assert relay.counters.evicted == 1
+    relay.receive_remote(event(1, wid="e"), "nod_b", now=0)
+    assert relay.latest("run-a", "a") is None  # no finished left: the oldest goes
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    events: list[Event]
+    deliveries: list[tuple[int, str]]  # (index into events, sender)
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    events: list[Event] = []
+    for wid in draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=4, unique=True)):
+        for run in draw(st.lists(st.sampled_from(["r1", "r2"]), min_size=1, unique=True)):
+            last = draw(st.integers(min_value=1, max_value=5))
+            events.extend(event(seq, wid=wid, run=run) for seq in range(1, last + 1))
+        if draw(st.booleans()):
+            events.append(RemoveEvent(wid, ORIGIN))
+    # Duplicated, reordered and replayed: each event delivered 1-3 times, shuffled.
+    deliveries = [
+        (i, sender)
+        for i in range(len(events))
+        for sender in draw(
+            st.lists(st.sampled_from(["nod_b", "nod_c", "nod_d"]), min_size=1, max_size=3)
+        )
+    ]
+    return Plan(events, draw(st.permutations(deliveries)))
+
+
+@settings(max_examples=300)
+@given(plans())
+def test_dedup_delivers_each_event_at_most_once_and_never_resurrects(plan: Plan) -> None:
+    relay = RelayCore()
+    delivered: list[Any] = []
+    removed: set[str] = set()
+    for index, sender in plan.deliveries:
+        ev = plan.events[index]
+        actions = relay.receive_remote(ev, sender, now=0)
+        if not isinstance(actions[0], DeliverToBroker):
+            continue
+        if isinstance(ev, LifecycleEvent):
+            w = ev.workload
+            key = (w.runId, w.id, w.seq)
+            assert key not in delivered, "delivered twice"
+            assert w.id not in removed, "resurrected a removed workload"
+            # seq only ever rises per (runId, id)
+            assert all(not (k[:2] == key[:2] and k[2] >= key[2]) for k in delivered)
+            delivered.append(key)
+        else:
+            assert ev.workload_id not in removed, "removal delivered twice"
+            removed.add(ev.workload_id)
+    # Whatever arrived last, a removed workload holds no record.
+    for wid in removed:
+        for run in ("r1", "r2"):
+            assert relay.latest(run, wid) is None
+
+
+@given(plans())
+def test_order_of_delivery_does_not_change_the_final_view(plan: Plan) -> None:
+    # Two nodes that get the same events in different orders end with the same view.
+    forward, backward = RelayCore(), RelayCore()
+    for index, sender in plan.deliveries:
+        forward.receive_remote(plan.events[index], sender, now=0)
+    for index, sender in reversed(plan.deliveries):
+        backward.receive_remote(plan.events[index], sender, now=0)
+    for ev in plan.events:
+        if isinstance(ev, LifecycleEvent):
+            w = ev.workload
+            assert forward.latest(w.runId, w.id) == backward.latest(w.runId, w.id)
+    assert forward.live_count == backward.live_count

@@ -1,0 +1,122 @@
+"""`python -m workload_manager`: the seed's command line, exactly its flags.
+
+Logs go to stderr; stdout carries nothing but frames when the channel is stdio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from ._version import VERSION
+from .local import serve_stdio, serve_unix
+from .manager import Manager
+
+__all__ = ["build_parser", "main"]
+
+DEFAULT_PORT: Final = 14320
+LOG_LEVELS: Final = {
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
+PRUNE_INTERVAL_S: Final = 30.0
+
+log = logging.getLogger("workload_manager")
+
+
+def build_parser(prog: str = "workload_manager") -> argparse.ArgumentParser:
+    """The seed 002 flags: --port, --ipc, --cluster-dir, --log-level, --version."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Relay workload lifecycle events between the broker and cluster peers.",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"inter-node port to listen on and advertise (default {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--ipc",
+        type=Path,
+        metavar="PATH",
+        help="Unix socket for the broker channel (default: stdio)",
+    )
+    parser.add_argument(
+        "--cluster-dir",
+        type=Path,
+        metavar="PATH",
+        help="cluster dir (node.crt / node.key + trusted/); without it there is no "
+        "cluster identity and no inter-node traffic",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=tuple(LOG_LEVELS),
+        default="info",
+        help="one of error / warn / info / debug (default info)",
+    )
+    parser.add_argument("--version", action="version", version=VERSION)
+    return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 1-65535: {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "workload_manager") -> int:
+    """Parse the flags and run until the channel closes or a signal arrives."""
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=LOG_LEVELS[args.log_level],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.ipc is not None and sys.platform == "win32":
+        print(f"{prog}: --ipc named pipes are not supported yet", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run(args))
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> None:
+    manager = Manager(version=VERSION, port=args.port)
+    if args.cluster_dir is None:
+        log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with asyncio.TaskGroup() as tasks:
+        pruner = tasks.create_task(_prune_forever(manager))
+        serving = tasks.create_task(
+            serve_stdio(manager) if args.ipc is None else serve_unix(manager, args.ipc)
+        )
+        stopping = tasks.create_task(stop.wait())
+        await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.info("stopping on signal")
+        for task in (pruner, serving, stopping):
+            task.cancel()
+
+
+async def _prune_forever(manager: Manager) -> None:
+    while True:
+        await asyncio.sleep(PRUNE_INTERVAL_S)
+        manager.relay.prune(manager.clock())

@@ -1,0 +1,281 @@
+"""The relay and dedup core of the workload manager, sans-I/O.
+
+`RelayCore` takes decoded lifecycle and removal events -- from the local broker or from a
+peer -- and returns what to do with them: deliver to the broker, send to peers, or drop
+(with the reason). It keeps the latest record per workload and nothing per event, so its
+memory is bounded by live workloads plus a retention window of finished and removed ones.
+Time is passed in (`now`, seconds on a monotonic clock) so tests use a fake clock.
+
+The rules (seed 002, docs/protocol.md):
+
+- The dedup key is `(runId, id, seq)`: an event is new iff its `seq` is above the highest
+  seen for `(runId, id)`. `runId` is in the key because `id` is a per-facade counter that
+  restarts at 1; `seq` is in it so a workload that returns to a placement it already had
+  is not mistaken for a redelivery.
+- `workloads:remove` names `(originatedFrom, workloadId)` and no `runId`, so it removes every
+  record under that pair and leaves a tombstone on the pair: while the tombstone lives, no
+  late, duplicated or reordered event of any run brings the workload back. Every member
+  applies the same rule whatever order events arrive in, so all of them converge on the same
+  view (the trade-off, a reused id hidden for the retention, is in docs/protocol.md).
+- Local events go to the peers and are not echoed to the broker; first-seen remote events
+  go to the broker once and on to every peer except the sender and the origin.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from .workload import LIFECYCLE_METHODS, Workload, WorkloadState
+
+__all__ = [
+    "Action",
+    "DeliverToBroker",
+    "Drop",
+    "DropReason",
+    "Event",
+    "LifecycleEvent",
+    "RelayCore",
+    "RelayCounters",
+    "RemoveEvent",
+    "SendToPeers",
+]
+
+_Key = tuple[str, str]  # (runId, id)
+_Pair = tuple[str, str]  # (originatedFrom, id)
+
+
+class InvalidEvent(ValueError):
+    """An event whose method and record disagree (the caller's fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent:
+    """`workload:submitted|started|completed|errored` with its record."""
+
+    method: str
+    workload: Workload
+
+    def __post_init__(self) -> None:
+        allowed = LIFECYCLE_METHODS.get(self.method)
+        if allowed is None:
+            raise InvalidEvent(f"{self.method!r} is not a lifecycle method")
+        if self.workload.state not in allowed:
+            states = " or ".join(sorted(s.value for s in allowed))
+            raise InvalidEvent(
+                f"{self.method} carries state {states}, not {self.workload.state.value}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveEvent:
+    """`workloads:remove {workloadId, originatedFrom}`."""
+
+    workload_id: str
+    originated_from: str
+
+
+Event = LifecycleEvent | RemoveEvent
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverToBroker:
+    """Tell the broker: `workloads:upsert` for a lifecycle event, else `workloads:remove`."""
+
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SendToPeers:
+    """Send the event to every peer except the node ids in `exclude`."""
+
+    event: Event
+    exclude: frozenset[str]
+
+
+class DropReason(enum.Enum):
+    """Why an event was not passed on."""
+
+    DUPLICATE = "duplicate"  # same seq as the latest seen
+    STALE = "stale"  # lower seq than the latest seen
+    REMOVED = "removed"  # the workload was removed; a tombstone holds it down
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """The event is not passed on."""
+
+    reason: DropReason
+
+
+Action = DeliverToBroker | SendToPeers | Drop
+
+_DROP: Final = {reason: (Drop(reason),) for reason in DropReason}
+_NO_EXCLUDE: Final[frozenset[str]] = frozenset()
+_TERMINAL: Final = frozenset(state for state in WorkloadState if state.is_terminal)
+
+
+@dataclass(slots=True)
+class RelayCounters:
+    """What the relay has seen, for `manager:status` and metrics."""
+
+    received_local: int = 0
+    received_remote: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    blocked_by_tombstone: int = 0
+    removals: int = 0
+    duplicate_removals: int = 0
+    pruned: int = 0
+    evicted: int = 0
+
+
+class RelayCore:
+    """Dedup state and routing decisions for workload events."""
+
+    def __init__(self, *, retention_s: float = 3600.0, max_workloads: int = 100_000) -> None:
+        if retention_s < 0 or max_workloads < 1:
+            raise ValueError("retention_s must be >= 0 and max_workloads >= 1")
+        self.retention_s = retention_s
+        self.max_workloads = max_workloads
+        self.counters = RelayCounters()
+        self._latest: dict[_Key, Workload] = {}
+        self._runs: dict[_Pair, list[str]] = {}  # live runIds under (originatedFrom, id)
+        self._finished_at: dict[_Key, float] = {}  # terminal records, oldest first
+        self._removed_at: dict[_Pair, float] = {}  # tombstones, oldest first
+
+    # -- inbound ------------------------------------------------------------------------
+
+    def receive_local(self, event: Event, now: float) -> tuple[Action, ...]:
+        """An event from our own broker: broadcast it if it is new."""
+        self.counters.received_local += 1
+        drop = self._apply(event, now)
+        if drop is not None:
+            return drop
+        return (SendToPeers(event, _NO_EXCLUDE),)
+
+    def receive_remote(self, event: Event, sender: str, now: float) -> tuple[Action, ...]:
+        """An event from peer `sender`: tell the broker once and relay it onwards."""
+        self.counters.received_remote += 1
+        drop = self._apply(event, now)
+        if drop is not None:
+            return drop
+        origin = (
+            event.workload.originatedFrom
+            if isinstance(event, LifecycleEvent)
+            else event.originated_from
+        )
+        return (DeliverToBroker(event), SendToPeers(event, frozenset((sender, origin))))
+
+    # -- views ----------------------------------------------------------------------------
+
+    @property
+    def live_count(self) -> int:
+        """Records held (not removed), finished ones within retention included."""
+        return len(self._latest)
+
+    @property
+    def tombstone_count(self) -> int:
+        """Removed `(originatedFrom, id)` pairs held down by a tombstone."""
+        return len(self._removed_at)
+
+    def latest(self, run_id: str, workload_id: str) -> Workload | None:
+        """The latest record held for a workload, if any."""
+        return self._latest.get((run_id, workload_id))
+
+    def is_removed(self, originated_from: str, workload_id: str) -> bool:
+        """Whether a tombstone holds this workload down."""
+        return (originated_from, workload_id) in self._removed_at
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def prune(self, now: float) -> int:
+        """Forget finished records and tombstones older than the retention; returns how many."""
+        cutoff = now - self.retention_s
+        pruned = 0
+        while self._finished_at:
+            key, at = next(iter(self._finished_at.items()))
+            if at > cutoff:
+                break
+            del self._finished_at[key]
+            self._forget(key)
+            pruned += 1
+        while self._removed_at:
+            pair, at = next(iter(self._removed_at.items()))
+            if at > cutoff:
+                break
+            del self._removed_at[pair]
+            pruned += 1
+        self.counters.pruned += pruned
+        return pruned
+
+    # -- the rules --------------------------------------------------------------------------
+
+    def _apply(self, event: Event, now: float) -> tuple[Drop] | None:
+        if isinstance(event, RemoveEvent):
+            return self._remove((event.originated_from, event.workload_id), now)
+        workload = event.workload
+        if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
+            self.counters.blocked_by_tombstone += 1
+            return _DROP[DropReason.REMOVED]
+        key = (workload.runId, workload.id)
+        previous = self._latest.get(key)
+        if previous is not None:
+            if workload.seq == previous.seq:
+                self.counters.duplicates += 1
+                return _DROP[DropReason.DUPLICATE]
+            if workload.seq < previous.seq:
+                self.counters.stale += 1
+                return _DROP[DropReason.STALE]
+            if previous.state in _TERMINAL:
+                del self._finished_at[key]
+        else:
+            pair = (workload.originatedFrom, workload.id)
+            runs = self._runs.get(pair)
+            if runs is None:
+                self._runs[pair] = [workload.runId]
+            else:
+                runs.append(workload.runId)
+        self._latest[key] = workload
+        if workload.state in _TERMINAL:
+            self._finished_at[key] = now
+        self.counters.accepted += 1
+        if len(self._latest) > self.max_workloads:
+            self._evict_one()
+        return None
+
+    def _remove(self, pair: _Pair, now: float) -> tuple[Drop] | None:
+        if pair in self._removed_at:
+            self.counters.duplicate_removals += 1
+            return _DROP[DropReason.DUPLICATE]
+        for run_id in self._runs.pop(pair, ()):
+            key = (run_id, pair[1])
+            del self._latest[key]
+            self._finished_at.pop(key, None)
+        self._removed_at[pair] = now
+        self.counters.removals += 1
+        if len(self._removed_at) > self.max_workloads:
+            del self._removed_at[next(iter(self._removed_at))]
+            self.counters.evicted += 1
+        return None
+
+    def _forget(self, key: _Key) -> None:
+        workload = self._latest.pop(key)
+        pair = (workload.originatedFrom, workload.id)
+        runs = self._runs.get(pair)
+        if runs is not None:
+            runs.remove(key[0])
+            if not runs:
+                del self._runs[pair]
+
+    def _evict_one(self) -> None:
+        # Over the cap: the oldest finished record goes first, else the oldest record.
+        if self._finished_at:
+            key = next(iter(self._finished_at))
+            del self._finished_at[key]
+        else:
+            key = next(iter(self._latest))
+        self._forget(key)
+        self.counters.evicted += 1

@@ -1,0 +1,116 @@
+"""The workload record of seed 002 and the events that carry it.
+
+`Workload` has exactly the seed's thirteen fields under their JSON names. Absent and null
+are kept apart (`scheduledOn` is absent until a target is chosen; the nullable fields may be
+null), so a record re-encodes to the JSON it was decoded from. Unknown fields -- a `prompt`,
+`messages`, a response body -- are dropped on decode: prompts never enter this contract.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+__all__ = [
+    "LIFECYCLE_METHODS",
+    "REMOVE_METHOD",
+    "LifecycleParams",
+    "RemoveParams",
+    "Workload",
+    "WorkloadState",
+    "decode_workload",
+    "encode_workload",
+]
+
+# Bounds keep one record small whatever a peer sends; the numbers are generous for real use
+# (a model name, a ULID, a node id) and tight enough that 10,000 live records stay a few MB.
+_Name = Annotated[str, Meta(min_length=1, max_length=256)]
+_Text = Annotated[str, Meta(max_length=4096)]
+_EpochMs = Annotated[int, Meta(ge=0)]
+_Seq = Annotated[int, Meta(ge=1)]
+
+
+class WorkloadState(enum.Enum):
+    """A workload's state, as seed 002 lists them."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether no further lifecycle event is expected after this state."""
+        return self in _TERMINAL
+
+
+_TERMINAL: Final = frozenset(
+    {WorkloadState.COMPLETED, WorkloadState.FAILED, WorkloadState.CANCELLED}
+)
+
+
+class Workload(Struct, kw_only=True, frozen=True, gc=False):
+    """One inference request's lifecycle record (seed 002 "Workload shape")."""
+
+    id: _Name
+    model: _Name
+    engine: _Name
+    runId: _Name
+    state: WorkloadState
+    originatedFrom: _Name
+    # Absent until a target is chosen; never null (the seed's pointer with omitempty).
+    scheduledOn: _Name | UnsetType = UNSET
+    createdAt: _EpochMs
+    # Nullable fields keep "absent" and "null" apart so a peer's payload round-trips.
+    startedAt: _EpochMs | UnsetType | None = UNSET
+    completedAt: _EpochMs | UnsetType | None = UNSET
+    error: _Text | UnsetType | None = UNSET
+    requesterId: _Name | UnsetType | None = UNSET
+    seq: _Seq
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The workload's identity for dedup: `(runId, id)` (seed 002)."""
+        return (self.runId, self.id)
+
+
+class LifecycleParams(Struct, kw_only=True, frozen=True, gc=False):
+    """Params of `workload:submitted|started|completed|errored`."""
+
+    workloadInfo: Workload
+
+
+class RemoveParams(Struct, kw_only=True, frozen=True, gc=False):
+    """Params of `workloads:remove`: the workload id and the node it originated from."""
+
+    workloadId: _Name
+    originatedFrom: _Name
+
+
+# Seed 002's lifecycle methods and the states each may carry. `workload:errored` also carries
+# `cancelled`: the seed lists the state but names no method for it, and a cancelled request
+# is a request that did not complete (docs/protocol.md).
+LIFECYCLE_METHODS: Final[dict[str, frozenset[WorkloadState]]] = {
+    "workload:submitted": frozenset({WorkloadState.QUEUED}),
+    "workload:started": frozenset({WorkloadState.RUNNING}),
+    "workload:completed": frozenset({WorkloadState.COMPLETED}),
+    "workload:errored": frozenset({WorkloadState.FAILED, WorkloadState.CANCELLED}),
+}
+REMOVE_METHOD: Final = "workloads:remove"
+
+_workload_decoder: Final = msgspec.json.Decoder(Workload)
+_encoder: Final = msgspec.json.Encoder()
+
+
+def decode_workload(data: bytes | str) -> Workload:
+    """Decode one JSON workload record; raises `msgspec.ValidationError` on bad values."""
+    return _workload_decoder.decode(data)
+
+
+def encode_workload(workload: Workload) -> bytes:
+    """Encode a workload record as compact JSON (unknown fields are already gone)."""
+    return _encoder.encode(workload)
