@@ -9,15 +9,17 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 from ._version import VERSION
 from .local import serve_stdio, serve_unix
 from .manager import Manager
+from .relay import RelayCore
 
 __all__ = ["build_parser", "main"]
 
@@ -90,13 +92,34 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "workload_manager") -
     if args.ipc is not None and sys.platform == "win32":
         print(f"{prog}: --ipc named pipes are not supported yet", file=sys.stderr)
         return 2
+    try:
+        relay = relay_from_env(os.environ)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(args))
+        asyncio.run(_run(args, relay))
     return 0
 
 
-async def _run(args: argparse.Namespace) -> None:
-    manager = Manager(version=VERSION, port=args.port)
+def relay_from_env(environ: Mapping[str, str]) -> RelayCore:
+    """The relay's retention and cap, from `NVPAIR_WM_RETENTION_S` / `NVPAIR_WM_MAX_WORKLOADS`.
+
+    Environment rather than flags: the seed fixes the flags exactly.
+    """
+    try:
+        retention = float(environ.get("NVPAIR_WM_RETENTION_S", "3600"))
+        cap = int(environ.get("NVPAIR_WM_MAX_WORKLOADS", "100000"))
+        return RelayCore(retention_s=retention, max_workloads=cap)
+    except ValueError as exc:
+        raise ValueError(
+            "NVPAIR_WM_RETENTION_S must be seconds >= 0 and NVPAIR_WM_MAX_WORKLOADS "
+            f"an integer >= 1 ({exc})"
+        ) from None
+
+
+async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
+    manager = Manager(version=VERSION, port=args.port, relay=relay)
     if args.cluster_dir is None:
         log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
     stop = asyncio.Event()

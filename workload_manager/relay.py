@@ -27,7 +27,9 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from .workload import LIFECYCLE_METHODS, Workload, WorkloadState
+from msgspec import Struct
+
+from .workload import Workload, WorkloadState
 
 __all__ = [
     "Action",
@@ -35,7 +37,6 @@ __all__ = [
     "Drop",
     "DropReason",
     "Event",
-    "LifecycleEvent",
     "RelayCore",
     "RelayCounters",
     "RemoveEvent",
@@ -46,52 +47,29 @@ _Key = tuple[str, str]  # (runId, id)
 _Pair = tuple[str, str]  # (originatedFrom, id)
 
 
-class InvalidEvent(ValueError):
-    """An event whose method and record disagree (the caller's fault)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LifecycleEvent:
-    """`workload:submitted|started|completed|errored` with its record."""
-
-    method: str
-    workload: Workload
-
-    def __post_init__(self) -> None:
-        allowed = LIFECYCLE_METHODS.get(self.method)
-        if allowed is None:
-            raise InvalidEvent(f"{self.method!r} is not a lifecycle method")
-        if self.workload.state not in allowed:
-            states = " or ".join(sorted(s.value for s in allowed))
-            raise InvalidEvent(
-                f"{self.method} carries state {states}, not {self.workload.state.value}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveEvent:
+class RemoveEvent(Struct, frozen=True, gc=False):
     """`workloads:remove {workloadId, originatedFrom}`."""
 
     workload_id: str
     originated_from: str
 
 
-Event = LifecycleEvent | RemoveEvent
+# A lifecycle event is its record: the method follows from the state (METHOD_FOR_STATE),
+# checked once where the frame is decoded.
+Event = Workload | RemoveEvent
 
 
-@dataclass(frozen=True, slots=True)
-class DeliverToBroker:
-    """Tell the broker: `workloads:upsert` for a lifecycle event, else `workloads:remove`."""
+class DeliverToBroker(Struct, frozen=True, gc=False):
+    """Tell the broker: `workloads:upsert` for a record, `workloads:remove` for a removal."""
 
     event: Event
 
 
-@dataclass(frozen=True, slots=True)
-class SendToPeers:
+class SendToPeers(Struct, frozen=True, gc=False):
     """Send the event to every peer except the node ids in `exclude`."""
 
     event: Event
-    exclude: frozenset[str]
+    exclude: tuple[str, ...]
 
 
 class DropReason(enum.Enum):
@@ -102,8 +80,7 @@ class DropReason(enum.Enum):
     REMOVED = "removed"  # the workload was removed; a tombstone holds it down
 
 
-@dataclass(frozen=True, slots=True)
-class Drop:
+class Drop(Struct, frozen=True, gc=False):
     """The event is not passed on."""
 
     reason: DropReason
@@ -111,9 +88,11 @@ class Drop:
 
 Action = DeliverToBroker | SendToPeers | Drop
 
-_DROP: Final = {reason: (Drop(reason),) for reason in DropReason}
-_NO_EXCLUDE: Final[frozenset[str]] = frozenset()
-_TERMINAL: Final = frozenset(state for state in WorkloadState if state.is_terminal)
+_DROPPED_DUPLICATE: Final = (Drop(DropReason.DUPLICATE),)
+_DROPPED_STALE: Final = (Drop(DropReason.STALE),)
+_DROPPED_REMOVED: Final = (Drop(DropReason.REMOVED),)
+_NO_EXCLUDE: Final[tuple[str, ...]] = ()
+_TERMINAL: Final = tuple(state for state in WorkloadState if state.is_terminal)
 
 
 @dataclass(slots=True)
@@ -151,7 +130,11 @@ class RelayCore:
     def receive_local(self, event: Event, now: float) -> tuple[Action, ...]:
         """An event from our own broker: broadcast it if it is new."""
         self.counters.received_local += 1
-        drop = self._apply(event, now)
+        if type(event) is Workload:
+            drop = self._accept(event, now)
+        else:
+            assert type(event) is RemoveEvent
+            drop = self._remove((event.originated_from, event.workload_id), now)
         if drop is not None:
             return drop
         return (SendToPeers(event, _NO_EXCLUDE),)
@@ -159,15 +142,16 @@ class RelayCore:
     def receive_remote(self, event: Event, sender: str, now: float) -> tuple[Action, ...]:
         """An event from peer `sender`: tell the broker once and relay it onwards."""
         self.counters.received_remote += 1
-        drop = self._apply(event, now)
+        if type(event) is Workload:
+            drop = self._accept(event, now)
+            origin = event.originatedFrom
+        else:
+            assert type(event) is RemoveEvent
+            drop = self._remove((event.originated_from, event.workload_id), now)
+            origin = event.originated_from
         if drop is not None:
             return drop
-        origin = (
-            event.workload.originatedFrom
-            if isinstance(event, LifecycleEvent)
-            else event.originated_from
-        )
-        return (DeliverToBroker(event), SendToPeers(event, frozenset((sender, origin))))
+        return (DeliverToBroker(event), SendToPeers(event, (sender, origin)))
 
     # -- views ----------------------------------------------------------------------------
 
@@ -213,31 +197,28 @@ class RelayCore:
 
     # -- the rules --------------------------------------------------------------------------
 
-    def _apply(self, event: Event, now: float) -> tuple[Drop] | None:
-        if isinstance(event, RemoveEvent):
-            return self._remove((event.originated_from, event.workload_id), now)
-        workload = event.workload
+    def _accept(self, workload: Workload, now: float) -> tuple[Drop] | None:
+        # Runs once per lifecycle event: keep it to a few dict operations.
         if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
             self.counters.blocked_by_tombstone += 1
-            return _DROP[DropReason.REMOVED]
+            return _DROPPED_REMOVED
         key = (workload.runId, workload.id)
         previous = self._latest.get(key)
-        if previous is not None:
-            if workload.seq == previous.seq:
-                self.counters.duplicates += 1
-                return _DROP[DropReason.DUPLICATE]
-            if workload.seq < previous.seq:
-                self.counters.stale += 1
-                return _DROP[DropReason.STALE]
-            if previous.state in _TERMINAL:
-                del self._finished_at[key]
-        else:
+        if previous is None:
             pair = (workload.originatedFrom, workload.id)
             runs = self._runs.get(pair)
             if runs is None:
                 self._runs[pair] = [workload.runId]
             else:
                 runs.append(workload.runId)
+        elif workload.seq <= previous.seq:
+            if workload.seq == previous.seq:
+                self.counters.duplicates += 1
+                return _DROPPED_DUPLICATE
+            self.counters.stale += 1
+            return _DROPPED_STALE
+        elif previous.state in _TERMINAL:
+            del self._finished_at[key]
         self._latest[key] = workload
         if workload.state in _TERMINAL:
             self._finished_at[key] = now
@@ -249,7 +230,7 @@ class RelayCore:
     def _remove(self, pair: _Pair, now: float) -> tuple[Drop] | None:
         if pair in self._removed_at:
             self.counters.duplicate_removals += 1
-            return _DROP[DropReason.DUPLICATE]
+            return _DROPPED_DUPLICATE
         for run_id in self._runs.pop(pair, ()):
             key = (run_id, pair[1])
             del self._latest[key]

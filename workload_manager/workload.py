@@ -16,6 +16,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 __all__ = [
     "LIFECYCLE_METHODS",
+    "METHOD_FOR_STATE",
     "REMOVE_METHOD",
     "LifecycleParams",
     "RemoveParams",
@@ -23,6 +24,7 @@ __all__ = [
     "WorkloadState",
     "decode_workload",
     "encode_workload",
+    "lifecycle_mismatch",
 ]
 
 # Bounds keep one record small whatever a peer sends; the numbers are generous for real use
@@ -94,13 +96,30 @@ class RemoveParams(Struct, kw_only=True, frozen=True, gc=False):
 # Seed 002's lifecycle methods and the states each may carry. `workload:errored` also carries
 # `cancelled`: the seed lists the state but names no method for it, and a cancelled request
 # is a request that did not complete (docs/protocol.md).
-LIFECYCLE_METHODS: Final[dict[str, frozenset[WorkloadState]]] = {
-    "workload:submitted": frozenset({WorkloadState.QUEUED}),
-    "workload:started": frozenset({WorkloadState.RUNNING}),
-    "workload:completed": frozenset({WorkloadState.COMPLETED}),
-    "workload:errored": frozenset({WorkloadState.FAILED, WorkloadState.CANCELLED}),
+LIFECYCLE_METHODS: Final[dict[str, tuple[WorkloadState, ...]]] = {
+    "workload:submitted": (WorkloadState.QUEUED,),
+    "workload:started": (WorkloadState.RUNNING,),
+    "workload:completed": (WorkloadState.COMPLETED,),
+    "workload:errored": (WorkloadState.FAILED, WorkloadState.CANCELLED),
 }
 REMOVE_METHOD: Final = "workloads:remove"
+
+# The method that carries each state, for re-sending a record to peers.
+METHOD_FOR_STATE: Final[dict[WorkloadState, str]] = {
+    state: method for method, states in LIFECYCLE_METHODS.items() for state in states
+}
+
+
+def lifecycle_mismatch(method: str, workload: Workload) -> str | None:
+    """Why `method` cannot carry this record, or `None` when it can."""
+    allowed = LIFECYCLE_METHODS.get(method)
+    if allowed is None:
+        return f"{method!r} is not a lifecycle method"
+    if workload.state in allowed:
+        return None
+    states = " or ".join(sorted(state.value for state in allowed))
+    return f"{method} carries state {states}, not {workload.state.value}"
+
 
 _workload_decoder: Final = msgspec.json.Decoder(Workload)
 _encoder: Final = msgspec.json.Encoder()

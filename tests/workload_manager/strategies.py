@@ -11,7 +11,7 @@ from workload_manager.workload import LIFECYCLE_METHODS, WorkloadState
 ABSENT: Any = object()
 
 names = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=40
 )
 epoch_ms = st.integers(min_value=0, max_value=2**53)
 nullable_ms = st.one_of(st.just(ABSENT), st.none(), epoch_ms)

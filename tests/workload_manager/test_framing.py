@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,7 +32,7 @@ def test_byte_by_byte() -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=20))
 def test_any_split_points(cuts: list[int]) -> None:
     points = sorted({0, len(STREAM), *cuts})
-    chunks = [STREAM[a:b] for a, b in zip(points, points[1:], strict=False)]
+    chunks = [STREAM[a:b] for a, b in itertools.pairwise(points)]
     assert feed_chunks(LineFramer(), chunks) == FRAMES
 
 

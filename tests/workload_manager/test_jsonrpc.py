@@ -33,8 +33,8 @@ notified: list[tuple[str, Any]] = []
 def subtract(params: Any) -> int:
     value = decode_params(msgspec.json.Decoder(list[int] | dict[str, int]), params)
     if isinstance(value, list):
-        return value[0] - value[1]
-    return value["minuend"] - value["subtrahend"]
+        return int(value[0] - value[1])
+    return int(value["minuend"] - value["subtrahend"])
 
 
 def spec_dispatcher() -> Dispatcher:

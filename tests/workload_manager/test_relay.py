@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,13 +13,16 @@ from workload_manager.relay import (
     Drop,
     DropReason,
     Event,
-    InvalidEvent,
-    LifecycleEvent,
     RelayCore,
     RemoveEvent,
     SendToPeers,
 )
-from workload_manager.workload import Workload, WorkloadState
+from workload_manager.workload import (
+    METHOD_FOR_STATE,
+    Workload,
+    WorkloadState,
+    lifecycle_mismatch,
+)
 
 ORIGIN = "nod_origin"
 STATES_BY_SEQ = [WorkloadState.QUEUED, WorkloadState.RUNNING, WorkloadState.COMPLETED]
@@ -40,9 +42,9 @@ def event(
     run: str = "run-a",
     origin: str = ORIGIN,
     state: WorkloadState | None = None,
-) -> LifecycleEvent:
+) -> Workload:
     state = state or STATES_BY_SEQ[min(seq, 3) - 1]
-    workload = Workload(
+    return Workload(
         id=wid,
         model="m",
         engine="vllm",
@@ -52,27 +54,35 @@ def event(
         createdAt=1,
         seq=seq,
     )
-    return LifecycleEvent(METHOD[state], workload)
 
 
 def test_method_and_state_must_agree() -> None:
-    with pytest.raises(InvalidEvent, match="workload:started carries state running, not queued"):
-        LifecycleEvent("workload:started", event(1).workload)
-    assert LifecycleEvent("workload:errored", event(3, state=WorkloadState.CANCELLED).workload)
+    assert (
+        lifecycle_mismatch("workload:started", event(1))
+        == "workload:started carries state running, not queued"
+    )
+    assert lifecycle_mismatch("workload:errored", event(3, state=WorkloadState.CANCELLED)) is None
+    assert lifecycle_mismatch("workload:errored", event(3, state=WorkloadState.FAILED)) is None
+    assert (
+        lifecycle_mismatch("workload:bogus", event(1))
+        == "'workload:bogus' is not a lifecycle method"
+    )
+    for state, method in METHOD.items():
+        assert METHOD_FOR_STATE[state] == method
 
 
 def test_first_seen_remote_event_goes_to_broker_and_on_to_other_peers() -> None:
     relay = RelayCore()
     ev = event(1)
     actions = relay.receive_remote(ev, "nod_b", now=0)
-    assert actions == (DeliverToBroker(ev), SendToPeers(ev, frozenset({"nod_b", ORIGIN})))
+    assert actions == (DeliverToBroker(ev), SendToPeers(ev, ("nod_b", ORIGIN)))
     assert relay.receive_remote(ev, "nod_c", now=0) == (Drop(DropReason.DUPLICATE),)
 
 
 def test_local_events_go_to_peers_not_back_to_broker() -> None:
     relay = RelayCore()
     ev = event(1)
-    assert relay.receive_local(ev, now=0) == (SendToPeers(ev, frozenset()),)
+    assert relay.receive_local(ev, now=0) == (SendToPeers(ev, ()),)
     # our own event relayed back by a peer is a duplicate, not news for our broker
     assert relay.receive_remote(ev, "nod_b", now=0) == (Drop(DropReason.DUPLICATE),)
 
@@ -212,8 +222,8 @@ def test_dedup_delivers_each_event_at_most_once_and_never_resurrects(plan: Plan)
         actions = relay.receive_remote(ev, sender, now=0)
         if not isinstance(actions[0], DeliverToBroker):
             continue
-        if isinstance(ev, LifecycleEvent):
-            w = ev.workload
+        if isinstance(ev, Workload):
+            w = ev
             key = (w.runId, w.id, w.seq)
             assert key not in delivered, "delivered twice"
             assert w.id not in removed, "resurrected a removed workload"
@@ -238,7 +248,7 @@ def test_order_of_delivery_does_not_change_the_final_view(plan: Plan) -> None:
     for index, sender in reversed(plan.deliveries):
         backward.receive_remote(plan.events[index], sender, now=0)
     for ev in plan.events:
-        if isinstance(ev, LifecycleEvent):
-            w = ev.workload
+        if isinstance(ev, Workload):
+            w = ev
             assert forward.latest(w.runId, w.id) == backward.latest(w.runId, w.id)
     assert forward.live_count == backward.live_count

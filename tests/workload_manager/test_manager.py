@@ -1,0 +1,208 @@
+"""The manager's method table and how relay actions become broker frames (no I/O)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workload_manager.manager import Manager
+from workload_manager.relay import Event, RemoveEvent
+from workload_manager.workload import Workload, decode_workload
+
+from .strategies import workload_dicts
+
+MARKER = "PROMPT-MARKER-7f3a"
+
+
+def remote_record(**extra: Any) -> bytes:
+    return json.dumps(
+        {
+            "id": "9",
+            "model": "m",
+            "engine": "vllm",
+            "runId": "r",
+            "state": "running",
+            "originatedFrom": "nod_a",
+            "scheduledOn": "nod_b",
+            "createdAt": 5,
+            "startedAt": 6,
+            "completedAt": None,
+            "seq": 2,
+            **extra,
+        }
+    ).encode()
+
+
+def test_remote_event_becomes_one_upsert_without_unknown_fields() -> None:
+    to_broker: list[bytes] = []
+    to_peers: list[tuple[Event, tuple[str, ...]]] = []
+    manager = Manager(
+        version="1",
+        port=1,
+        send_to_broker=to_broker.append,
+        send_to_peers=lambda e, x: to_peers.append((e, x)),
+    )
+    event = decode_workload(remote_record(prompt=MARKER, messages=[{"content": MARKER}]))
+    for sender in ("nod_b", "nod_c"):
+        manager.carry_out(manager.relay.receive_remote(event, sender, now=0))
+    assert len(to_broker) == 1
+    frame = json.loads(to_broker[0])
+    assert frame["method"] == "workloads:upsert"
+    assert "id" not in frame  # a notification
+    assert frame["params"]["workloadInfo"] == json.loads(remote_record())
+    assert MARKER not in to_broker[0].decode()
+    assert to_peers == [(event, ("nod_b", "nod_a"))]
+
+
+def test_remote_removal_becomes_workloads_remove() -> None:
+    to_broker: list[bytes] = []
+    manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
+    manager.carry_out(manager.relay.receive_remote(RemoveEvent("9", "nod_a"), "nod_b", now=0))
+    assert json.loads(to_broker[0]) == {
+        "jsonrpc": "2.0",
+        "method": "workloads:remove",
+        "params": {"workloadId": "9", "originatedFrom": "nod_a"},
+    }
+
+
+def test_local_event_goes_to_peers_only() -> None:
+    to_broker: list[bytes] = []
+    to_peers: list[tuple[Event, tuple[str, ...]]] = []
+    manager = Manager(
+        version="1",
+        port=1,
+        send_to_broker=to_broker.append,
+        send_to_peers=lambda e, x: to_peers.append((e, x)),
+    )
+    payload = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "workload:started",
+            "params": {"workloadInfo": json.loads(remote_record(prompt=MARKER))},
+        }
+    ).encode()
+    assert manager.handle_local(payload) is None
+    assert to_broker == []
+    [(event, exclude)] = to_peers
+    assert isinstance(event, Workload)
+    assert exclude == ()
+    assert not hasattr(event, "prompt")
+
+
+def test_ready_frame() -> None:
+    assert json.loads(Manager(version="9.9", port=1).ready_frame()) == {
+        "jsonrpc": "2.0",
+        "method": "ready",
+        "params": {"version": "9.9"},
+    }
+
+
+def test_handle_remote_delivers_once_and_peers_cannot_call_local_methods() -> None:
+    to_broker: list[bytes] = []
+    manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
+    frame = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "workload:started",
+            "params": {"workloadInfo": json.loads(remote_record())},
+        }
+    ).encode()
+    batch = b"[" + b",".join([frame, frame]) + b"]"
+    assert manager.handle_remote(batch, "nod_b") is None
+    assert manager.handle_remote(frame, "nod_c") is None
+    assert len(to_broker) == 1
+    assert manager.relay.counters.received_remote == 3
+    for method in ("peers:set", "manager:status"):
+        reply = manager.handle_remote(
+            json.dumps({"jsonrpc": "2.0", "method": method, "params": {}, "id": 1}).encode(),
+            "nod_b",
+        )
+        assert json.loads(reply or b"")["error"]["code"] == -32601
+
+
+def test_fast_path_methods_are_the_lifecycle_methods() -> None:
+    import typing
+
+    from workload_manager.manager import _LifecycleFrame
+    from workload_manager.workload import LIFECYCLE_METHODS
+
+    hints = typing.get_type_hints(_LifecycleFrame)
+    assert set(typing.get_args(hints["method"])) == set(LIFECYCLE_METHODS)
+
+
+frame_parts = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0"]),
+        "method": st.sampled_from(
+            [
+                "workload:submitted",
+                "workload:started",
+                "workload:completed",
+                "workload:errored",
+                "workloads:remove",
+                "manager:status",
+            ]
+        ),
+    },
+    optional={
+        "id": st.integers(0, 3),
+        "result": st.just(1),
+        "extra": st.just("x"),
+    },
+)
+
+
+@st.composite
+def payloads(draw: st.DrawFn) -> bytes:
+    def one() -> dict[str, Any]:
+        frame = draw(frame_parts)
+        record = draw(workload_dicts())
+        record["originatedFrom"] = draw(st.sampled_from(["nod_a", "nod_b"]))
+        record["id"] = draw(st.sampled_from(["1", "2"]))
+        record["runId"] = "r"
+        record["seq"] = draw(st.integers(1, 4))
+        if frame["method"] == "workloads:remove":
+            frame["params"] = {
+                "workloadId": record["id"],
+                "originatedFrom": record["originatedFrom"],
+            }
+        else:
+            frame["params"] = {"workloadInfo": record}
+        return frame
+
+    if draw(st.booleans()):
+        return json.dumps(one()).encode()
+    return json.dumps([one() for _ in range(draw(st.integers(0, 4)))]).encode()
+
+
+def collector(sink: list[Any]) -> Callable[[Event, tuple[str, ...]], None]:
+    return lambda event, exclude: sink.append((event, exclude))
+
+
+@settings(max_examples=300)
+@given(st.lists(payloads(), min_size=1, max_size=8), st.sampled_from([None, "nod_c"]))
+def test_fast_and_general_paths_give_the_same_answers(
+    sequence: list[bytes], sender: str | None
+) -> None:
+    results = []
+    for fast in (True, False):
+        to_broker: list[bytes] = []
+        to_peers: list[Any] = []
+        manager = Manager(
+            version="1",
+            port=1,
+            clock=lambda: 0.0,
+            send_to_broker=to_broker.append,
+            send_to_peers=collector(to_peers),
+            fast_path=fast,
+        )
+        replies = [
+            manager.handle_local(p) if sender is None else manager.handle_remote(p, sender)
+            for p in sequence
+        ]
+        results.append((replies, to_broker, to_peers, manager.relay.counters))
+    assert results[0] == results[1]
