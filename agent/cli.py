@@ -2,34 +2,49 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+from . import cluster_cli
 
-USAGE = """usage: nvpair COMMAND [ARGS...]
+__all__ = ["build_parser", "main"]
 
-commands:
-  workload-manager   run the workload manager (same flags as python -m workload_manager)
-  version            print the version
-"""
+
+def build_parser() -> argparse.ArgumentParser:
+    """All `nvpair` commands."""
+    parser = argparse.ArgumentParser(
+        prog="nvpair", description="Peer-to-peer GPU inference cluster node."
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser(
+        "workload-manager",
+        help="run the workload manager (the flags of python -m workload_manager)",
+        add_help=False,
+    )
+    commands.add_parser("version", help="print the version")
+    cluster_cli.add_commands(commands)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to a subcommand."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE, end="")
-        return 0 if args else 2
-    command, rest = args[0], args[1:]
-    if command == "workload-manager":
+    """Dispatch to a subcommand; returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "workload-manager":
+        # The manager owns its flags (seed 002); pass them through untouched.
         from workload_manager.cli import main as manager_main
 
-        return manager_main(rest, prog="nvpair workload-manager")
-    if command in ("version", "--version"):
+        return manager_main(args_list[1:], prog="nvpair workload-manager")
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.version or args.command == "version":
         from workload_manager import VERSION
 
         print(VERSION)
         return 0
-    print(f"nvpair: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
-    return 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    result: int = args.run(args)
+    return result

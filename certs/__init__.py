@@ -1,4 +1,50 @@
-"""Cluster identity: CA, node certificates, the trusted/ pin store, invites, TLS contexts.
-
-Arrives with the cluster-identity issue.
+"""Cluster identity: the CA, node certificates, the `trusted/` pin store, invites and TLS
+contexts. No network I/O here: the servers and clients that use it live elsewhere.
 """
+
+from .cluster_dir import ClusterDir, Identity, default_cluster_dir
+from .errors import (
+    BadJoinResponse,
+    CertsError,
+    InsecurePermissions,
+    InviteRefused,
+    NoIdentity,
+    NotCAHolder,
+    PinRefused,
+)
+from .guard import peer_node_id, pin_guard
+from .identity import NodeCert, spki_sha256
+from .ids import is_node_id, new_node_id
+from .invites import JoinRequest, JoinResponse, admit, complete_join, create_invite, prepare_join
+from .pins import Member, PinStore
+from .tls import ClientContexts, ServerContexts, server_hostname_for
+
+__all__ = [
+    "BadJoinResponse",
+    "CertsError",
+    "ClientContexts",
+    "ClusterDir",
+    "Identity",
+    "InsecurePermissions",
+    "InviteRefused",
+    "JoinRequest",
+    "JoinResponse",
+    "Member",
+    "NoIdentity",
+    "NodeCert",
+    "NotCAHolder",
+    "PinRefused",
+    "PinStore",
+    "ServerContexts",
+    "admit",
+    "complete_join",
+    "create_invite",
+    "default_cluster_dir",
+    "is_node_id",
+    "new_node_id",
+    "peer_node_id",
+    "pin_guard",
+    "prepare_join",
+    "server_hostname_for",
+    "spki_sha256",
+]

@@ -1,0 +1,54 @@
+"""The per-request pin check for aiohttp servers behind cluster mTLS.
+
+TLS proves the caller holds a certificate of the cluster CA; the guard then asks the pin
+store whether its key belongs to a current member, on every request. That is what refuses a
+removed member on a kept-alive connection or a resumed TLS session, where no new handshake
+happens. A refused caller gets a bare 403: nothing about why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from aiohttp import web
+
+from .pins import PinStore
+
+__all__ = ["PEER_NODE_ID", "peer_node_id", "pin_guard"]
+
+PEER_NODE_ID: Final = "nvpair.peer_node_id"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def pin_guard(pins: PinStore) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """An aiohttp middleware: 403 unless the caller's key is pinned."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        node_id = caller_node_id(request, pins)
+        if node_id is None:
+            raise web.HTTPForbidden(text="forbidden\n")
+        request[PEER_NODE_ID] = node_id
+        return await handler(request)
+
+    return guard
+
+
+def caller_node_id(request: web.BaseRequest, pins: PinStore) -> str | None:
+    """The pinned member behind this request, or None."""
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    return pins.node_id_of_cert_der(der)
+
+
+def peer_node_id(request: web.Request) -> str:
+    """The caller's node id, set by `pin_guard`."""
+    node_id: str = request[PEER_NODE_ID]
+    return node_id

@@ -1,0 +1,43 @@
+"""Node ids: `nod_` + a lowercase Crockford base32 ULID (DESIGN.md, Wingsmith ids)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from ulid import ULID
+
+__all__ = ["NODE_ID_RE", "is_node_id", "new_node_id", "node_dns_name", "node_uri"]
+
+NODE_ID_RE: Final = re.compile(r"^nod_[0-9a-hjkmnp-tv-z]{26}$")
+_URI_PREFIX: Final = "urn:nvpair:node:"
+# A name under the private-use `.internal` domain that each node certificate carries, so a
+# client checks "this is node X" with the ordinary hostname check while it connects by IP.
+_DNS_SUFFIX: Final = ".nvpair.internal"
+
+
+def new_node_id() -> str:
+    """A fresh node id."""
+    return "nod_" + str(ULID()).lower()
+
+
+def is_node_id(text: str) -> bool:
+    """Whether `text` is a well-formed node id."""
+    return NODE_ID_RE.match(text) is not None
+
+
+def node_uri(node_id: str) -> str:
+    """The SAN URI that carries the node id in its certificate."""
+    return _URI_PREFIX + node_id
+
+
+def node_id_from_uri(uri: str) -> str | None:
+    """The node id in a SAN URI, or None if the URI is not ours."""
+    if uri.startswith(_URI_PREFIX) and is_node_id(uri[len(_URI_PREFIX) :]):
+        return uri[len(_URI_PREFIX) :]
+    return None
+
+
+def node_dns_name(node_id: str) -> str:
+    """The DNS SAN a client checks when it expects to reach `node_id`."""
+    return node_id + _DNS_SUFFIX

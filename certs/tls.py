@@ -1,0 +1,126 @@
+"""`ssl.SSLContext`s for cluster mTLS, built only when the identity files change.
+
+Server: the listening context has no certificate of its own. Its `sni_callback` resolves
+`node.crt` / `node.key` per handshake and swaps in a context built from them, so a node that
+gets its identity later starts serving without a rebind; without an identity every handshake
+fails. The outer context is `CERT_REQUIRED` (after the swap, OpenSSL still takes
+`verify_mode` from the outer context) and the inner one trusts the cluster CA; the pin check
+is per HTTP request (`certs.guard`). TLS 1.3 only.
+
+Session tickets stay on: a resumed session still presents the original client certificate
+to `getpeercert()`, and the per-request pin check refuses a removed member on it just as on
+a full handshake (tests/certs/test_tls_server.py shows it), so resumption saves the ~5 ms
+handshake without weakening removal.
+
+Client: presents this node's identity, trusts the cluster CA, and checks that the server
+is the node it meant to reach through the DNS SAN `<node id>.nvpair.internal`
+(`server_hostname_for`), while it connects by address.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+from ._files import check_private, file_stamp
+from .cluster_dir import ClusterDir
+from .errors import CertsError
+from .ids import node_dns_name
+
+__all__ = ["ClientContexts", "ServerContexts", "server_hostname_for"]
+
+log = logging.getLogger(__name__)
+
+_Stamp = tuple[tuple[int, int, int] | None, ...]
+
+
+def server_hostname_for(node_id: str) -> str:
+    """The name a client checks when it expects to reach `node_id`."""
+    return node_dns_name(node_id)
+
+
+class _IdentityCache:
+    """Builds a context from the identity files, again only when they change."""
+
+    def __init__(self, cluster: ClusterDir, purpose: ssl.Purpose) -> None:
+        self.cluster = cluster
+        self.purpose = purpose
+        self._stamp: _Stamp | None = None
+        self._context: ssl.SSLContext | None = None
+        self.builds = 0
+
+    def _files(self) -> tuple[Path, ...]:
+        return (self.cluster.node_crt, self.cluster.node_key, self.cluster.ca_crt)
+
+    def current(self) -> ssl.SSLContext | None:
+        """The context for the files as they are now, or None without an identity."""
+        stamp = tuple(file_stamp(path) for path in self._files())
+        if stamp != self._stamp:
+            self._context = self._build() if None not in stamp else None
+            self._stamp = stamp
+        return self._context
+
+    def _build(self) -> ssl.SSLContext | None:
+        cluster = self.cluster
+        try:
+            check_private(cluster.node_key)
+            if self.purpose is ssl.Purpose.CLIENT_AUTH:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            else:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.check_hostname = True
+            context.minimum_version = ssl.TLSVersion.TLSv1_3
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_cert_chain(cluster.node_crt, cluster.node_key)
+            context.load_verify_locations(cafile=cluster.ca_crt)
+        except (OSError, ssl.SSLError, CertsError) as exc:
+            # Half-written files (a join in progress) or a refused key: no identity for now.
+            log.error("cluster identity in %s is unusable: %s", cluster.path, exc)
+            return None
+        self.builds += 1
+        return context
+
+
+class ServerContexts:
+    """The listening context for an mTLS server, resolving its identity per handshake."""
+
+    def __init__(self, cluster: ClusterDir) -> None:
+        self._identity = _IdentityCache(cluster, ssl.Purpose.CLIENT_AUTH)
+        outer = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        outer.minimum_version = ssl.TLSVersion.TLSv1_3
+        outer.verify_mode = ssl.CERT_REQUIRED
+        if cluster.ca_crt.exists():
+            outer.load_verify_locations(cafile=cluster.ca_crt)
+        outer.sni_callback = self._on_client_hello
+        self.listening = outer
+        self.refused_handshakes = 0
+
+    @property
+    def builds(self) -> int:
+        """How many inner contexts were built: once per change of the identity files."""
+        return self._identity.builds
+
+    def _on_client_hello(
+        self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, outer: ssl.SSLContext
+    ) -> int | None:
+        context = self._identity.current()
+        if context is None:
+            self.refused_handshakes += 1
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
+        conn.context = context
+        return None
+
+
+class ClientContexts:
+    """The client context that presents this node's identity, rebuilt on change."""
+
+    def __init__(self, cluster: ClusterDir) -> None:
+        self._identity = _IdentityCache(cluster, ssl.Purpose.SERVER_AUTH)
+
+    def current(self) -> ssl.SSLContext:
+        """The context to connect with; raises `CertsError` without an identity."""
+        context = self._identity.current()
+        if context is None:
+            raise CertsError(f"no usable cluster identity in {self._identity.cluster.path}")
+        return context
