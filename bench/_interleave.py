@@ -20,6 +20,13 @@ def interleave(
     for _ in range(rounds):
         base_rates.append(baseline())
         subject_rates.append(subject())
+    return report(base_rates, subject_rates, unit=unit, label=label)
+
+
+def report(
+    base_rates: list[float], subject_rates: list[float], *, unit: str, label: str = ""
+) -> float:
+    """Print both medians with every round, then `ratio: X.XX` (subject / baseline)."""
     base = statistics.median(base_rates)
     subj = statistics.median(subject_rates)
     ratio = subj / base

@@ -52,10 +52,13 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         raise
 
 
-def file_stamp(path: Path) -> tuple[int, int, int] | None:
-    """(inode, mtime ns, size) of a file, or None when it does not exist."""
+def file_stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """(inode, mtime ns, ctime ns, size) of a file, or None when it does not exist.
+
+    ctime is in it so a `chmod` (fixing a key's mode) counts as a change too.
+    """
     try:
         st = path.stat()
     except FileNotFoundError:
         return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)

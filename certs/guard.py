@@ -12,17 +12,18 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from .pins import PinStore
 
 __all__ = ["PEER_NODE_ID", "peer_node_id", "pin_guard"]
 
-PEER_NODE_ID: Final = "nvpair.peer_node_id"
+PEER_NODE_ID: Final = web.RequestKey("nvpair.peer_node_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def pin_guard(pins: PinStore) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def pin_guard(pins: PinStore) -> Middleware:
     """An aiohttp middleware: 403 unless the caller's key is pinned."""
 
     @web.middleware
@@ -50,5 +51,4 @@ def caller_node_id(request: web.BaseRequest, pins: PinStore) -> str | None:
 
 def peer_node_id(request: web.Request) -> str:
     """The caller's node id, set by `pin_guard`."""
-    node_id: str = request[PEER_NODE_ID]
-    return node_id
+    return request[PEER_NODE_ID]

@@ -6,15 +6,18 @@ certificate's SubjectPublicKeyInfo, so re-issuing a member's certificate with th
 `removed/<node id>.json`; a tombstoned node id or key can never be pinned again, so a stale
 record cannot bring a removed member back.
 
-Pins are re-read per request, cached on the (inode, mtime, size) of the directory and each
-file: a check costs a few `stat` calls. A change less than two seconds old is not trusted
-to the cache (a rewrite within one coarse mtime tick would otherwise go unseen), so the
-store reads the files again until the change has settled.
+Pins are re-read per request, cached on the (inode, mtime, size) of the two directories
+and of each file. Every check stats the directories, so adding or removing a member takes
+effect on the next request; the files are stat'ed at most every 100 ms, so an edit in place
+takes effect within that. A change less than two seconds old is not trusted to the cache (a
+rewrite within one coarse mtime tick would otherwise go unseen): until it settles, the files
+are read again at each 100 ms check.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import time
@@ -26,11 +29,33 @@ from cryptography import x509
 
 from ._files import write_atomic
 from .errors import PinRefused
-from .identity import cert_pem, describe, load_cert, spki_sha256_of_der, verify_issued_by
+from .identity import (
+    NodeCert,
+    cert_pem,
+    describe,
+    load_cert,
+    spki_sha256_of_der,
+    verify_issued_by,
+)
 
 __all__ = ["Member", "PinStore"]
 
+
+@functools.lru_cache(maxsize=256)
+def _describe_pem(pem: bytes) -> NodeCert | None:
+    # Re-reading an unchanged file must not mean re-parsing it: reads are cheap, X.509 is not.
+    try:
+        return describe(load_cert(pem))
+    except (ValueError, PinRefused):
+        return None
+
+
 _SETTLE_NS: Final = 2_000_000_000
+DEEP_CHECK_S: Final = 0.1
+
+_Stamp = tuple[int, int, int]
+_DirStamps = tuple[_Stamp | None, _Stamp | None]
+_FileStamps = tuple[_Stamp | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +82,12 @@ class PinStore:
     def __init__(self, trusted: Path, removed: Path) -> None:
         self.trusted = trusted
         self.removed = removed
-        self._stamp: tuple[object, ...] | None = None
         self._view = _View({}, {}, frozenset())
+        self._view_files: list[Path] = []
+        self._dirs: _DirStamps | None = None
+        self._files: _FileStamps = ()
+        self._settled = False
+        self._next_deep_check = 0.0
         self.reloads = 0
 
     # -- checks -------------------------------------------------------------------------------
@@ -134,38 +163,41 @@ class PinStore:
     # -- the cache ----------------------------------------------------------------------------
 
     def _current(self) -> _View:
-        stamp = self._stamp_now()
-        if stamp != self._stamp:
-            self._view, settled = self._load()
-            self._stamp = stamp if settled else None
+        # Every check stats the two directories: adding, removing or renaming a file (all
+        # that the nvpair commands do, and `rm`) takes effect on the very next check. The
+        # files themselves are stat'ed at most every DEEP_CHECK_S, which catches an edit in
+        # place; while a change is younger than the settle window the files are re-read then
+        # too, in case an edit landed within one mtime tick of our last read.
+        dirs = (_stamp(self.trusted), _stamp(self.removed))
+        now = time.monotonic()
+        if dirs == self._dirs and now < self._next_deep_check:
+            return self._view
+        self._next_deep_check = now + DEEP_CHECK_S
+        files = self._file_stamps()
+        if dirs != self._dirs or files != self._files or not self._settled:
+            self._view, self._settled, self._dirs, self._files = self._load()
             self.reloads += 1
         return self._view
 
-    def _stamp_now(self) -> tuple[object, ...]:
-        parts: list[object] = []
-        for directory in (self.trusted, self.removed):
-            try:
-                st = directory.stat()
-            except FileNotFoundError:
-                parts.append(None)
-                continue
-            parts.append((st.st_ino, st.st_mtime_ns))
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    est = entry.stat()
-                    parts.append((entry.name, est.st_ino, est.st_mtime_ns, est.st_size))
-        return tuple(parts)
+    def _file_stamps(self) -> tuple[tuple[int, int, int] | None, ...]:
+        return tuple(_stamp(path) for path in self._view_files)
 
-    def _load(self) -> tuple[_View, bool]:
+    def _load(self) -> tuple[_View, bool, _DirStamps, _FileStamps]:
+        # Stamp first, then read: a change during the read shows as a new stamp next time.
+        dir_stamps = (_stamp(self.trusted), _stamp(self.removed))
         by_pin: dict[bytes, str] = {}
         members: dict[str, Member] = {}
         removed_pins: set[bytes] = set()
-        newest = 0
-        for directory in (self.trusted, self.removed):
-            if directory.exists():
-                newest = max(newest, directory.stat().st_mtime_ns)
-        for path in sorted(self.removed.glob("*.json")) if self.removed.exists() else []:
-            newest = max(newest, path.stat().st_mtime_ns)
+        files: list[Path] = []
+        file_stamps: list[tuple[int, int, int] | None] = []
+        newest = max((s[1] for s in dir_stamps if s is not None), default=0)
+        for path in _listing(self.removed, ".json"):
+            stamp = _stamp(path)
+            if stamp is None:
+                continue
+            files.append(path)
+            file_stamps.append(stamp)
+            newest = max(newest, stamp[1])
             try:
                 record = json.loads(path.read_bytes())
                 pin = bytes.fromhex(record["pin"])
@@ -176,18 +208,24 @@ class PinStore:
                     added=None,
                     removed=datetime.datetime.fromtimestamp(record["removedAt"], datetime.UTC),
                 )
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OSError):
                 # A damaged tombstone still removes the node its file name names.
                 member = Member(path.stem, path.stem, "", None, datetime.datetime.now(datetime.UTC))
                 pin = b""
             removed_pins.add(pin)
             members[member.node_id] = member
-        for path in sorted(self.trusted.glob("*.pem")) if self.trusted.exists() else []:
-            st = path.stat()
-            newest = max(newest, st.st_mtime_ns)
+        for path in _listing(self.trusted, ".pem"):
+            stamp = _stamp(path)
+            if stamp is None:
+                continue
+            files.append(path)
+            file_stamps.append(stamp)
+            newest = max(newest, stamp[1])
             try:
-                info = describe(load_cert(path.read_bytes()))
-            except (ValueError, PinRefused):
+                info = _describe_pem(path.read_bytes())
+            except OSError:
+                info = None
+            if info is None:
                 continue  # not a node certificate: pins nothing
             if info.node_id in members or info.pin in removed_pins:
                 continue  # a tombstone wins over a stale pin file
@@ -196,8 +234,26 @@ class PinStore:
                 node_id=info.node_id,
                 name=info.name,
                 pin=info.pin.hex(),
-                added=datetime.datetime.fromtimestamp(st.st_mtime, datetime.UTC),
+                added=datetime.datetime.fromtimestamp(stamp[1] / 1e9, datetime.UTC),
                 removed=None,
             )
+        self._view_files = files
         settled = time.time_ns() - newest > _SETTLE_NS
-        return _View(by_pin, members, frozenset(removed_pins)), settled
+        view = _View(by_pin, members, frozenset(removed_pins))
+        return view, settled, dir_stamps, tuple(file_stamps)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _listing(directory: Path, suffix: str) -> list[Path]:
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [directory / name for name in sorted(names) if name.endswith(suffix)]

@@ -32,7 +32,7 @@ __all__ = ["ClientContexts", "ServerContexts", "server_hostname_for"]
 
 log = logging.getLogger(__name__)
 
-_Stamp = tuple[tuple[int, int, int] | None, ...]
+_Stamp = tuple[tuple[int, int, int, int] | None, ...]
 
 
 def server_hostname_for(node_id: str) -> str:
