@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from pathlib import Path
@@ -29,9 +30,8 @@ def test_init_layout_and_modes(a: ClusterDir) -> None:
     assert (a.trusted / f"{node_id}.pem").exists()
     identity = a.load_identity()
     assert identity.node.name == "gpu-a"
-    assert identity.cert.not_valid_after_utc - identity.cert.not_valid_before_utc < __import__(
-        "datetime"
-    ).timedelta(days=366)
+    validity = identity.cert.not_valid_after_utc - identity.cert.not_valid_before_utc
+    assert validity < datetime.timedelta(days=366)
 
 
 def test_init_twice_is_refused(a: ClusterDir) -> None:

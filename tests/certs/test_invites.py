@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from certs import (
     BadJoinResponse,
@@ -55,8 +57,6 @@ def test_admitter_mints_the_node_id_and_keeps_only_dns_and_ip_sans(admitter: Clu
     token = create_invite(admitter).token()
     request, _ = prepare_join(token, "gpu-b", ["10.0.0.7", "gpu-b.lan"])
     cert = load_cert(admit(admitter, request).cert.encode())
-    from cryptography import x509
-
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName)[1:] == ["gpu-b.lan"]
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
@@ -128,11 +128,7 @@ def test_joiner_refuses_an_answer_from_another_ca(admitter: ClusterDir, tmp_path
 
 def test_check_admitter_against_the_token(admitter: ClusterDir, tmp_path: Path) -> None:
     token = create_invite(admitter).token()
-    server_der = load_cert(admitter.node_crt.read_bytes()).public_bytes(
-        __import__(
-            "cryptography.hazmat.primitives.serialization"
-        ).hazmat.primitives.serialization.Encoding.DER
-    )
+    server_der = load_cert(admitter.node_crt.read_bytes()).public_bytes(Encoding.DER)
     check_admitter(token, admitter.ca_crt.read_bytes(), server_der)
     other = ClusterDir(tmp_path / "other")
     other.init("other", "x")

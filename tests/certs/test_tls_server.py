@@ -16,7 +16,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from certs import ClusterDir, server_hostname_for
+from certs import (
+    ClientContexts,
+    ClusterDir,
+    InsecurePermissions,
+    ServerContexts,
+    server_hostname_for,
+)
 from certs.identity import cert_pem, key_pem, new_key
 
 from .conftest import Cluster, Server, client_session, get, start_server
@@ -65,9 +71,7 @@ async def test_unpinned_member_gets_403_on_a_kept_alive_connection(
 
     trace = aiohttp.TraceConfig()
     trace.on_connection_create_end.append(on_connection)
-    connector = aiohttp.TCPConnector(
-        ssl=__import__("certs").ClientContexts(cluster.b).current(), limit=1
-    )
+    connector = aiohttp.TCPConnector(ssl=ClientContexts(cluster.b).current(), limit=1)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session:
         assert await get(session, server, cluster.a_id) == 200
         cluster.a.pins.unpin(b_id)
@@ -94,8 +98,6 @@ def _connect(
 async def test_unpinned_member_gets_403_on_a_resumed_tls_session(
     cluster: Cluster, server: Server
 ) -> None:
-    from certs import ClientContexts
-
     b_id = cluster.b.node_id()
     assert b_id is not None
     context = ClientContexts(cluster.b).current()
@@ -241,8 +243,6 @@ async def test_loose_key_permissions_fail_handshakes_and_loading(
     cluster: Cluster, server: Server
 ) -> None:
     os.chmod(cluster.a.node_key, 0o644)
-    from certs import InsecurePermissions
-
     with pytest.raises(InsecurePermissions, match=r"node\.key .*chmod 600"):
         cluster.a.load_identity()
     async with client_session(cluster.b) as session:
@@ -254,8 +254,6 @@ async def test_loose_key_permissions_fail_handshakes_and_loading(
 
 
 def test_contexts_are_built_once_per_change_not_per_handshake(cluster: Cluster) -> None:
-    from certs import ServerContexts
-
     contexts = ServerContexts(cluster.a)
     identity = contexts._identity
     assert identity.current() is identity.current()
