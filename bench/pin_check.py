@@ -1,7 +1,8 @@
 """Cost of the per-request pin check (issue 3).
 
-Two aiohttp servers behind the same cluster mTLS in a child process: one with the pin guard,
-one without. The client (this process) sends the same requests to each in turn over
+Two aiohttp servers behind the same cluster mTLS in a child process: one whose handler is
+guarded by the pin check (`certs.guard.pinned`, as the inter-node endpoints use it), one
+without. The client (this process) sends the same requests to each in turn over
 kept-alive connections, 16 in flight, A B A B ...; the ratio is guarded / unguarded.
 
     python bench/pin_check.py [--requests 3000] [--rounds 7]
@@ -20,7 +21,7 @@ import aiohttp
 from _interleave import report
 from aiohttp import web
 
-from certs import ClientContexts, ClusterDir, ServerContexts, pin_guard, server_hostname_for
+from certs import ClientContexts, ClusterDir, ServerContexts, pinned, server_hostname_for
 
 CONCURRENCY = 16
 
@@ -32,9 +33,9 @@ async def _serve(cluster_path: str, ports: multiprocessing.Queue[tuple[int, int]
         return web.Response(text="pong")
 
     found = []
-    for middlewares in ([pin_guard(cluster.pins)], []):
-        app = web.Application(middlewares=middlewares)
-        app.router.add_get("/ping", ping)
+    for handler in (pinned(cluster.pins)(ping), ping):
+        app = web.Application()
+        app.router.add_get("/ping", handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ServerContexts(cluster).listening)

@@ -12,7 +12,7 @@ from .errors import (
     NotCAHolder,
     PinRefused,
 )
-from .guard import peer_node_id, pin_guard
+from .guard import peer_node_id, pin_guard, pinned
 from .identity import NodeCert, spki_sha256
 from .ids import is_node_id, new_node_id
 from .invites import JoinRequest, JoinResponse, admit, complete_join, create_invite, prepare_join
@@ -44,6 +44,7 @@ __all__ = [
     "new_node_id",
     "peer_node_id",
     "pin_guard",
+    "pinned",
     "prepare_join",
     "server_hostname_for",
     "spki_sha256",

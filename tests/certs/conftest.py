@@ -16,6 +16,7 @@ from certs import (
     ServerContexts,
     peer_node_id,
     pin_guard,
+    pinned,
     server_hostname_for,
 )
 
@@ -46,7 +47,7 @@ def cluster(tmp_path: Path) -> Cluster:
 
 @dataclass
 class Server:
-    """An aiohttp app behind cluster mTLS with the pin guard (or without, for a baseline)."""
+    """An aiohttp app behind cluster mTLS whose one route is pin-guarded."""
 
     contexts: ServerContexts
     url: str
@@ -54,18 +55,23 @@ class Server:
 
 
 async def start_server(
-    cluster_dir: ClusterDir, *, guarded: bool = True
+    cluster_dir: ClusterDir, *, guard: str = "middleware"
 ) -> tuple[Server, web.AppRunner]:
+    """Serve GET /ping, guarded by the `pin_guard` middleware or the `pinned` decorator."""
     contexts = ServerContexts(cluster_dir)
     handled: list[str] = []
 
     async def ping(request: web.Request) -> web.Response:
-        caller = peer_node_id(request) if guarded else "-"
+        caller = peer_node_id(request)
         handled.append(caller)
         return web.Response(text=caller)
 
-    app = web.Application(middlewares=[pin_guard(cluster_dir.pins)] if guarded else [])
-    app.router.add_get("/ping", ping)
+    if guard == "middleware":
+        app = web.Application(middlewares=[pin_guard(cluster_dir.pins)])
+        app.router.add_get("/ping", ping)
+    else:
+        app = web.Application()
+        app.router.add_get("/ping", pinned(cluster_dir.pins)(ping))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=contexts.listening)
@@ -75,9 +81,10 @@ async def start_server(
     return server, runner
 
 
-@pytest.fixture
-async def server(cluster: Cluster) -> AsyncIterator[Server]:
-    srv, runner = await start_server(cluster.a)
+@pytest.fixture(params=["middleware", "decorator"])
+async def server(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[Server]:
+    """Every guarded-server test runs against both forms of the guard."""
+    srv, runner = await start_server(cluster.a, guard=request.param)
     yield srv
     await runner.cleanup()
 
