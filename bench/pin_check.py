@@ -3,9 +3,9 @@
 Two aiohttp servers behind the same cluster mTLS in a child process: one whose handler is
 guarded by the pin check (`certs.guard.pinned`, as the inter-node endpoints use it), one
 without. The client (this process) sends the same requests to each in turn over
-kept-alive connections, 16 in flight, A B A B ...; the ratio is guarded / unguarded.
+kept-alive connections, 16 in flight, in paired rounds; the ratio is guarded / unguarded.
 
-    python bench/pin_check.py [--requests 3000] [--rounds 7]
+    python bench/pin_check.py [--requests 1500] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -80,17 +80,21 @@ async def client(
             await rate(session, url, hostname, 500)
         base_rates: list[float] = []
         subject_rates: list[float] = []
-        for _ in range(args.rounds):
-            base_rates.append(await rate(session, plain_url, hostname, args.requests))
-            subject_rates.append(await rate(session, guarded_url, hostname, args.requests))
+        for i in range(args.rounds):  # paired rounds, alternating which goes first
+            if i % 2 == 0:
+                base_rates.append(await rate(session, plain_url, hostname, args.requests))
+                subject_rates.append(await rate(session, guarded_url, hostname, args.requests))
+            else:
+                subject_rates.append(await rate(session, guarded_url, hostname, args.requests))
+                base_rates.append(await rate(session, plain_url, hostname, args.requests))
     report(base_rates, subject_rates, unit="requests/s", label="mTLS GET with pin guard:")
 
 
 def main() -> None:
     """Build a five-member cluster, start the servers, measure."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         a = ClusterDir(Path(tmp) / "a")

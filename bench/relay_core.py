@@ -99,7 +99,7 @@ def dedup_memory(events: int, workloads: int) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--workloads", type=int, default=10_000)
     args = parser.parse_args()
