@@ -137,10 +137,15 @@ class Manager:
         """Do what the relay core decided: frames to the broker, events to the peers."""
         for action in actions:
             kind = type(action)
-            if kind is DeliverToBroker:
-                self.send_to_broker(broker_frame(action.event))  # type: ignore[union-attr]
-            elif kind is SendToPeers:
+            if kind is SendToPeers:
                 self.send_to_peers(action.event, action.exclude)  # type: ignore[union-attr]
+            elif kind is DeliverToBroker:
+                event = action.event  # type: ignore[union-attr]
+                if type(event) is Workload:
+                    # Spliced, not nested structs: this runs once per relayed event.
+                    self.send_to_broker(_UPSERT_HEAD + _encode(event) + b"}}")
+                else:
+                    self.send_to_broker(broker_frame(event))
 
     # -- the hot path -------------------------------------------------------------------------
 
@@ -150,25 +155,26 @@ class Manager:
             decoded = _fast_decoder.decode(payload)
         except (msgspec.DecodeError, RecursionError):
             return False
-        relay = self.relay
         if type(decoded) is _LifecycleFrame:  # one frame: the common case, kept short
             workload = decoded.params.workloadInfo
             if workload.state not in LIFECYCLE_METHODS[decoded.method]:
                 return False
-            if sender is None:
-                self.carry_out(relay.receive_local(workload, self.clock()))
+            actions = self.relay.receive(workload, self.clock(), sender)
+            # carry_out(), inlined for the common case: the record is new from a peer.
+            if len(actions) == 2 and type(actions[0]) is DeliverToBroker:
+                self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
+                peers = actions[1]
+                self.send_to_peers(workload, peers.exclude)  # type: ignore[union-attr]
             else:
-                self.carry_out(relay.receive_remote(workload, sender, self.clock()))
+                self.carry_out(actions)
             return True
         frames: list[_LifecycleFrame] = decoded  # type: ignore[assignment]  # not one frame
         if not frames or not all(map(_is_lifecycle_notification, frames)):
             return False
         now = self.clock()
+        receive = self.relay.receive
         for frame in frames:
-            if sender is None:
-                self.carry_out(relay.receive_local(frame.params.workloadInfo, now))
-            else:
-                self.carry_out(relay.receive_remote(frame.params.workloadInfo, sender, now))
+            self.carry_out(receive(frame.params.workloadInfo, now, sender))
         return True
 
     # -- methods --------------------------------------------------------------------------

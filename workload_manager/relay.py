@@ -114,6 +114,16 @@ class RelayCounters:
 class RelayCore:
     """Dedup state and routing decisions for workload events."""
 
+    __slots__ = (
+        "_finished_at",
+        "_latest",
+        "_removed_at",
+        "_runs",
+        "counters",
+        "max_workloads",
+        "retention_s",
+    )
+
     def __init__(self, *, retention_s: float = 3600.0, max_workloads: int = 100_000) -> None:
         if retention_s < 0 or max_workloads < 1:
             raise ValueError("retention_s must be >= 0 and max_workloads >= 1")
@@ -121,7 +131,9 @@ class RelayCore:
         self.max_workloads = max_workloads
         self.counters = RelayCounters()
         self._latest: dict[_Key, Workload] = {}
-        self._runs: dict[_Pair, list[str]] = {}  # live runIds under (originatedFrom, id)
+        # Live runIds under (originatedFrom, id), for removal. Tuples of strings, not lists:
+        # the collector stops tracking them, so full collections do not walk every workload.
+        self._runs: dict[_Pair, tuple[str, ...]] = {}
         self._finished_at: dict[_Key, float] = {}  # terminal records, oldest first
         self._removed_at: dict[_Pair, float] = {}  # tombstones, oldest first
 
@@ -129,29 +141,57 @@ class RelayCore:
 
     def receive_local(self, event: Event, now: float) -> tuple[Action, ...]:
         """An event from our own broker: broadcast it if it is new."""
-        self.counters.received_local += 1
-        if type(event) is Workload:
-            drop = self._accept(event, now)
-        else:
-            assert type(event) is RemoveEvent
-            drop = self._remove((event.originated_from, event.workload_id), now)
-        if drop is not None:
-            return drop
-        return (SendToPeers(event, _NO_EXCLUDE),)
+        return self.receive(event, now, None)
 
     def receive_remote(self, event: Event, sender: str, now: float) -> tuple[Action, ...]:
         """An event from peer `sender`: tell the broker once and relay it onwards."""
-        self.counters.received_remote += 1
-        if type(event) is Workload:
-            drop = self._accept(event, now)
-            origin = event.originatedFrom
+        return self.receive(event, now, sender)
+
+    def receive(self, event: Event, now: float, sender: str | None) -> tuple[Action, ...]:
+        """An event from our broker (`sender` None) or from a peer; returns what to do.
+
+        This runs once per event on every member, so the common case -- a lifecycle record,
+        new or a duplicate -- is kept to a handful of dict operations in one function.
+        """
+        counters = self.counters
+        if sender is None:
+            counters.received_local += 1
         else:
+            counters.received_remote += 1
+        if type(event) is not Workload:
             assert type(event) is RemoveEvent
             drop = self._remove((event.originated_from, event.workload_id), now)
-            origin = event.originated_from
-        if drop is not None:
-            return drop
-        return (DeliverToBroker(event), SendToPeers(event, (sender, origin)))
+            if drop is not None:
+                return drop
+            if sender is None:
+                return (SendToPeers(event, _NO_EXCLUDE),)
+            return (DeliverToBroker(event), SendToPeers(event, (sender, event.originated_from)))
+        workload = event
+        if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
+            counters.blocked_by_tombstone += 1
+            return _DROPPED_REMOVED
+        key = (workload.runId, workload.id)
+        previous = self._latest.get(key)
+        if previous is None:
+            pair = (workload.originatedFrom, workload.id)
+            self._runs[pair] = (*self._runs.get(pair, ()), workload.runId)
+        elif workload.seq <= previous.seq:
+            if workload.seq == previous.seq:
+                counters.duplicates += 1
+                return _DROPPED_DUPLICATE
+            counters.stale += 1
+            return _DROPPED_STALE
+        elif previous.state in _TERMINAL:
+            del self._finished_at[key]
+        self._latest[key] = workload
+        if workload.state in _TERMINAL:
+            self._finished_at[key] = now
+        counters.accepted += 1
+        if len(self._latest) > self.max_workloads:
+            self._evict_one()
+        if sender is None:
+            return (SendToPeers(workload, _NO_EXCLUDE),)
+        return (DeliverToBroker(workload), SendToPeers(workload, (sender, workload.originatedFrom)))
 
     # -- views ----------------------------------------------------------------------------
 
@@ -197,36 +237,6 @@ class RelayCore:
 
     # -- the rules --------------------------------------------------------------------------
 
-    def _accept(self, workload: Workload, now: float) -> tuple[Drop] | None:
-        # Runs once per lifecycle event: keep it to a few dict operations.
-        if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
-            self.counters.blocked_by_tombstone += 1
-            return _DROPPED_REMOVED
-        key = (workload.runId, workload.id)
-        previous = self._latest.get(key)
-        if previous is None:
-            pair = (workload.originatedFrom, workload.id)
-            runs = self._runs.get(pair)
-            if runs is None:
-                self._runs[pair] = [workload.runId]
-            else:
-                runs.append(workload.runId)
-        elif workload.seq <= previous.seq:
-            if workload.seq == previous.seq:
-                self.counters.duplicates += 1
-                return _DROPPED_DUPLICATE
-            self.counters.stale += 1
-            return _DROPPED_STALE
-        elif previous.state in _TERMINAL:
-            del self._finished_at[key]
-        self._latest[key] = workload
-        if workload.state in _TERMINAL:
-            self._finished_at[key] = now
-        self.counters.accepted += 1
-        if len(self._latest) > self.max_workloads:
-            self._evict_one()
-        return None
-
     def _remove(self, pair: _Pair, now: float) -> tuple[Drop] | None:
         if pair in self._removed_at:
             self.counters.duplicate_removals += 1
@@ -245,11 +255,11 @@ class RelayCore:
     def _forget(self, key: _Key) -> None:
         workload = self._latest.pop(key)
         pair = (workload.originatedFrom, workload.id)
-        runs = self._runs.get(pair)
-        if runs is not None:
-            runs.remove(key[0])
-            if not runs:
-                del self._runs[pair]
+        runs = tuple(run for run in self._runs.get(pair, ()) if run != key[0])
+        if runs:
+            self._runs[pair] = runs
+        else:
+            self._runs.pop(pair, None)
 
     def _evict_one(self) -> None:
         # Over the cap: the oldest finished record goes first, else the oldest record.
