@@ -27,6 +27,7 @@ from .identity import (
     load_key,
     make_ca,
     new_key,
+    operator_sans,
 )
 from .ids import new_node_id
 from .pins import PinStore
@@ -117,15 +118,7 @@ class ClusterDir:
         ca_key, ca_cert = make_ca(cluster_name)
         write_atomic(self.ca_key, key_pem(ca_key), mode=0o600)
         write_atomic(self.ca_crt, cert_pem(ca_cert))
-        key = new_key()
-        cert = issue_node_cert(
-            ca_key=ca_key,
-            ca_cert=ca_cert,
-            public_key=key.public_key(),
-            node_id=new_node_id(),
-            name=node_name,
-            sans=sans,
-        )
+        key, cert = _new_member(ca_key, ca_cert, node_name, sans)
         self.write_identity(key, cert, ca_cert, pins=[cert])
         return describe(cert)
 
@@ -154,7 +147,7 @@ class ClusterDir:
         identity = self.load_identity()
         ca_key, ca_cert = self.load_ca()
         if sans is None:
-            sans = _extra_sans(identity.cert)
+            sans = operator_sans(identity.cert.extensions)
         cert = issue_node_cert(
             ca_key=ca_key,
             ca_cert=ca_cert,
@@ -177,27 +170,23 @@ class ClusterDir:
         target = ClusterDir(out)
         if target.has_identity():
             raise CertsError(f"{out} already holds a cluster identity")
-        key = new_key()
-        cert = issue_node_cert(
-            ca_key=ca_key,
-            ca_cert=ca_cert,
-            public_key=key.public_key(),
-            node_id=new_node_id(),
-            name=name,
-            sans=sans,
-        )
+        key, cert = _new_member(ca_key, ca_cert, name, sans)
         self.pins.pin(cert, ca=ca_cert)
         members = [load_cert(pem) for pem in self.pins.pems()]
         target.write_identity(key, cert, ca_cert, pins=members)
         return describe(cert)
 
 
-def _extra_sans(cert: x509.Certificate) -> list[str]:
-    # The operator's DNS names and IPs, without the ones we add for the node id.
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return []
-    dns = [n for n in sans.get_values_for_type(x509.DNSName) if not n.endswith(".nvpair.internal")]
-    ips = [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
-    return dns + ips
+def _new_member(
+    ca_key: PrivateKey, ca_cert: x509.Certificate, name: str, sans: Iterable[str]
+) -> tuple[PrivateKey, x509.Certificate]:
+    key = new_key()
+    cert = issue_node_cert(
+        ca_key=ca_key,
+        ca_cert=ca_cert,
+        public_key=key.public_key(),
+        node_id=new_node_id(),
+        name=name,
+        sans=sans,
+    )
+    return key, cert

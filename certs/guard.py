@@ -28,10 +28,7 @@ def pin_guard(pins: PinStore) -> Middleware:
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        node_id = caller_node_id(request, pins)
-        if node_id is None:
-            raise web.HTTPForbidden(text="forbidden\n")
-        request[PEER_NODE_ID] = node_id
+        _admit(request, pins)
         return await handler(request)
 
     return guard
@@ -46,15 +43,19 @@ def pinned(pins: PinStore) -> Callable[[Handler], Handler]:
 
     def decorate(handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            node_id = caller_node_id(request, pins)
-            if node_id is None:
-                raise web.HTTPForbidden(text="forbidden\n")
-            request[PEER_NODE_ID] = node_id
+            _admit(request, pins)
             return await handler(request)
 
         return guarded
 
     return decorate
+
+
+def _admit(request: web.Request, pins: PinStore) -> None:
+    node_id = caller_node_id(request, pins)
+    if node_id is None:
+        raise web.HTTPForbidden(text="forbidden\n")
+    request[PEER_NODE_ID] = node_id
 
 
 def caller_node_id(request: web.BaseRequest, pins: PinStore) -> str | None:

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .errors import PinRefused
-from .ids import node_dns_name, node_id_from_uri, node_uri
+from .ids import DNS_SUFFIX, node_dns_name, node_id_from_uri, node_uri
 
 __all__ = [
     "CA_VALIDITY",
@@ -39,6 +39,7 @@ __all__ = [
     "make_ca",
     "make_csr",
     "new_key",
+    "operator_sans",
     "spki_sha256",
     "spki_sha256_of_der",
     "verify_issued_by",
@@ -215,6 +216,16 @@ def issue_node_cert(
         )
         .sign(ca_key, hashes.SHA256())
     )
+
+
+def operator_sans(extensions: x509.Extensions) -> list[str]:
+    """The DNS names and IPs in a certificate or CSR, without the node-id name we add."""
+    try:
+        sans = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    dns = [n for n in sans.get_values_for_type(x509.DNSName) if not n.endswith(DNS_SUFFIX)]
+    return dns + [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
 
 
 def spki_sha256(cert: x509.Certificate) -> bytes:

@@ -7,13 +7,13 @@ from typing import Final
 
 from ulid import ULID
 
-__all__ = ["NODE_ID_RE", "is_node_id", "new_node_id", "node_dns_name", "node_uri"]
+__all__ = ["DNS_SUFFIX", "NODE_ID_RE", "is_node_id", "new_node_id", "node_dns_name", "node_uri"]
 
 NODE_ID_RE: Final = re.compile(r"^nod_[0-9a-hjkmnp-tv-z]{26}$")
 _URI_PREFIX: Final = "urn:nvpair:node:"
 # A name under the private-use `.internal` domain that each node certificate carries, so a
 # client checks "this is node X" with the ordinary hostname check while it connects by IP.
-_DNS_SUFFIX: Final = ".nvpair.internal"
+DNS_SUFFIX: Final = ".nvpair.internal"
 
 
 def new_node_id() -> str:
@@ -40,4 +40,4 @@ def node_id_from_uri(uri: str) -> str | None:
 
 def node_dns_name(node_id: str) -> str:
     """The DNS SAN a client checks when it expects to reach `node_id`."""
-    return node_id + _DNS_SUFFIX
+    return node_id + DNS_SUFFIX

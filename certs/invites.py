@@ -49,6 +49,7 @@ from .identity import (
     load_cert,
     make_csr,
     new_key,
+    operator_sans,
     verify_issued_by,
 )
 from .ids import new_node_id
@@ -205,7 +206,7 @@ def admit(cluster: ClusterDir, request: JoinRequest, *, now: float | None = None
         public_key=public_key,
         node_id=new_node_id(),
         name=request.name,
-        sans=_csr_sans(csr),
+        sans=operator_sans(csr.extensions)[:64],  # the node id's names are ours to add
     )
     cluster.pins.pin(cert, ca=ca_cert)
     return JoinResponse(
@@ -259,16 +260,6 @@ def _check_csr(pem: str) -> x509.CertificateSigningRequest:
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
         raise InviteRefused("the certificate request must be for an EC P-256 key")
     return csr
-
-
-def _csr_sans(csr: x509.CertificateSigningRequest) -> list[str]:
-    # Only DNS names and IPs are taken from the joiner; the node id is ours to assign.
-    try:
-        sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return []
-    dns = [n for n in sans.get_values_for_type(x509.DNSName) if not n.endswith(".nvpair.internal")]
-    return dns[:32] + [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)][:32]
 
 
 def _use_once(cluster: ClusterDir, invite_id: str, now: float) -> None:
