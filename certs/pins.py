@@ -100,6 +100,11 @@ class PinStore:
         """The node id of the member with this pin, or None."""
         return self._current().by_pin.get(pin)
 
+    def is_member(self, node_id: str) -> bool:
+        """Whether `node_id` is pinned now (and not removed)."""
+        member = self._current().members.get(node_id)
+        return member is not None and member.removed is None
+
     def node_id_of_cert_der(self, der: bytes) -> str | None:
         """The node id of the member presenting this DER certificate, or None."""
         try:

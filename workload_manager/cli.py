@@ -12,14 +12,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from certs import CertsError, ClusterDir
+
 from ._version import VERSION
+from .broadcaster import Broadcaster
 from .local import serve_stdio, serve_unix
 from .manager import Manager
 from .relay import RelayCore
+from .server import InterNodeServer
 
 __all__ = ["build_parser", "main"]
 
@@ -46,7 +50,8 @@ def build_parser(prog: str = "workload_manager") -> argparse.ArgumentParser:
         type=_port,
         default=DEFAULT_PORT,
         metavar="N",
-        help=f"inter-node port to listen on and advertise (default {DEFAULT_PORT})",
+        help=f"inter-node port to listen on and advertise (default {DEFAULT_PORT}; "
+        "0 picks a free one, which manager:status reports)",
     )
     parser.add_argument(
         "--ipc",
@@ -76,8 +81,8 @@ def _port(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range 1-65535: {value}")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
     return value
 
 
@@ -119,24 +124,67 @@ def relay_from_env(environ: Mapping[str, str]) -> RelayCore:
 
 
 async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
-    manager = Manager(version=VERSION, port=args.port, relay=relay)
-    if args.cluster_dir is None:
-        log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
+    cluster = ClusterDir(args.cluster_dir) if args.cluster_dir is not None else None
+    manager = Manager(version=VERSION, port=args.port, relay=relay, identity=_identity(cluster))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with asyncio.TaskGroup() as tasks:
-        pruner = tasks.create_task(_prune_forever(manager))
-        serving = tasks.create_task(
-            serve_stdio(manager) if args.ipc is None else serve_unix(manager, args.ipc)
+    async with contextlib.AsyncExitStack() as stack:
+        if cluster is None:
+            log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
+        else:
+            await _start_inter_node(manager, cluster, stack)
+        async with asyncio.TaskGroup() as tasks:
+            pruner = tasks.create_task(_prune_forever(manager))
+            serving = tasks.create_task(
+                serve_stdio(manager) if args.ipc is None else serve_unix(manager, args.ipc)
+            )
+            stopping = tasks.create_task(stop.wait())
+            await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                log.info("stopping on signal")
+            for task in (pruner, serving, stopping):
+                task.cancel()
+
+
+async def _start_inter_node(
+    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
+) -> None:
+    """The mTLS server on --port and the broadcaster, both bound to the cluster dir."""
+    broadcaster = await stack.enter_async_context(Broadcaster(cluster, manager.relay.view))
+    manager.send_to_peers = broadcaster.enqueue
+    manager.on_peers = broadcaster.set_peers
+    manager.on_sync_request = broadcaster.enqueue_view
+    manager.on_view_loaded = broadcaster.view_ready.set
+    manager.status_extras = lambda: {"broadcast": broadcaster.status()}
+    server = InterNodeServer(
+        manager,
+        cluster,
+        host=os.environ.get("NVPAIR_WM_BIND") or None,  # None: every interface
+        port=manager.port,
+        broker_ready=lambda: manager.broker_ready(),
+    )
+    manager.port = await server.start()
+    stack.push_async_callback(server.aclose)
+    if not cluster.has_identity():
+        log.warning(
+            "%s holds no cluster identity yet: the port stays bound, handshakes fail and "
+            "nothing is broadcast until this node joins",
+            cluster.path,
         )
-        stopping = tasks.create_task(stop.wait())
-        await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            log.info("stopping on signal")
-        for task in (pruner, serving, stopping):
-            task.cancel()
+
+
+def _identity(cluster: ClusterDir | None) -> Callable[[], str | None]:
+    def node_id() -> str | None:
+        if cluster is None:
+            return None
+        try:
+            return cluster.node_id()
+        except (OSError, ValueError, CertsError):
+            return None
+
+    return node_id
 
 
 async def _prune_forever(manager: Manager) -> None:

@@ -64,6 +64,10 @@ class FrameWriter:
         """Above this many buffered bytes the reader waits for the broker to drain."""
         return self._max_buffer // 2
 
+    def has_room(self) -> bool:
+        """Whether the broker is keeping up (below the high-water mark)."""
+        return not self._closed and self.buffered < self.high_water
+
     @property
     def buffered(self) -> int:
         """Bytes not yet handed to the kernel."""
@@ -123,8 +127,12 @@ async def serve_connection(
     *,
     max_frame: int = DEFAULT_MAX_FRAME,
 ) -> None:
-    """Run one broker connection until end of stream: `ready` first, then answer frames."""
+    """Run one broker connection until end of stream: `ready` first, then answer frames.
+
+    Right after `ready` the manager asks the broker for its view (`workloads:snapshot`).
+    """
     out.send(manager.ready_frame())
+    out.send(manager.snapshot_request())
     framer = LineFramer(max_frame)
     too_large = ErrorObject(
         code=INVALID_REQUEST,
@@ -156,8 +164,9 @@ async def open_stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
 
     File descriptor 1 is duplicated for the channel and then pointed at stderr, so a stray
     `print` or a library's output can never corrupt the frame stream. Pipes, sockets and
-    terminals are driven by the event loop; regular files (`< requests.ndjson`,
-    `> replies.ndjson`) are read and written directly, which for files never blocks long.
+    terminals are driven by the event loop; anything else (`< requests.ndjson`,
+    `> replies.ndjson`, `/dev/null`) is read in a thread and written directly, which for
+    files and devices never blocks long.
     """
     loop = asyncio.get_running_loop()
     channel_fd = os.dup(sys.stdout.fileno())
@@ -166,14 +175,14 @@ async def open_stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     stdin_fd = os.dup(sys.stdin.fileno())
-    if _is_regular_file(stdin_fd):
+    if not _pollable(stdin_fd):
         _feed_from_file(loop, reader, stdin_fd)
     else:
         await loop.connect_read_pipe(lambda: protocol, os.fdopen(stdin_fd, "rb", buffering=0))
     # A reader-less StreamReaderProtocol gives the writer flow control and a close waiter.
     write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
     transport: asyncio.WriteTransport
-    if _is_regular_file(channel_fd):
+    if not _pollable(channel_fd):
         transport = _FileWriteTransport(channel_fd, write_protocol, loop)
     else:
         transport, _ = await loop.connect_write_pipe(
@@ -183,8 +192,10 @@ async def open_stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return reader, writer
 
 
-def _is_regular_file(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
+def _pollable(fd: int) -> bool:
+    # epoll takes pipes, sockets and terminals; files and /dev/null it refuses (EPERM).
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
 def _feed_from_file(
@@ -237,6 +248,7 @@ async def serve_stdio(manager: Manager, *, max_frame: int = DEFAULT_MAX_FRAME) -
     counters = WriterCounters()
     out = FrameWriter(writer, counters=counters)
     manager.send_to_broker = out.send
+    manager.broker_ready = out.has_room
     try:
         await serve_connection(manager, reader, out, max_frame=max_frame)
     finally:
@@ -277,13 +289,16 @@ async def serve_unix(
             return
         async with busy:
             manager.send_to_broker = out.send
+            manager.broker_ready = out.has_room
             try:
                 await serve_connection(manager, reader, out, max_frame=max_frame)
             finally:
                 manager.send_to_broker = _drop_frame(counters)
+                manager.broker_ready = _no_broker
                 await out.aclose()
 
     manager.send_to_broker = _drop_frame(counters)
+    manager.broker_ready = _no_broker
     old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
     try:
         server = await asyncio.start_unix_server(on_connect, path=str(path), limit=READ_CHUNK)
@@ -298,6 +313,10 @@ async def serve_unix(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def _no_broker() -> bool:
+    return False
 
 
 def _drop_frame(counters: WriterCounters) -> Callable[[bytes], bool]:

@@ -15,15 +15,16 @@ reporting. Both paths apply the same checks; tests hold them to the same answers
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
-from msgspec import Meta, Raw, Struct, UnsetType
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from .dispatch import Dispatcher, decode_params
-from .jsonrpc import INVALID_PARAMS, RpcError, encode_notification
+from .jsonrpc import INVALID_PARAMS, Response, RpcError, encode_notification, encode_request
 from .relay import Action, DeliverToBroker, Drop, Event, RelayCore, RemoveEvent, SendToPeers
 from .workload import (
     LIFECYCLE_METHODS,
@@ -34,9 +35,11 @@ from .workload import (
     lifecycle_mismatch,
 )
 
-__all__ = ["MAX_PEERS", "Manager", "Peer", "PeersParams"]
+__all__ = ["MAX_PEERS", "Manager", "Peer", "PeersParams", "RemovedRef", "View"]
 
 MAX_PEERS: Final = 1024
+
+log = logging.getLogger(__name__)
 
 
 class Peer(Struct, kw_only=True, frozen=True):
@@ -53,6 +56,25 @@ class PeersParams(Struct, kw_only=True, frozen=True):
     peers: Annotated[list[Peer], Meta(max_length=MAX_PEERS)]
 
 
+class RemovedRef(Struct, kw_only=True, frozen=True):
+    """A removal in a view: `{workloadId, originatedFrom}`."""
+
+    workloadId: Annotated[str, Meta(min_length=1, max_length=256)]
+    originatedFrom: Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class View(Struct, kw_only=True, frozen=True):
+    """Result of `workloads:snapshot`: the broker's records and removals.
+
+    `next`, when present, is a cursor: ask again with `{cursor: next}` for the rest (a view
+    larger than one frame comes in pages).
+    """
+
+    workloads: list[Workload] = []
+    removed: list[RemovedRef] = []
+    next: str | None = None
+
+
 class _LifecycleFrame(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     # The fast path's shape: exactly a lifecycle notification, checked by msgspec in C.
     # Anything else (an `id`, a stray member, another method) fails to decode here and
@@ -67,6 +89,8 @@ class _LifecycleFrame(Struct, frozen=True, gc=False, forbid_unknown_fields=True)
 _lifecycle_decoder: Final = msgspec.json.Decoder(LifecycleParams)
 _remove_decoder: Final = msgspec.json.Decoder(RemoveParams)
 _peers_decoder: Final = msgspec.json.Decoder(PeersParams)
+_view_decoder: Final = msgspec.json.Decoder(View)
+SNAPSHOT_PAGE: Final = 2000
 _fast_decoder: Final = msgspec.json.Decoder(_LifecycleFrame | list[_LifecycleFrame])
 _encode: Final = msgspec.json.Encoder().encode
 _UPSERT_HEAD: Final = b'{"jsonrpc":"2.0","method":"workloads:upsert","params":{"workloadInfo":'
@@ -83,39 +107,90 @@ class Manager:
         *,
         version: str,
         port: int,
-        node_id: str | None = None,
+        identity: Callable[[], str | None] = lambda: None,
         relay: RelayCore | None = None,
         clock: Callable[[], float] = time.monotonic,
         send_to_broker: Callable[[bytes], object] = lambda frame: None,
         send_to_peers: Callable[[Event, tuple[str, ...]], object] = lambda event, exclude: None,
+        on_peers: Callable[[tuple[Peer, ...]], object] = lambda peers: None,
+        on_sync_request: Callable[[str], int] = lambda node_id: 0,
+        on_view_loaded: Callable[[], object] = lambda: None,
         status_extras: Callable[[], dict[str, Any]] = dict,
         fast_path: bool = True,
     ) -> None:
         self.version = version
         self.port = port
-        self.node_id = node_id
+        self.identity = identity
         self.relay = relay or RelayCore()
         self.clock = clock
         self.send_to_broker = send_to_broker
         self.send_to_peers = send_to_peers
+        self.on_peers = on_peers
+        self.on_sync_request = on_sync_request
+        self.on_view_loaded = on_view_loaded
         self.status_extras = status_extras
         self.fast_path = fast_path
+        # Whether frames for the broker can be taken now (set by the local channel); the
+        # inter-node server refuses peers' events with 503 while it cannot.
+        self.broker_ready: Callable[[], bool] = lambda: True
         self.peers: tuple[Peer, ...] = ()
         self._sender: str | None = None  # the peer whose payload is being handled
+        self._requests = 0
+        self._snapshot_id: str | None = None
 
         events: dict[str, Handler] = {
             method: self._lifecycle_handler(method) for method in LIFECYCLE_METHODS
         }
         events[REMOVE_METHOD] = self._remove
-        # Peers may send lifecycle events and removals, nothing else.
-        self.remote_dispatcher = Dispatcher(events)
+        # Peers may send lifecycle events, removals and a catch-up request, nothing else.
+        self.remote_dispatcher = Dispatcher({**events, "workloads:sync": self._sync})
         self.dispatcher = Dispatcher(
-            {**events, "peers:set": self._peers_set, "manager:status": self._status}
+            {**events, "peers:set": self._peers_set, "manager:status": self._status},
+            on_response=self._on_response,
         )
 
     def ready_frame(self) -> bytes:
         """The first frame on every local channel: `ready {version}` (seed 002)."""
         return encode_notification("ready", {"version": self.version})
+
+    def snapshot_request(self, cursor: str | None = None) -> bytes:
+        """Ask the broker for its view (`workloads:snapshot`), so a restarted manager
+        remembers what it relayed. The answer arrives through `handle_local`."""
+        self._requests += 1
+        self._snapshot_id = f"snapshot-{self._requests}"
+        params: dict[str, Any] = {"limit": SNAPSHOT_PAGE}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return encode_request("workloads:snapshot", params, self._snapshot_id)
+
+    def snapshot_abandoned(self) -> None:
+        """No answer came in time: the view counts as empty (the broker may answer later)."""
+        if self._snapshot_id is not None:
+            log.warning("no workloads:snapshot answer from the broker; starting with no view")
+            self.on_view_loaded()
+
+    def _on_response(self, response: Response) -> None:
+        if response.id != self._snapshot_id or response.id is None:
+            log.debug("dropping a response to unknown request %r", response.id)
+            return
+        self._snapshot_id = None
+        if response.error is not UNSET or not isinstance(response.result, Raw):
+            log.warning("the broker answered workloads:snapshot with an error; no view")
+            self.on_view_loaded()
+            return
+        try:
+            view = _view_decoder.decode(response.result)
+        except msgspec.ValidationError as exc:
+            log.warning("ignoring a malformed workloads:snapshot answer: %s", exc)
+            self.on_view_loaded()
+            return
+        removals = [RemoveEvent(r.workloadId, r.originatedFrom) for r in view.removed]
+        loaded = self.relay.load(view.workloads, removals, self.clock())
+        log.info("loaded %d records and removals from the broker's view", loaded)
+        if view.next is not None:
+            self.send_to_broker(self.snapshot_request(view.next))
+        else:
+            self.on_view_loaded()
 
     def handle_local(self, payload: bytes | memoryview) -> bytes | None:
         """Answer one payload from the broker; the reply (if any) goes back to it."""
@@ -208,12 +283,19 @@ class Manager:
     def _peers_set(self, params: Raw | UnsetType) -> dict[str, int]:
         decoded: PeersParams = decode_params(_peers_decoder, params)
         self.peers = tuple(decoded.peers)
+        self.on_peers(self.peers)
         return {"peers": len(self.peers)}
+
+    def _sync(self, params: Raw | UnsetType) -> dict[str, int]:
+        # A peer (re)connected: it has sent us its view; we queue ours for it (seed 002
+        # catch-up, docs/protocol.md).
+        assert self._sender is not None
+        return {"queued": self.on_sync_request(self._sender)}
 
     def _status(self, params: Raw | UnsetType) -> dict[str, Any]:
         return {
             "version": self.version,
-            "nodeId": self.node_id,
+            "nodeId": self.identity(),
             "port": self.port,
             "peers": [msgspec.to_builtins(peer) for peer in self.peers],
             "workloads": {

@@ -213,6 +213,30 @@ class RelayCore:
         """Whether a tombstone holds this workload down."""
         return (originated_from, workload_id) in self._removed_at
 
+    def view(self) -> tuple[list[Workload], list[RemoveEvent]]:
+        """The latest record per workload and the removals: what catch-up exchanges."""
+        removals = [RemoveEvent(workload_id, origin) for origin, workload_id in self._removed_at]
+        return list(self._latest.values()), removals
+
+    def load(self, workloads: list[Workload], removals: list[RemoveEvent], now: float) -> int:
+        """Merge a view (the broker's snapshot) into the dedup state, emitting nothing.
+
+        The same rules as `receive`: a record counts if its `seq` is higher than the one
+        held and no tombstone covers it. Returns how many records and removals were new.
+        """
+        new = 0
+        for removal in removals:
+            if self._remove((removal.originated_from, removal.workload_id), now) is None:
+                new += 1
+        counters = self.counters
+        received, accepted = counters.received_local, counters.accepted
+        for workload in workloads:
+            if self.receive(workload, now, None)[0].__class__ is not Drop:
+                new += 1
+        # Loading is not receiving: keep the counters about traffic.
+        counters.received_local, counters.accepted = received, accepted
+        return new
+
     # -- maintenance ----------------------------------------------------------------------
 
     def prune(self, now: float) -> int:

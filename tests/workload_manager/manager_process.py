@@ -44,6 +44,21 @@ class Channel:
         assert reply.get("id") == self._next_id, reply
         return reply
 
+    async def handshake(self, view: Any = None, *, error: bool = False) -> Any:
+        """Read `ready` and the `workloads:snapshot` request; answer it with `view`."""
+        ready = await self.recv()
+        assert ready["method"] == "ready", ready
+        snapshot = await self.recv()
+        assert snapshot["method"] == "workloads:snapshot", snapshot
+        if error:
+            await self.send(
+                {"jsonrpc": "2.0", "error": {"code": -32000, "message": "no"}, "id": snapshot["id"]}
+            )
+        else:
+            result = view if view is not None else {"workloads": [], "removed": []}
+            await self.send({"jsonrpc": "2.0", "result": result, "id": snapshot["id"]})
+        return snapshot
+
     async def notify(self, method: str, params: Any) -> None:
         await self.send({"jsonrpc": "2.0", "method": method, "params": params})
 

@@ -46,6 +46,12 @@ async def channel(manager: ManagerProcess) -> AsyncIterator[Channel]:
     chan = await manager.connect()
     ready = await chan.recv()
     assert ready == {"jsonrpc": "2.0", "method": "ready", "params": {"version": VERSION}}
+    snapshot = await chan.recv()
+    assert snapshot["method"] == "workloads:snapshot"
+    assert snapshot["params"]["limit"] > 0
+    await chan.send(
+        {"jsonrpc": "2.0", "result": {"workloads": [], "removed": []}, "id": snapshot["id"]}
+    )
     yield chan
     if manager.ipc is not None:
         await chan.close()
@@ -188,7 +194,7 @@ async def test_many_events_in_one_write(channel: Channel) -> None:
 async def test_stdio_eof_ends_the_process_cleanly() -> None:
     proc = await ManagerProcess.start()
     chan = await proc.connect()
-    assert (await chan.recv())["method"] == "ready"
+    await chan.handshake()
     assert proc.proc.stdin is not None
     proc.proc.stdin.close()
     assert await asyncio.wait_for(proc.proc.wait(), 10) == 0
@@ -198,7 +204,7 @@ async def test_stdio_eof_ends_the_process_cleanly() -> None:
 async def test_stdout_carries_frames_only() -> None:
     proc = await ManagerProcess.start("--log-level", "debug")
     chan = await proc.connect()
-    await chan.recv()
+    await chan.handshake()
     await chan.send_raw(b"garbage\n")
     assert (await chan.recv())["error"]["code"] == -32700
     await chan.notify("no:such", {})
@@ -218,7 +224,7 @@ async def test_unix_socket_reconnect_and_single_broker(tmp_path: Path) -> None:
     try:
         assert sock.stat().st_mode & 0o777 == 0o600
         first = await proc.connect()
-        assert (await first.recv())["method"] == "ready"
+        await first.handshake()
         await first.notify("workload:submitted", {"workloadInfo": workload()})
         second = await proc.connect()
         refused = await second.recv()
@@ -234,6 +240,8 @@ async def test_unix_socket_reconnect_and_single_broker(tmp_path: Path) -> None:
                 frame = await chan.recv()
                 if frame.get("method") == "ready":
                     third = chan
+                    snapshot = await chan.recv()
+                    await chan.send({"jsonrpc": "2.0", "result": {}, "id": snapshot["id"]})
                 else:
                     await chan.close()
         status = (await third.request("manager:status"))["result"]
@@ -259,3 +267,51 @@ async def test_unix_socket_refuses_a_path_that_is_not_a_socket(tmp_path: Path) -
     assert bad.returncode != 0
     assert b"is not a socket" in err
     assert path.read_text() == "data"
+
+
+async def test_snapshot_view_is_remembered(manager: ManagerProcess) -> None:
+    chan = await manager.connect()
+    view = {
+        "workloads": [workload(2, "running")],
+        "removed": [{"workloadId": "9", "originatedFrom": "nod_a"}],
+    }
+    await chan.handshake(view)
+    again = await chan.request("workload:started", {"workloadInfo": workload(2, "running")})
+    assert again["result"] == {"accepted": False, "reason": "duplicate"}
+    gone = await chan.request("workload:submitted", {"workloadInfo": {**workload(), "id": "9"}})
+    assert gone["result"] == {"accepted": False, "reason": "removed"}
+    status = (await chan.request("manager:status"))["result"]
+    assert status["counters"]["received_local"] == 2  # loading is not receiving
+    if manager.ipc is not None:
+        await chan.close()
+
+
+async def test_snapshot_error_counts_as_empty(manager: ManagerProcess) -> None:
+    chan = await manager.connect()
+    await chan.handshake(error=True)
+    reply = await chan.request("workload:submitted", {"workloadInfo": workload()})
+    assert reply["result"] == {"accepted": True}
+    if manager.ipc is not None:
+        await chan.close()
+
+
+async def test_snapshot_comes_in_pages(manager: ManagerProcess) -> None:
+    chan = await manager.connect()
+    await chan.handshake({"workloads": [workload()], "removed": [], "next": "page-2"})
+    second = await chan.recv()
+    assert second["method"] == "workloads:snapshot"
+    assert second["params"]["cursor"] == "page-2"
+    page = {"workloads": [{**workload(), "id": "2"}], "removed": []}
+    await chan.send({"jsonrpc": "2.0", "result": page, "id": second["id"]})
+    status = (await chan.request("manager:status"))["result"]
+    assert status["workloads"]["held"] == 2
+    if manager.ipc is not None:
+        await chan.close()
+
+
+async def test_malformed_snapshot_answer_is_survived(manager: ManagerProcess) -> None:
+    chan = await manager.connect()
+    await chan.handshake({"workloads": [{"id": 1}]})
+    assert "result" in await chan.request("manager:status")
+    if manager.ipc is not None:
+        await chan.close()

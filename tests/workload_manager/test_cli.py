@@ -62,7 +62,7 @@ def test_defaults() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--port", "0"], "port out of range"),
+        (["--port", "65536"], "port out of range"),
         (["--port", "http"], "not a port number"),
         (["--log-level", "verbose"], "invalid choice"),
         (["--frobnicate"], "unrecognized arguments"),
@@ -113,3 +113,10 @@ def test_bad_environment_is_refused_clearly(env: dict[str, str]) -> None:
     )
     assert done.returncode == 2
     assert "NVPAIR_WM_" in done.stderr
+
+
+def test_stdin_from_dev_null_ends_cleanly() -> None:
+    # epoll refuses /dev/null; the manager must still see end of input and exit.
+    done = run("--log-level", "error")
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[0].startswith('{"jsonrpc":"2.0","method":"ready"')

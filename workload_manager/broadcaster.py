@@ -1,0 +1,292 @@
+"""The outbound broadcaster: each peer gets its own outbox and its own sender task.
+
+Events are coalesced per workload in the peer's `Outbox` and sent as JSON-RPC batch arrays
+on a kept-alive mTLS connection; the HTTP 2xx is the acknowledgement. One batch is in flight
+per peer at a time, so a slow or dead peer holds up only its own outbox.
+
+A sender sends only while this node has a cluster identity and the peer is pinned: a node
+that is not a member broadcasts nothing, and unpinning a member stops traffic to it on the
+next batch. Each time a sender (re)connects -- at start, after a failure, after it becomes
+able to send -- it catches up: it queues this node's whole view (the latest record per
+workload and the removals) for the peer and asks the peer, with a `workloads:sync` request
+in the same batch, to queue its view for us (docs/protocol.md, "Catch-up").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+from msgspec import UNSET, Struct
+from yarl import URL
+
+from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+
+from .manager import Peer
+from .outbox import Backoff, Outbox
+from .relay import Event, RemoveEvent
+from .server import EVENTS_PATH
+from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, RemoveParams, Workload
+
+__all__ = ["Broadcaster", "encode_batch"]
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S: Final = 0.5  # how often a sender that may not send looks again
+VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot before syncing
+_SYNC_ID: Final = "sync"
+
+View = Callable[[], tuple[list[Workload], list[RemoveEvent]]]
+
+
+class _Note(Struct):
+    jsonrpc: str
+    method: str
+    params: Any
+
+
+class _Req(Struct):
+    jsonrpc: str
+    method: str
+    id: str
+    params: Any = UNSET
+
+
+_encoder: Final = msgspec.json.Encoder()
+_replies: Final = msgspec.json.Decoder(list[dict[str, Any]] | dict[str, Any])
+
+
+def encode_batch(events: list[Event], *, sync: bool = False) -> bytes:
+    """A JSON-RPC batch of notifications, plus a `workloads:sync` request when asked."""
+    items: list[_Note | _Req] = []
+    for event in events:
+        if type(event) is Workload:
+            method = METHOD_FOR_STATE[event.state]
+            items.append(_Note("2.0", method, LifecycleParams(workloadInfo=event)))
+        else:
+            assert type(event) is RemoveEvent
+            params = RemoveParams(
+                workloadId=event.workload_id, originatedFrom=event.originated_from
+            )
+            items.append(_Note("2.0", REMOVE_METHOD, params))
+    if sync:
+        items.append(_Req("2.0", "workloads:sync", _SYNC_ID))
+    return _encoder.encode(items)
+
+
+class Broadcaster:
+    """Per-peer outboxes and sender tasks; `async with` owns their lifetime."""
+
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        view: View,
+        *,
+        backoff: Backoff | None = None,
+        max_batch: int = 256,
+        request_timeout_s: float = 10.0,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.cluster = cluster
+        self.view = view
+        self.backoff = backoff or Backoff()
+        self.max_batch = max_batch
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=3.0)
+        self.draw = draw
+        self.contexts = ClientContexts(cluster)
+        self.view_ready = asyncio.Event()
+        self._senders: dict[str, _Sender] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+
+    async def __aenter__(self) -> Broadcaster:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+            timeout=self.timeout,
+        )
+        self._tasks = asyncio.TaskGroup()
+        await self._tasks.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for sender in self._senders.values():
+            sender.task.cancel()
+        assert self._tasks is not None
+        assert self._session is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._tasks.__aexit__(None, None, None)
+        await self._session.close()
+
+    # -- called by the manager ----------------------------------------------------------------
+
+    def set_peers(self, peers: tuple[Peer, ...]) -> None:
+        """Start senders for new peers, stop those of peers no longer listed."""
+        wanted = {peer.nodeId: peer for peer in peers}
+        for node_id in list(self._senders):
+            if node_id not in wanted:
+                sender = self._senders.pop(node_id)
+                sender.task.cancel()
+                sender.outbox.clear()
+        for node_id, peer in wanted.items():
+            existing = self._senders.get(node_id)
+            if existing is None:
+                assert self._tasks is not None, "set_peers() before the broadcaster started"
+                sender = _Sender(self, peer)
+                sender.task = self._tasks.create_task(sender.run(), name=f"send-{node_id}")
+                self._senders[node_id] = sender
+            elif existing.peer != peer:
+                existing.peer = peer  # moved: the next batch goes to the new address
+                existing.wake.set()
+
+    def enqueue(self, event: Event, exclude: tuple[str, ...]) -> None:
+        """Queue an event for every peer except those in `exclude`."""
+        for node_id, sender in self._senders.items():
+            if node_id not in exclude:
+                sender.outbox.add(event)
+                sender.wake.set()
+
+    def enqueue_view(self, node_id: str) -> int:
+        """Queue this node's whole view for one peer (its `workloads:sync`)."""
+        sender = self._senders.get(node_id)
+        if sender is None:
+            return 0
+        return sender.queue_view()
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per-peer counters for `manager:status`."""
+        return [
+            {
+                "nodeId": node_id,
+                "host": sender.peer.host,
+                "port": sender.peer.port,
+                "queued": sender.outbox.depth,
+                "failures": sender.outbox.failures,
+                "state": sender.state,
+                **dataclasses.asdict(sender.outbox.counters),
+            }
+            for node_id, sender in sorted(self._senders.items())
+        ]
+
+
+class _Sender:
+    """Sends one peer's outbox, one batch at a time."""
+
+    def __init__(self, owner: Broadcaster, peer: Peer) -> None:
+        self.owner = owner
+        self.peer = peer
+        self.outbox = Outbox(max_batch=owner.max_batch, backoff=owner.backoff, draw=owner.draw)
+        self.wake = asyncio.Event()
+        self.needs_sync = True
+        self.state = "starting"
+        self.task: asyncio.Task[None]
+
+    def queue_view(self) -> int:
+        workloads, removals = self.owner.view()
+        for record in workloads:
+            self.outbox.add(record)
+        for removal in removals:
+            self.outbox.add(removal)
+        self.wake.set()
+        return len(workloads) + len(removals)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.owner.view_ready.wait(), VIEW_WAIT_S)
+        while True:
+            if not self._may_send():
+                self.needs_sync = True
+                await self._sleep(IDLE_POLL_S)
+                continue
+            now = loop.time()
+            if now < self.outbox.retry_at():
+                await self._sleep(self.outbox.retry_at() - now)
+                continue
+            sync = self.needs_sync
+            if sync:
+                self.queue_view()
+            batch = self.outbox.next_batch(now)
+            if batch is None and not sync:
+                self.state = "idle"
+                await self._sleep(None)
+                continue
+            await self._send(batch or [], sync=sync)
+
+    def _may_send(self) -> bool:
+        try:
+            self.owner.contexts.current()
+        except CertsError:
+            self.state = "no identity"
+            return False
+        if not self.owner.cluster.pins.is_member(self.peer.nodeId):
+            self.state = "not pinned"
+            return False
+        return True
+
+    async def _sleep(self, delay: float | None) -> None:
+        # Until `delay` passes or an enqueue wakes us, whichever comes first.
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self.wake.wait()
+
+    async def _send(self, batch: list[Event], *, sync: bool) -> None:
+        owner = self.owner
+        assert owner._session is not None
+        url = URL.build(scheme="https", host=self.peer.host, port=self.peer.port, path=EVENTS_PATH)
+        body = encode_batch(batch, sync=sync)
+        self.state = "sending"
+        try:
+            async with owner._session.post(
+                url,
+                data=body,
+                headers={"Content-Type": "application/json"},
+                ssl=owner.contexts.current(),
+                server_hostname=server_hostname_for(self.peer.nodeId),
+            ) as response:
+                reply = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError, CertsError) as exc:
+            self._failed(f"{type(exc).__name__}: {exc}"[:200], retry=True, batch=batch)
+            return
+        if 200 <= status < 300:
+            if batch:
+                self.outbox.ack()
+            if sync:
+                self.needs_sync = not _sync_answered(reply)
+            self.state = "connected"
+            return
+        # 400/413/415: the peer calls the batch malformed; sending it again cannot help.
+        retry = status not in (400, 413, 415)
+        self._failed(f"HTTP {status}", retry=retry, batch=batch)
+
+    def _failed(self, error: str, *, retry: bool, batch: list[Event]) -> None:
+        loop = asyncio.get_running_loop()
+        self.needs_sync = True
+        self.state = "retrying"
+        if batch:
+            self.outbox.fail(loop.time(), error, retry=retry)
+        else:  # a sync-only request: back off all the same
+            self.outbox.note_failure(loop.time(), error)
+        log.info(
+            "sending to %s failed (%s); retry in %.2fs",
+            self.peer.nodeId,
+            error,
+            max(0.0, self.outbox.retry_at() - loop.time()),
+        )
+
+
+def _sync_answered(reply: bytes) -> bool:
+    try:
+        decoded = _replies.decode(reply) if reply else []
+    except msgspec.DecodeError:
+        return False
+    items = decoded if isinstance(decoded, list) else [decoded]
+    return any(item.get("id") == _SYNC_ID and "result" in item for item in items)

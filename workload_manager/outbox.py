@@ -1,0 +1,199 @@
+"""One peer's outbox, sans-I/O: coalesce, batch, acknowledge, back off.
+
+The outbox holds at most one pending event per workload: a newer `seq` replaces an older
+one (coalescing), and a removal replaces every pending record of the workload it removes.
+So its memory is bounded by live workloads, not by events, and a cap bounds even that.
+Batches go out one at a time, oldest first: per workload, a peer sees `seq` only rise.
+
+Time is passed in. `next_batch(now)` says what to send, if anything, given the backoff;
+the runner reports the outcome with `ack()` or `fail()`. Backoff is exponential with full
+jitter and a cap (the AWS architecture blog's "full jitter"), drawn from an injected
+random source so tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from .relay import Event, RemoveEvent
+from .workload import Workload
+
+__all__ = ["Backoff", "Outbox", "OutboxCounters"]
+
+DEFAULT_MAX_BATCH: Final = 256
+DEFAULT_MAX_PENDING: Final = 100_000
+
+_Key = tuple[str, str, str]  # ("w", runId, id) or ("r", originatedFrom, id)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with full jitter: delay in [0, min(cap, base * 2**attempt))."""
+
+    base_s: float = 0.1
+    cap_s: float = 30.0
+
+    def delay(self, attempt: int, draw: Callable[[], float]) -> float:
+        """The delay before retry number `attempt` (1 = the first retry)."""
+        ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 30)))
+        return float(draw() * ceiling)
+
+
+@dataclass(slots=True)
+class OutboxCounters:
+    """What `manager:status` shows per peer."""
+
+    sent: int = 0  # events acknowledged by the peer
+    batches: int = 0
+    retried: int = 0  # batches that failed and will be sent again
+    coalesced: int = 0  # events replaced by a newer one before they were sent
+    dropped: int = 0  # events given up: over the cap, or refused by the peer as malformed
+    last_error: str | None = None
+
+
+class Outbox:
+    """Pending events for one peer, coalesced per workload."""
+
+    def __init__(
+        self,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        backoff: Backoff | None = None,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.max_batch = max_batch
+        self.max_pending = max_pending
+        self.backoff = backoff or Backoff()
+        self.draw = draw
+        self.counters = OutboxCounters()
+        self._pending: dict[_Key, Event] = {}  # insertion order = send order
+        self._runs: dict[tuple[str, str], set[str]] = {}  # (origin, id) -> runIds pending
+        self._in_flight: list[Event] | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+
+    @property
+    def depth(self) -> int:
+        """Events waiting, the batch in flight included."""
+        return len(self._pending) + (len(self._in_flight) if self._in_flight else 0)
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failed batches (0 while the peer is healthy)."""
+        return self._failures
+
+    def add(self, event: Event) -> None:
+        """Queue an event, replacing what it supersedes."""
+        if type(event) is Workload:
+            key: _Key = ("w", event.runId, event.id)
+            pair = (event.originatedFrom, event.id)
+            if ("r", *pair) in self._pending:
+                self.counters.coalesced += 1  # a removal is pending: the record is moot
+                return
+            old = self._pending.get(key)
+            if old is not None:
+                assert type(old) is Workload
+                self.counters.coalesced += 1
+                if old.seq >= event.seq:
+                    return
+                self._pending[key] = event  # replaced in place: it keeps its turn
+                return
+            self._runs.setdefault(pair, set()).add(event.runId)
+        else:
+            assert type(event) is RemoveEvent
+            pair = (event.originated_from, event.workload_id)
+            key = ("r", *pair)
+            for run_id in self._runs.pop(pair, ()):
+                if self._pending.pop(("w", run_id, pair[1]), None) is not None:
+                    self.counters.coalesced += 1
+            if self._pending.pop(key, None) is not None:
+                self.counters.coalesced += 1
+        self._pending[key] = event
+        if len(self._pending) > self.max_pending:
+            self._drop_oldest()
+
+    def next_batch(self, now: float) -> list[Event] | None:
+        """The next batch to send, or None (nothing pending, one in flight, backing off)."""
+        if self._in_flight is not None or not self._pending or now < self._retry_at:
+            return None
+        batch: list[Event] = []
+        while self._pending and len(batch) < self.max_batch:
+            key = next(iter(self._pending))
+            event = self._pending.pop(key)
+            self._forget_run(key, event)
+            batch.append(event)
+        self._in_flight = batch
+        return batch
+
+    def retry_at(self) -> float:
+        """When the next batch may go (0 when it may go now)."""
+        return self._retry_at
+
+    def ack(self) -> None:
+        """The peer took the batch in flight."""
+        batch = self._take_in_flight()
+        self.counters.sent += len(batch)
+        self.counters.batches += 1
+        self._failures = 0
+        self._retry_at = 0.0
+        self.counters.last_error = None
+
+    def fail(self, now: float, error: str, *, retry: bool = True) -> float:
+        """The batch in flight failed; returns when to try again.
+
+        With `retry`, its events go back to the front of the outbox unless something newer
+        for the same workload arrived meanwhile; without it (the peer called the batch
+        malformed: sending it again cannot help) they are dropped and counted.
+        """
+        batch = self._take_in_flight()
+        self.note_failure(now, error)
+        if not retry:
+            self.counters.dropped += len(batch)
+            return self._retry_at
+        self.counters.retried += 1
+        newer = self._pending
+        self._pending = {}
+        self._runs.clear()
+        for event in batch:
+            self.add(event)
+        for event in newer.values():
+            self.add(event)
+        return self._retry_at
+
+    def note_failure(self, now: float, error: str) -> float:
+        """A send with no batch in it (a catch-up request alone) failed: back off too."""
+        self.counters.last_error = error
+        self._failures += 1
+        self._retry_at = now + self.backoff.delay(self._failures, self.draw)
+        return self._retry_at
+
+    def clear(self) -> None:
+        """Forget everything (the peer left the cluster)."""
+        self.counters.dropped += self.depth
+        self._pending.clear()
+        self._runs.clear()
+        self._in_flight = None
+
+    def _take_in_flight(self) -> list[Event]:
+        if self._in_flight is None:
+            raise RuntimeError("no batch in flight")
+        batch, self._in_flight = self._in_flight, None
+        return batch
+
+    def _forget_run(self, key: _Key, event: Event) -> None:
+        if key[0] == "w" and type(event) is Workload:
+            pair = (event.originatedFrom, event.id)
+            runs = self._runs.get(pair)
+            if runs is not None:
+                runs.discard(event.runId)
+                if not runs:
+                    del self._runs[pair]
+
+    def _drop_oldest(self) -> None:
+        key = next(iter(self._pending))
+        self._forget_run(key, self._pending.pop(key))
+        self.counters.dropped += 1

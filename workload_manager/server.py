@@ -1,0 +1,94 @@
+"""The inter-node server: `POST /v1/workloads/events` over cluster mTLS (seed 002).
+
+There is no plaintext mode. The listening context resolves this node's certificate per
+handshake (`certs.ServerContexts`), so a node that is not a member keeps the port bound and
+fails every handshake, and starts serving when an identity appears. After TLS, every request
+passes the pin check (`certs.pinned`): a caller whose key is not in `trusted/` gets 403.
+
+Statuses: 202 (only notifications, all taken; no body), 200 (requests in the body; their
+JSON-RPC responses), 400 (a malformed body, or any invalid message in it: the body lists the
+errors; valid messages beside them were still taken, which a resend makes harmless),
+403 (unpinned), 413 (body over the limit), 415 (not `application/json`), 503 (the broker
+is not keeping up: try again after `Retry-After`; nothing was taken).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from aiohttp import web
+
+from certs import ClusterDir, ServerContexts, peer_node_id, pinned
+
+from .manager import Manager
+
+__all__ = ["EVENTS_PATH", "MAX_BODY", "InterNodeServer"]
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH: Final = "/v1/workloads/events"
+MAX_BODY: Final = 8 * 1024 * 1024
+_JSON: Final = "application/json"
+
+
+class InterNodeServer:
+    """aiohttp server for peers' workload events; `start()` binds, `aclose()` stops."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        cluster: ClusterDir,
+        *,
+        host: str | None,
+        port: int,
+        broker_ready: Callable[[], bool] = lambda: True,
+        max_body: int = MAX_BODY,
+    ) -> None:
+        self.manager = manager
+        self.contexts = ServerContexts(cluster)
+        self.host = host
+        self.port = port
+        self.broker_ready = broker_ready
+        app = web.Application(client_max_size=max_body)
+        app.router.add_post(EVENTS_PATH, pinned(cluster.pins)(self._events))
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port (useful with port 0)."""
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.contexts.listening)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        log.info("inter-node server listening on %s:%d", self.host, self.port)
+        return self.port
+
+    async def aclose(self) -> None:
+        """Stop serving and close connections."""
+        await self._runner.cleanup()
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type != _JSON:
+            raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
+        body = await request.read()  # aiohttp answers 413 past client_max_size
+        if not self.broker_ready():
+            # Taking events the broker cannot be told about would lose them; the sender
+            # keeps them and retries.
+            raise web.HTTPServiceUnavailable(text="broker busy\n", headers={"Retry-After": "1"})
+        dispatchers = (self.manager.remote_dispatcher,)
+        errors_before = sum(d.errors_sent + d.notification_errors for d in dispatchers)
+        reply = self.manager.handle_remote(body, peer_node_id(request))
+        errors = sum(d.errors_sent + d.notification_errors for d in dispatchers) - errors_before
+        if errors:
+            log.warning("peer %s sent %d invalid messages", peer_node_id(request), errors)
+            return web.Response(
+                status=400,
+                body=reply
+                or b'{"jsonrpc":"2.0","error":{"code":-32602,'
+                b'"message":"Invalid params","data":"invalid notification"},"id":null}',
+                content_type=_JSON,
+            )
+        if reply is None:
+            return web.Response(status=202)
+        return web.Response(status=200, body=reply, content_type=_JSON)
