@@ -30,7 +30,7 @@ from yarl import URL
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
 from .manager import Peer
-from .outbox import Backoff, Outbox
+from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
 from .relay import Event, RemoveEvent
 from .server import EVENTS_PATH
 from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, RemoveParams, Workload
@@ -90,7 +90,7 @@ class Broadcaster:
         view: View,
         *,
         backoff: Backoff | None = None,
-        max_batch: int = 256,
+        max_batch: int = DEFAULT_MAX_BATCH,
         request_timeout_s: float = 10.0,
         draw: Callable[[], float] = random.random,
     ) -> None:

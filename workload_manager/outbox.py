@@ -23,7 +23,7 @@ from .workload import Workload
 
 __all__ = ["Backoff", "Outbox", "OutboxCounters"]
 
-DEFAULT_MAX_BATCH: Final = 256
+DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_MAX_PENDING: Final = 100_000
 
 _Key = tuple[str, str, str]  # ("w", runId, id) or ("r", originatedFrom, id)
@@ -71,7 +71,6 @@ class Outbox:
         self.draw = draw
         self.counters = OutboxCounters()
         self._pending: dict[_Key, Event] = {}  # insertion order = send order
-        self._runs: dict[tuple[str, str], set[str]] = {}  # (origin, id) -> runIds pending
         self._in_flight: list[Event] | None = None
         self._failures = 0
         self._retry_at = 0.0
@@ -90,8 +89,7 @@ class Outbox:
         """Queue an event, replacing what it supersedes."""
         if type(event) is Workload:
             key: _Key = ("w", event.runId, event.id)
-            pair = (event.originatedFrom, event.id)
-            if ("r", *pair) in self._pending:
+            if ("r", event.originatedFrom, event.id) in self._pending:
                 self.counters.coalesced += 1  # a removal is pending: the record is moot
                 return
             old = self._pending.get(key)
@@ -102,14 +100,21 @@ class Outbox:
                     return
                 self._pending[key] = event  # replaced in place: it keeps its turn
                 return
-            self._runs.setdefault(pair, set()).add(event.runId)
         else:
             assert type(event) is RemoveEvent
-            pair = (event.originated_from, event.workload_id)
-            key = ("r", *pair)
-            for run_id in self._runs.pop(pair, ()):
-                if self._pending.pop(("w", run_id, pair[1]), None) is not None:
-                    self.counters.coalesced += 1
+            key = ("r", event.originated_from, event.workload_id)
+            # Removals are rare: finding the records they supersede by a scan keeps the
+            # common path (add a record) free of an index.
+            moot = [
+                k
+                for k, pending in self._pending.items()
+                if type(pending) is Workload
+                and pending.id == event.workload_id
+                and pending.originatedFrom == event.originated_from
+            ]
+            for k in moot:
+                del self._pending[k]
+            self.counters.coalesced += len(moot)
             if self._pending.pop(key, None) is not None:
                 self.counters.coalesced += 1
         self._pending[key] = event
@@ -122,10 +127,7 @@ class Outbox:
             return None
         batch: list[Event] = []
         while self._pending and len(batch) < self.max_batch:
-            key = next(iter(self._pending))
-            event = self._pending.pop(key)
-            self._forget_run(key, event)
-            batch.append(event)
+            batch.append(self._pending.pop(next(iter(self._pending))))
         self._in_flight = batch
         return batch
 
@@ -157,7 +159,6 @@ class Outbox:
         self.counters.retried += 1
         newer = self._pending
         self._pending = {}
-        self._runs.clear()
         for event in batch:
             self.add(event)
         for event in newer.values():
@@ -175,7 +176,6 @@ class Outbox:
         """Forget everything (the peer left the cluster)."""
         self.counters.dropped += self.depth
         self._pending.clear()
-        self._runs.clear()
         self._in_flight = None
 
     def _take_in_flight(self) -> list[Event]:
@@ -184,16 +184,6 @@ class Outbox:
         batch, self._in_flight = self._in_flight, None
         return batch
 
-    def _forget_run(self, key: _Key, event: Event) -> None:
-        if key[0] == "w" and type(event) is Workload:
-            pair = (event.originatedFrom, event.id)
-            runs = self._runs.get(pair)
-            if runs is not None:
-                runs.discard(event.runId)
-                if not runs:
-                    del self._runs[pair]
-
     def _drop_oldest(self) -> None:
-        key = next(iter(self._pending))
-        self._forget_run(key, self._pending.pop(key))
+        del self._pending[next(iter(self._pending))]
         self.counters.dropped += 1
