@@ -76,7 +76,9 @@ class ManagerProcess:
         self.ipc = ipc
 
     @classmethod
-    async def start(cls, *args: str, ipc: Path | None = None) -> ManagerProcess:
+    async def start(
+        cls, *args: str, ipc: Path | None = None, env: dict[str, str] | None = None
+    ) -> ManagerProcess:
         argv = [sys.executable, "-m", "workload_manager", *args]
         if ipc is not None:
             argv += ["--ipc", str(ipc)]
@@ -86,7 +88,7 @@ class ManagerProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=4 * 1024 * 1024,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self = cls(proc, ipc)
         if ipc is not None:

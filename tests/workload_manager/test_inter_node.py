@@ -27,6 +27,7 @@ from .cluster_harness import (
     make_cluster,
     record,
 )
+from .manager_process import ManagerProcess
 
 
 async def start_all(members: list[Member], links: dict[str, list[str]] | None = None) -> None:
@@ -228,6 +229,9 @@ async def test_a_non_member_gets_nothing_then_converges_once_admitted(tmp_path: 
         status = await stranger.status()
         assert status["nodeId"] is None
         assert stranger.upserts() == []
+        # its port is bound, but no handshake completes
+        with pytest.raises(aiohttp.ClientError):
+            await post(a, stranger, b"[]")
         # Admission: a issues n an identity, b pins it, everyone lists everyone.
         a.cluster.issue("n", stranger_dir.path, ["127.0.0.1"])
         b.cluster.pins.pin(load_cert(stranger_dir.node_crt.read_bytes()))
@@ -313,3 +317,44 @@ async def test_events_from_a_peer_with_a_prompt_reach_nobody_with_it(trio: list[
     for member in trio:
         assert marker not in json.dumps(member.told)
         assert marker.encode() not in member.stderr
+
+
+async def post(sender: Member, receiver: Member, body: bytes) -> int:
+    """POST a body to `receiver` with `sender`'s identity; returns the HTTP status."""
+    connector = aiohttp.TCPConnector(ssl=ClientContexts(sender.cluster).current())
+    async with aiohttp.ClientSession(connector=connector) as session, session.post(
+        f"https://127.0.0.1:{receiver.port}/v1/workloads/events",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        server_hostname=server_hostname_for(receiver.node_id)
+        if receiver.cluster.has_identity()
+        else "unknown.nvpair.internal",
+    ) as response:
+        await response.read()
+        return response.status
+
+
+async def test_events_wait_while_no_broker_listens(trio: list[Member], tmp_path: Path) -> None:
+    # With --ipc and no broker connected, the manager cannot tell anyone: it answers 503 and
+    # the sender keeps the events until a broker is there.
+    a, b, _ = trio
+    sock = tmp_path / "a.sock"
+    proc = await ManagerProcess.start(
+        "--cluster-dir", str(a.cluster.path), "--port", str(a.port), "--log-level", "debug",
+        ipc=sock, env={"NVPAIR_WM_BIND": "127.0.0.1"},
+    )  # fmt: skip
+    try:
+        body = json.dumps(
+            [{"jsonrpc": "2.0", "method": "workload:submitted",
+              "params": {"workloadInfo": record(b.node_id, "1", 1)}}]
+        ).encode()  # fmt: skip
+        assert await post(b, a, body) == 503
+        chan = await proc.connect()
+        await chan.handshake()
+        assert await post(b, a, body) == 202
+        told = await chan.recv()
+        assert told["method"] == "workloads:upsert"
+        assert told["params"]["workloadInfo"]["id"] == "1"
+        await chan.close()
+    finally:
+        await proc.aclose()
