@@ -14,6 +14,7 @@ random source so tests are deterministic.
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -70,7 +71,9 @@ class Outbox:
         self.backoff = backoff or Backoff()
         self.draw = draw
         self.counters = OutboxCounters()
-        self._pending: dict[_Key, Event] = {}  # insertion order = send order
+        # Insertion order = send order. An OrderedDict, since batches are taken from the
+        # front: a plain dict would rescan every slot deleted there before.
+        self._pending: OrderedDict[_Key, Event] = OrderedDict()
         self._in_flight: list[Event] | None = None
         self._failures = 0
         self._retry_at = 0.0
@@ -127,7 +130,7 @@ class Outbox:
             return None
         batch: list[Event] = []
         while self._pending and len(batch) < self.max_batch:
-            batch.append(self._pending.pop(next(iter(self._pending))))
+            batch.append(self._pending.popitem(last=False)[1])
         self._in_flight = batch
         return batch
 
@@ -158,7 +161,7 @@ class Outbox:
             return self._retry_at
         self.counters.retried += 1
         newer = self._pending
-        self._pending = {}
+        self._pending = OrderedDict()
         for event in batch:
             self.add(event)
         for event in newer.values():
@@ -185,5 +188,5 @@ class Outbox:
         return batch
 
     def _drop_oldest(self) -> None:
-        del self._pending[next(iter(self._pending))]
+        self._pending.popitem(last=False)
         self.counters.dropped += 1

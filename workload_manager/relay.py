@@ -24,6 +24,7 @@ The rules (seed 002, docs/protocol.md):
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Final
 
@@ -115,6 +116,7 @@ class RelayCore:
     """Dedup state and routing decisions for workload events."""
 
     __slots__ = (
+        "_arrivals",
         "_finished_at",
         "_latest",
         "_removed_at",
@@ -134,8 +136,11 @@ class RelayCore:
         # Live runIds under (originatedFrom, id), for removal. Tuples of strings, not lists:
         # the collector stops tracking them, so full collections do not walk every workload.
         self._runs: dict[_Pair, tuple[str, ...]] = {}
-        self._finished_at: dict[_Key, float] = {}  # terminal records, oldest first
-        self._removed_at: dict[_Pair, float] = {}  # tombstones, oldest first
+        # FIFOs are OrderedDicts: taking the oldest entry of a plain dict after many
+        # deletions from its front costs a scan over the deleted slots.
+        self._finished_at: OrderedDict[_Key, float] = OrderedDict()  # terminal, oldest first
+        self._removed_at: OrderedDict[_Pair, float] = OrderedDict()  # tombstones, oldest first
+        self._arrivals: deque[_Key] = deque()  # every key in order of arrival, for the cap
 
     # -- inbound ------------------------------------------------------------------------
 
@@ -175,6 +180,10 @@ class RelayCore:
         if previous is None:
             pair = (workload.originatedFrom, workload.id)
             self._runs[pair] = (*self._runs.get(pair, ()), workload.runId)
+            self._arrivals.append(key)
+            if len(self._arrivals) > 2 * len(self._latest) + 1024:
+                # Keys forgotten since they arrived: drop them, keeping the order.
+                self._arrivals = deque(k for k in self._arrivals if k in self._latest)
         elif workload.seq <= previous.seq:
             if workload.seq == previous.seq:
                 counters.duplicates += 1
@@ -244,17 +253,19 @@ class RelayCore:
         cutoff = now - self.retention_s
         pruned = 0
         while self._finished_at:
-            key, at = next(iter(self._finished_at.items()))
+            key, at = self._finished_at.popitem(last=False)
             if at > cutoff:
+                self._finished_at[key] = at
+                self._finished_at.move_to_end(key, last=False)
                 break
-            del self._finished_at[key]
             self._forget(key)
             pruned += 1
         while self._removed_at:
-            pair, at = next(iter(self._removed_at.items()))
+            pair, at = self._removed_at.popitem(last=False)
             if at > cutoff:
+                self._removed_at[pair] = at
+                self._removed_at.move_to_end(pair, last=False)
                 break
-            del self._removed_at[pair]
             pruned += 1
         self.counters.pruned += pruned
         return pruned
@@ -272,7 +283,7 @@ class RelayCore:
         self._removed_at[pair] = now
         self.counters.removals += 1
         if len(self._removed_at) > self.max_workloads:
-            del self._removed_at[next(iter(self._removed_at))]
+            self._removed_at.popitem(last=False)
             self.counters.evicted += 1
         return None
 
@@ -288,9 +299,10 @@ class RelayCore:
     def _evict_one(self) -> None:
         # Over the cap: the oldest finished record goes first, else the oldest record.
         if self._finished_at:
-            key = next(iter(self._finished_at))
-            del self._finished_at[key]
+            key, _ = self._finished_at.popitem(last=False)
         else:
-            key = next(iter(self._latest))
+            key = self._arrivals.popleft()
+            while key not in self._latest:  # forgotten since it arrived
+                key = self._arrivals.popleft()
         self._forget(key)
         self.counters.evicted += 1

@@ -322,14 +322,17 @@ async def test_events_from_a_peer_with_a_prompt_reach_nobody_with_it(trio: list[
 async def post(sender: Member, receiver: Member, body: bytes) -> int:
     """POST a body to `receiver` with `sender`'s identity; returns the HTTP status."""
     connector = aiohttp.TCPConnector(ssl=ClientContexts(sender.cluster).current())
-    async with aiohttp.ClientSession(connector=connector) as session, session.post(
-        f"https://127.0.0.1:{receiver.port}/v1/workloads/events",
-        data=body,
-        headers={"Content-Type": "application/json"},
-        server_hostname=server_hostname_for(receiver.node_id)
-        if receiver.cluster.has_identity()
-        else "unknown.nvpair.internal",
-    ) as response:
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(
+            f"https://127.0.0.1:{receiver.port}/v1/workloads/events",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            server_hostname=server_hostname_for(receiver.node_id)
+            if receiver.cluster.has_identity()
+            else "unknown.nvpair.internal",
+        ) as response,
+    ):
         await response.read()
         return response.status
 

@@ -252,3 +252,17 @@ def test_order_of_delivery_does_not_change_the_final_view(plan: Plan) -> None:
             w = ev
             assert forward.latest(w.runId, w.id) == backward.latest(w.runId, w.id)
     assert forward.live_count == backward.live_count
+
+
+def test_cap_evicts_the_oldest_live_record_skipping_forgotten_ones() -> None:
+    relay = RelayCore(max_workloads=3)
+    for wid in "abc":
+        relay.receive_remote(event(1, wid=wid), "nod_b", now=0)
+    relay.receive_remote(RemoveEvent("a", ORIGIN), "nod_b", now=0)
+    relay.receive_remote(event(1, wid="d"), "nod_b", now=0)
+    relay.receive_remote(event(1, wid="e"), "nod_b", now=0)  # over the cap: b goes, not a
+    assert [w for w in "bcde" if relay.latest("run-a", w) is not None] == ["c", "d", "e"]
+    for i in range(5000):  # churn far past the cap stays correct
+        relay.receive_remote(event(1, wid=f"x{i}"), "nod_b", now=0)
+    assert relay.live_count == 3
+    assert [relay.latest("run-a", f"x{i}") is not None for i in (4997, 4998, 4999)] == [True] * 3
