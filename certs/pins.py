@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -195,14 +196,17 @@ class PinStore:
         removed_pins: set[bytes] = set()
         files: list[Path] = []
         file_stamps: list[tuple[int, int, int] | None] = []
-        newest = max((s[1] for s in dir_stamps if s is not None), default=0)
-        for path in _listing(self.removed, ".json"):
-            stamp = _stamp(path)
-            if stamp is None:
-                continue
-            files.append(path)
-            file_stamps.append(stamp)
-            newest = max(newest, stamp[1])
+
+        def stamped(directory: Path, suffix: str) -> Iterator[tuple[Path, _Stamp]]:
+            # Each file of the listing with its stamp, remembered for the next check.
+            for path in _listing(directory, suffix):
+                stamp = _stamp(path)
+                if stamp is not None:
+                    files.append(path)
+                    file_stamps.append(stamp)
+                    yield path, stamp
+
+        for path, _ in stamped(self.removed, ".json"):
             try:
                 record = json.loads(path.read_bytes())
                 pin = bytes.fromhex(record["pin"])
@@ -219,13 +223,7 @@ class PinStore:
                 pin = b""
             removed_pins.add(pin)
             members[member.node_id] = member
-        for path in _listing(self.trusted, ".pem"):
-            stamp = _stamp(path)
-            if stamp is None:
-                continue
-            files.append(path)
-            file_stamps.append(stamp)
-            newest = max(newest, stamp[1])
+        for path, stamp in stamped(self.trusted, ".pem"):
             try:
                 info = _describe_pem(path.read_bytes())
             except OSError:
@@ -243,6 +241,7 @@ class PinStore:
                 removed=None,
             )
         self._view_files = files
+        newest = max((s[1] for s in (*dir_stamps, *file_stamps) if s is not None), default=0)
         settled = time.time_ns() - newest > _SETTLE_NS
         view = _View(by_pin, members, frozenset(removed_pins))
         return view, settled, dir_stamps, tuple(file_stamps)
