@@ -1,0 +1,305 @@
+"""The per-node Jobs store: every member's view of every job, durable in SQLite (WAL).
+
+One row per job, keyed by `(originatedFrom, runId, id)`, holding the latest record (a newer
+`seq` wins; an older or equal one changes nothing) and the record's exact JSON, so a record
+read back re-encodes to what was stored (absent stays absent, null stays null). Removals
+delete the job and leave a row in `removed`, so a late upsert cannot bring it back.
+
+Writes are group-committed: `JobsWriter` takes upserts and removals without waiting, and a
+single task writes whatever has gathered in one transaction (up to `max_batch` rows, or every
+`interval_s`) -- never a transaction per row on the hot path. `flush()` waits until
+everything handed in so far is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiosqlite
+import msgspec
+
+from workload_manager.relay import RemoveEvent
+from workload_manager.workload import Workload, WorkloadState
+
+__all__ = ["JobsStore", "JobsWriter", "StoredView"]
+
+SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS jobs (
+    origin TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    model TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    scheduled_on TEXT,
+    created_at INTEGER NOT NULL,
+    completed_at INTEGER,
+    record BLOB NOT NULL,
+    PRIMARY KEY (origin, run_id, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS jobs_scheduled_on ON jobs (scheduled_on);
+CREATE TABLE IF NOT EXISTS removed (
+    origin TEXT NOT NULL,
+    id TEXT NOT NULL,
+    removed_at REAL NOT NULL,
+    PRIMARY KEY (origin, id)
+) WITHOUT ROWID;
+"""
+
+# A newer seq wins; an older or equal one leaves the row as it is. (A removed job is kept
+# out before the statement runs: a NOT EXISTS subquery here halves the insert rate.)
+_UPSERT: Final = """
+INSERT INTO jobs (origin, run_id, id, seq, state, model, engine, scheduled_on,
+                  created_at, completed_at, record)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (origin, run_id, id) DO UPDATE SET
+    seq = excluded.seq, state = excluded.state, model = excluded.model,
+    engine = excluded.engine, scheduled_on = excluded.scheduled_on,
+    created_at = excluded.created_at, completed_at = excluded.completed_at,
+    record = excluded.record
+WHERE excluded.seq > jobs.seq
+"""
+
+_TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
+
+_encode: Final = msgspec.json.Encoder().encode
+_decode: Final = msgspec.json.Decoder(Workload).decode
+
+
+@dataclass(frozen=True, slots=True)
+class StoredView:
+    """One page of the store's view, for `workloads:snapshot`."""
+
+    workloads: list[Workload]
+    removed: list[RemoveEvent]
+    next: str | None
+
+
+def _row(record: Workload) -> tuple[Any, ...]:
+    completed = record.completedAt if isinstance(record.completedAt, int) else None
+    scheduled = record.scheduledOn if isinstance(record.scheduledOn, str) else None
+    return (
+        record.originatedFrom,
+        record.runId,
+        record.id,
+        record.seq,
+        record.state.value,
+        record.model,
+        record.engine,
+        scheduled,
+        record.createdAt,
+        completed,
+        _encode(record),
+    )
+
+
+class JobsStore:
+    """Reads and batched writes over one SQLite file."""
+
+    def __init__(self, db: aiosqlite.Connection, removed: set[tuple[str, str]]) -> None:
+        self.db = db
+        # (originatedFrom, id) of removed jobs, as in the `removed` table (pruned with it).
+        self._removed = removed
+
+    @classmethod
+    async def open(cls, path: Path) -> JobsStore:
+        """Open (creating if needed) the store at `path`, in WAL mode."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL-safe
+            await db.executescript(SCHEMA)
+            await db.commit()
+            async with db.execute("SELECT origin, id FROM removed") as rows:
+                removed = {(str(origin), str(wid)) for origin, wid in await rows.fetchall()}
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, removed)
+
+    async def close(self) -> None:
+        """Close the database."""
+        await self.db.close()
+
+    async def write(
+        self, upserts: Iterable[Workload], removals: Iterable[RemoveEvent], *, now: float
+    ) -> None:
+        """Apply a batch in one transaction: removals first, then upserts."""
+        removal_rows = [(r.originated_from, r.workload_id, now) for r in removals]
+        gone = self._removed
+        gone.update((origin, wid) for origin, wid, _ in removal_rows)
+        upsert_rows = [_row(r) for r in upserts if (r.originatedFrom, r.id) not in gone]
+        async with self._transaction():
+            if removal_rows:
+                await self.db.executemany(
+                    "INSERT OR IGNORE INTO removed (origin, id, removed_at) VALUES (?, ?, ?)",
+                    removal_rows,
+                )
+                await self.db.executemany(
+                    "DELETE FROM jobs WHERE origin = ? AND id = ?",
+                    [(origin, wid) for origin, wid, _ in removal_rows],
+                )
+            if upsert_rows:
+                await self.db.executemany(_UPSERT, upsert_rows)
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> Any:
+        await self.db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            await self.db.rollback()
+            raise
+        await self.db.commit()
+
+    async def jobs(
+        self,
+        *,
+        state: str | None = None,
+        node: str | None = None,
+        limit: int = 1000,
+    ) -> list[Workload]:
+        """Jobs, newest first, filtered by state and by the node they run or ran on."""
+        clauses, args = [], []
+        if state is not None:
+            clauses.append("state = ?")
+            args.append(state)
+        if node is not None:
+            clauses.append("(scheduled_on = ? OR (scheduled_on IS NULL AND origin = ?))")
+            args += [node, node]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        query = f"SELECT record FROM jobs {where} ORDER BY created_at DESC, id DESC LIMIT ?"
+        async with self.db.execute(query, (*args, max(1, min(limit, 10_000)))) as cursor:
+            return [_decode(row[0]) for row in await cursor.fetchall()]
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many jobs are in each state."""
+        async with self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state") as cursor:
+            return {str(state): int(count) for state, count in await cursor.fetchall()}
+
+    async def view(self, *, cursor: str | None = None, limit: int = 2000) -> StoredView:
+        """A page of every job record, plus (on the first page) every removal."""
+        after = tuple(msgspec.json.decode(cursor)) if cursor else ("", "", "")
+        async with self.db.execute(
+            "SELECT origin, run_id, id, record FROM jobs WHERE (origin, run_id, id) > (?, ?, ?) "
+            "ORDER BY origin, run_id, id LIMIT ?",
+            (*after, limit),
+        ) as rows:
+            page = list(await rows.fetchall())
+        removed: list[RemoveEvent] = []
+        if cursor is None:
+            async with self.db.execute("SELECT origin, id FROM removed") as rows:
+                removed = [RemoveEvent(wid, origin) for origin, wid in await rows.fetchall()]
+        next_cursor = (
+            msgspec.json.encode(list(page[-1][:3])).decode() if len(page) == limit else None
+        )
+        return StoredView([_decode(row[3]) for row in page], removed, next_cursor)
+
+    async def prune(self, *, older_than_ms: int, removed_before: float) -> int:
+        """Delete finished jobs completed before `older_than_ms` and old tombstones."""
+        async with self._transaction():
+            marks = ",".join("?" * len(_TERMINAL))
+            cursor = await self.db.execute(
+                f"DELETE FROM jobs WHERE state IN ({marks}) "
+                "AND coalesce(completed_at, created_at) < ?",
+                (*_TERMINAL, older_than_ms),
+            )
+            pruned = cursor.rowcount
+            await self.db.execute("DELETE FROM removed WHERE removed_at < ?", (removed_before,))
+            async with self.db.execute("SELECT origin, id FROM removed") as rows:
+                self._removed = {(str(o), str(w)) for o, w in await rows.fetchall()}
+        return pruned
+
+
+class JobsWriter:
+    """Group commit in front of a `JobsStore`: callers hand in, one task writes."""
+
+    def __init__(
+        self,
+        store: JobsStore,
+        *,
+        max_batch: int = 1000,
+        interval_s: float = 0.05,
+        max_pending: int = 100_000,
+    ) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.interval_s = interval_s
+        self.max_pending = max_pending
+        self._upserts: dict[tuple[str, str, str], Workload] = {}  # coalesced per job
+        self._removals: list[RemoveEvent] = []
+        self._wake = asyncio.Event()
+        self._written = asyncio.Condition()
+        self._writing = False
+        self._task: asyncio.Task[None] | None = None
+        self.commits = 0
+        self.rows = 0
+
+    async def __aenter__(self) -> JobsWriter:
+        self._task = asyncio.create_task(self._run(), name="jobs-writer")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.flush()
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    @property
+    def pending(self) -> int:
+        """Records and removals handed in and not yet written."""
+        return len(self._upserts) + len(self._removals)
+
+    def has_room(self) -> bool:
+        """Whether more can be handed in without passing the bound."""
+        return self.pending < self.max_pending
+
+    def upsert(self, record: Workload) -> None:
+        """Hand in a record; the newest `seq` per job wins before it reaches the disk."""
+        key = (record.originatedFrom, record.runId, record.id)
+        held = self._upserts.get(key)
+        if held is None or held.seq < record.seq:
+            self._upserts[key] = record
+        self._wake.set()
+
+    def remove(self, removal: RemoveEvent) -> None:
+        """Hand in a removal."""
+        self._removals.append(removal)
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until everything handed in so far is committed."""
+        self._wake.set()
+        async with self._written:
+            await self._written.wait_for(lambda: not self.pending and not self._writing)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if len(self._upserts) < self.max_batch and not self._removals:
+                await asyncio.sleep(self.interval_s)  # let a group gather
+            while self.pending:
+                removals, self._removals = self._removals, []
+                keys = list(itertools.islice(self._upserts, self.max_batch))
+                upserts = [self._upserts.pop(key) for key in keys]
+                self._writing = True
+                try:
+                    await self.store.write(upserts, removals, now=time.time())
+                finally:
+                    self._writing = False
+                self.commits += 1
+                self.rows += len(upserts) + len(removals)
+            async with self._written:
+                self._written.notify_all()

@@ -1,0 +1,155 @@
+"""The Jobs store on real SQLite files: newest seq wins, removals hold, restart restores."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.jobs import JobsStore, JobsWriter
+from workload_manager.relay import RemoveEvent
+from workload_manager.workload import Workload, decode_workload, encode_workload
+
+STATES = {1: "queued", 2: "running", 3: "completed"}
+
+
+def rec(wid: str, seq: int, *, origin: str = "nod_a", run: str = "r", **extra: Any) -> Workload:
+    body: dict[str, Any] = {
+        "id": wid,
+        "model": "m",
+        "engine": "vllm",
+        "runId": run,
+        "state": STATES[seq],
+        "originatedFrom": origin,
+        "createdAt": 1000 + int(wid) if wid.isdigit() else 1000,
+        "seq": seq,
+        **extra,
+    }
+    if seq == 3:
+        body.setdefault("completedAt", 5000)
+    return decode_workload(json.dumps(body))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[JobsStore]:
+    jobs = await JobsStore.open(tmp_path / "jobs.db")
+    yield jobs
+    await jobs.close()
+
+
+async def test_wal_mode(store: JobsStore) -> None:
+    async with store.db.execute("PRAGMA journal_mode") as cursor:
+        assert (await cursor.fetchone()) == ("wal",)
+
+
+async def test_newest_seq_wins_in_any_order(store: JobsStore) -> None:
+    await store.write([rec("1", 2), rec("1", 1), rec("1", 3), rec("1", 2)], [], now=0)
+    [job] = await store.jobs()
+    assert (job.seq, job.state.value) == (3, "completed")
+
+
+async def test_records_read_back_exactly(store: JobsStore) -> None:
+    original = rec("1", 2, scheduledOn="nod_b", startedAt=None, requesterId="team")
+    await store.write([original], [], now=0)
+    [job] = await store.jobs()
+    assert encode_workload(job) == encode_workload(original)
+    assert "completedAt" not in json.loads(encode_workload(job))
+
+
+async def test_removal_deletes_every_run_and_holds(store: JobsStore) -> None:
+    await store.write([rec("1", 1, run="r1"), rec("1", 2, run="r2"), rec("2", 1)], [], now=0)
+    await store.write([], [RemoveEvent("1", "nod_a")], now=1)
+    await store.write([rec("1", 3, run="r1")], [], now=2)  # late: stays gone
+    assert [j.id for j in await store.jobs()] == ["2"]
+    view = await store.view()
+    assert view.removed == [RemoveEvent("1", "nod_a")]
+
+
+async def test_filters(store: JobsStore) -> None:
+    await store.write(
+        [rec("1", 1), rec("2", 2, scheduledOn="nod_b"), rec("3", 3, scheduledOn="nod_c")], [], now=0
+    )
+    assert [j.id for j in await store.jobs(state="running")] == ["2"]
+    assert [j.id for j in await store.jobs(node="nod_b")] == ["2"]
+    assert [j.id for j in await store.jobs(node="nod_a")] == ["1"]  # queued on its origin
+    assert await store.count_by_state() == {"queued": 1, "running": 1, "completed": 1}
+
+
+async def test_view_pages_cover_everything_once(store: JobsStore) -> None:
+    await store.write([rec(str(i), 1) for i in range(25)], [], now=0)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await store.view(cursor=cursor, limit=10)
+        seen += [w.id for w in page.workloads]
+        if page.next is None:
+            break
+        cursor = page.next
+    assert sorted(seen) == sorted(str(i) for i in range(25))
+
+
+async def test_prune_keeps_live_jobs(store: JobsStore) -> None:
+    await store.write([rec("1", 1), rec("2", 3)], [RemoveEvent("9", "nod_a")], now=10)
+    assert await store.prune(older_than_ms=6000, removed_before=11) == 1
+    assert [j.id for j in await store.jobs()] == ["1"]
+    assert (await store.view()).removed == []
+
+
+async def test_restart_restores_the_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = await JobsStore.open(path)
+    async with JobsWriter(store) as writer:
+        for i in range(500):
+            writer.upsert(rec(str(i), 1))
+        writer.remove(RemoveEvent("7", "nod_a"))
+    await store.close()
+    again = await JobsStore.open(path)
+    try:
+        assert len(await again.jobs(limit=10_000)) == 499
+    finally:
+        await again.close()
+
+
+async def test_group_commit_batches_many_rows_per_transaction(store: JobsStore) -> None:
+    async with JobsWriter(store, max_batch=1000) as writer:
+        for i in range(3000):
+            writer.upsert(rec(str(i), 1))
+        await writer.flush()
+        assert writer.rows == 3000
+        assert writer.commits <= 4  # not one per row
+    assert len(await store.jobs(limit=10_000)) == 3000
+
+
+async def test_writer_coalesces_per_job(store: JobsStore) -> None:
+    async with JobsWriter(store) as writer:
+        for seq in (1, 2, 3):
+            writer.upsert(rec("1", seq))
+        writer.upsert(rec("1", 2))
+        await writer.flush()
+    [job] = await store.jobs()
+    assert job.seq == 3
+
+
+async def test_a_corrupt_database_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(sqlite3.DatabaseError):
+        await JobsStore.open(path)
+    assert path.read_bytes().startswith(b"this is not a database")  # left for the operator
+
+
+async def test_a_removal_holds_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = await JobsStore.open(path)
+    await store.write([rec("1", 1)], [RemoveEvent("1", "nod_a")], now=0)
+    await store.close()
+    again = await JobsStore.open(path)
+    try:
+        await again.write([rec("1", 2)], [], now=1)
+        assert await again.jobs() == []
+    finally:
+        await again.close()
