@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import cluster_cli
+from . import agent_cli, cluster_cli
 
 __all__ = ["build_parser", "main"]
 
@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     commands.add_parser("version", help="print the version")
-    cluster_cli.add_commands(commands)
+    cluster_sub = cluster_cli.add_commands(commands)
+    agent_cli.add_commands(commands, cluster_sub)
     return parser
 
 

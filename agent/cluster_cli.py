@@ -17,8 +17,8 @@ from certs.identity import load_cert
 __all__ = ["add_commands"]
 
 
-def add_commands(commands: Any) -> None:
-    """Register `nvpair cluster` and its subcommands on the top-level parser."""
+def add_commands(commands: Any) -> Any:
+    """Register `nvpair cluster` and its subcommands; returns the subcommand parser."""
     cluster = commands.add_parser("cluster", help="cluster identity, members and invites")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
 
@@ -65,6 +65,7 @@ def add_commands(commands: Any) -> None:
     invite = command("invite", "print a one-time join token")
     invite.add_argument("--ttl", type=_duration, default=datetime.timedelta(minutes=15))
     invite.set_defaults(run=_invite)
+    return sub
 
 
 def _duration(text: str) -> datetime.timedelta:

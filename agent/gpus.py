@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import msgspec
 
+from broker.inventory import Device, GpuInventory, TopologyDomain
+
 __all__ = [
     "Device",
     "GpuInventory",
@@ -37,45 +39,6 @@ __all__ = [
 
 _CROCKFORD: Final = "0123456789abcdefghjkmnpqrstvwxyz"
 _GIB: Final = 1024**3
-
-
-class Device(msgspec.Struct, kw_only=True, frozen=True):
-    """One GPU as the node record carries it."""
-
-    id: str
-    uuid: str
-    index: int
-    name: str
-    deviceClass: str
-    memoryTotal: int  # bytes
-    memoryUsed: int
-    memoryFree: int
-    utilization: int | None  # percent, None when NVML cannot say
-    temperatureC: int | None
-    powerW: float | None
-    eccUncorrected: int | None
-    health: str  # "ok", "degraded" or "failed"
-    problem: str | None = None
-    domainId: str | None = None
-
-
-class TopologyDomain(msgspec.Struct, kw_only=True, frozen=True):
-    """A set of devices that can form one tensor-parallel group."""
-
-    id: str
-    kind: str  # "nvlink-fabric", "nvlink" or "pcie"
-    devices: list[str]  # device ids
-    label: str  # the clique, the NVLink group or the NUMA node, for people
-
-
-class GpuInventory(msgspec.Struct, kw_only=True, frozen=True):
-    """What a node has: devices, domains, and why there are none when there are none."""
-
-    devices: list[Device] = []
-    domains: list[TopologyDomain] = []
-    driver: str | None = None
-    simulated: bool = False
-    reason: str | None = None  # set when devices is empty or NVML failed
 
 
 def stable_id(prefix: str, *parts: str) -> str:

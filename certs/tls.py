@@ -85,11 +85,18 @@ class _IdentityCache:
 class ServerContexts:
     """The listening context for an mTLS server, resolving its identity per handshake."""
 
-    def __init__(self, cluster: ClusterDir) -> None:
+    def __init__(self, cluster: ClusterDir, *, client_certificate: str = "required") -> None:
+        """`client_certificate="optional"` lets a caller without a certificate through the
+        handshake (one that sends a certificate must still chain to the cluster CA); the
+        per-request guard then refuses it everywhere but where that is the point (join)."""
         self._identity = _IdentityCache(cluster, ssl.Purpose.CLIENT_AUTH)
         outer = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         outer.minimum_version = ssl.TLSVersion.TLSv1_3
-        outer.verify_mode = ssl.CERT_REQUIRED
+        if client_certificate not in ("required", "optional"):
+            raise ValueError("client_certificate is 'required' or 'optional'")
+        outer.verify_mode = (
+            ssl.CERT_REQUIRED if client_certificate == "required" else ssl.CERT_OPTIONAL
+        )
         if cluster.ca_crt.exists():
             outer.load_verify_locations(cafile=cluster.ca_crt)
         outer.sni_callback = self._on_client_hello

@@ -1,0 +1,287 @@
+"""`nvpair agent run`, `nvpair jobs`, `nvpair nodes`, `nvpair cluster join|remove`.
+
+Commands other than `agent run` and `join` find their agent through `NVPAIR_HOME`: the
+running agent writes its local API address to `$NVPAIR_HOME/agent.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from certs import CertsError, ClusterDir, complete_join, prepare_join
+from certs.identity import ca_fingerprint, load_cert
+from certs.invites import parse_token
+
+from .config import ConfigError, load_config, nvpair_home
+from .node_api import JoinAnswer
+
+__all__ = ["add_commands"]
+
+_LEVELS = {
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
+
+
+def add_commands(commands: Any, cluster_sub: Any) -> None:
+    """Register the agent's commands on the top-level and `cluster` parsers."""
+    agent = commands.add_parser("agent", help="the node daemon")
+    agent_sub = agent.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", required=True)
+    run = agent_sub.add_parser("run", help="run this node's agent until stopped")
+    run.add_argument("--name", help="this node's name (default: the host name)")
+    run.add_argument("--advertise", metavar="HOST", help="address peers use (default 127.0.0.1)")
+    for flag in ("manager", "node", "api", "facade"):
+        run.add_argument(f"--{flag}-port", type=int, dest=f"{flag}_port", metavar="N")
+    run.add_argument("--simulate-gpus", metavar="SPEC", help='e.g. "h100-80gb-sxm:8,l4:2"')
+    run.add_argument("--log-level", choices=tuple(_LEVELS))
+    run.set_defaults(run=_agent_run)
+
+    jobs = commands.add_parser("jobs", help="the Jobs list, as this member sees it")
+    jobs.add_argument("--state", choices=("queued", "running", "completed", "failed", "cancelled"))
+    jobs.add_argument("--node", metavar="NODE_ID", help="jobs that run or ran on this node")
+    jobs.add_argument("--watch", action="store_true", help="refresh every 2 s")
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(run=_jobs)
+
+    nodes = commands.add_parser("nodes", help="members, reachability and GPUs")
+    nodes.add_argument("--json", action="store_true")
+    nodes.set_defaults(run=_nodes)
+
+    join = cluster_sub.add_parser("join", help="join a cluster through a member: HOST:PORT TOKEN")
+    join.add_argument("address", metavar="HOST:PORT", help="a CA holder's node API (port 14321)")
+    join.add_argument("token", metavar="TOKEN")
+    join.add_argument("--name", help="this node's name (default: the host name)")
+    join.add_argument("--san", action="append", default=[], help="DNS name or IP of this node")
+    join.set_defaults(run=_join)
+
+    remove = cluster_sub.add_parser("remove", help="remove a member from every member")
+    remove.add_argument("node_id", metavar="NODE")
+    remove.set_defaults(run=_remove)
+
+
+# -- agent run ----------------------------------------------------------------------------------
+
+
+def _agent_run(args: argparse.Namespace) -> int:
+    home = nvpair_home()
+    try:
+        config = load_config(
+            home,
+            {
+                "name": args.name,
+                "advertise": args.advertise,
+                "manager_port": args.manager_port,
+                "node_port": args.node_port,
+                "api_port": args.api_port,
+                "facade_port": args.facade_port,
+                "simulate_gpus": args.simulate_gpus,
+                "log_level": args.log_level,
+            },
+        )
+    except ConfigError as exc:
+        print(f"nvpair: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=_LEVELS[config.log_level],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(_serve(config))
+    except CertsError as exc:
+        print(f"nvpair: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # a bad --simulate-gpus spec, say
+        print(f"nvpair: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(config: Any) -> None:
+    from .daemon import Agent
+
+    agent = Agent(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await agent.start()
+        await stop.wait()
+    finally:
+        await agent.aclose()
+
+
+# -- commands that talk to the running agent ----------------------------------------------------
+
+
+def _api() -> str:
+    state = nvpair_home() / "agent.json"
+    try:
+        return str(json.loads(state.read_text())["api"])
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(
+            f"nvpair: no agent is running for NVPAIR_HOME={nvpair_home()} "
+            "(start one with `nvpair agent run`)"
+        ) from None
+
+
+def _get(path: str) -> Any:
+    try:
+        with urllib.request.urlopen(_api() + path, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.URLError as exc:
+        raise SystemExit(f"nvpair: the agent does not answer ({exc.reason})") from None
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    query = "&".join(f"{k}={v}" for k, v in (("state", args.state), ("node", args.node)) if v)
+    while True:
+        jobs = _get("/v1/jobs" + (f"?{query}" if query else ""))
+        if args.json:
+            print(json.dumps(jobs, indent=2))
+        else:
+            rows = [["ID", "STATE", "MODEL", "FROM", "ON", "CREATED", "ERROR"]]
+            for job in jobs:
+                created = time.strftime("%H:%M:%S", time.localtime(job["createdAt"] / 1000))
+                rows.append(
+                    [job["id"], job["state"], job["model"], job["originatedFrom"][-8:],
+                     (job.get("scheduledOn") or "-")[-8:], created, (job.get("error") or "")[:40]]
+                )  # fmt: skip
+            print(_table(rows))
+        if not args.watch:
+            return 0
+        time.sleep(2)
+        print()
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    nodes = _get("/v1/nodes")
+    if args.json:
+        print(json.dumps(nodes, indent=2))
+        return 0
+    rows = [["NODE ID", "NAME", "REACHABLE", "CORDONED", "GPUS", "MEMORY FREE/TOTAL", "UTIL"]]
+    for node in nodes:
+        devices = node.get("devices", [])
+        free = sum(d["memoryFree"] for d in devices) / 1024**3
+        total = sum(d["memoryTotal"] for d in devices) / 1024**3
+        util = [d["utilization"] for d in devices if d.get("utilization") is not None]
+        classes = sorted({d["deviceClass"] for d in devices})
+        rows.append(
+            [node["nodeId"], node["name"], "yes" if node["reachable"] else "NO",
+             "yes" if node.get("cordoned") else "no",
+             f"{len(devices)} {','.join(classes)}" if devices else "0",
+             f"{free:.0f}/{total:.0f} GiB" if devices else "-",
+             f"{sum(util) / len(util):.0f}%" if util else "-"]
+        )  # fmt: skip
+    print(_table(rows))
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    request = urllib.request.Request(_api() + f"/v1/members/{args.node_id}/remove", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        print(f"nvpair: {exc.read().decode().strip()}", file=sys.stderr)
+        return 1
+    print(f"removed {args.node_id}: every member unpins it within a heartbeat")
+    return 0
+
+
+# -- join ---------------------------------------------------------------------------------------
+
+
+def _join(args: argparse.Namespace) -> int:
+    import socket
+
+    cluster = ClusterDir(nvpair_home() / "cluster")
+    if cluster.has_identity():
+        print(f"nvpair: {cluster.path} already holds a cluster identity", file=sys.stderr)
+        return 1
+    try:
+        answer = asyncio.run(
+            _join_over_network(
+                args.address, args.token, args.name or socket.gethostname(), args.san, cluster
+            )
+        )
+    except (CertsError, aiohttp.ClientError, OSError, ValueError) as exc:
+        print(f"nvpair: join failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"joined as {answer}; start the node with `nvpair agent run`")
+    return 0
+
+
+async def _join_over_network(
+    address: str, token: str, name: str, sans: list[str], cluster: ClusterDir
+) -> str:
+    invite = parse_token(token)  # refuses a malformed token before any traffic
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"not HOST:PORT: {address!r}")
+    base = f"https://{host}:{port}"
+    # 1. Fetch the CA over an unverified channel and check it against the invite.
+    anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    anyone.check_hostname = False
+    anyone.verify_mode = ssl.CERT_NONE
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
+        async with session.get(f"{base}/v1/cluster/ca", ssl=anyone) as response:
+            ca_pem = await response.read()
+        try:
+            ca = load_cert(ca_pem)
+        except ValueError:
+            raise CertsError("the member did not answer with a CA certificate") from None
+        if ca_fingerprint(ca) != invite.ca_fingerprint:
+            raise CertsError("the member's cluster CA is not the one the invite names")
+        # 2. Send the secret only over a channel verified against that CA.
+        verified = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        verified.check_hostname = False  # any member of that CA may admit us
+        verified.load_verify_locations(cadata=ca_pem.decode())
+        request, key = prepare_join(token, name, sans)
+        async with session.post(
+            f"{base}/v1/join",
+            data=msgspec.json.encode(request),
+            headers={"Content-Type": "application/json"},
+            ssl=verified,
+        ) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise CertsError(
+                    f"refused ({response.status}): {body.decode(errors='replace').strip()}"
+                )
+    answer = msgspec.json.decode(body, type=JoinAnswer)
+    from certs import JoinResponse
+
+    node_id = complete_join(
+        cluster, token, key, JoinResponse(cert=answer.cert, ca=answer.ca, pins=answer.pins)
+    )
+    seeds = Path(cluster.path.parent) / "seeds.json"
+    seeds.write_bytes(msgspec.json.encode(answer.records))
+    with contextlib.suppress(OSError):
+        seeds.chmod(0o600)
+    return node_id

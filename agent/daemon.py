@@ -1,0 +1,325 @@
+"""The node daemon: `nvpair agent run`. The composition root; no protocol logic here.
+
+It opens the Jobs store, discovers (or simulates) GPUs, starts the workload manager under
+supervision, serves the node API (records, join) and the local API, and every heartbeat
+pushes this node's record -- with every record, tombstone and member certificate it holds --
+to every member, merging what they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from broker.jobs import JobsStore, JobsWriter
+from broker.records import Membership, NodeRecord, RecordsPush, Removal, push_decoder
+from broker.supervisor import ManagerSupervisor
+from certs import CertsError, ClientContexts, ClusterDir, PinRefused, server_hostname_for
+from certs.identity import describe, load_cert, verify_issued_by
+from workload_manager import VERSION
+from workload_manager.manager import Peer
+from workload_manager.relay import RemoveEvent
+from workload_manager.workload import Workload
+
+from .config import AgentConfig
+from .gpus import discover, simulate
+from .local_api import LocalApi
+from .node_api import NodeApi
+
+__all__ = ["Agent"]
+
+log = logging.getLogger(__name__)
+
+SEEDS_FILE = "seeds.json"  # records learnt when joining, read at the next start
+
+
+class Agent:
+    """One node. `start()` brings everything up; `aclose()` takes it down in order."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.cluster = ClusterDir(config.cluster_dir)
+        self.started_at = time.time()
+        self._stack = contextlib.AsyncExitStack()
+        self._push_now = asyncio.Event()
+        self.pushes_ok = 0
+        self.pushes_failed = 0
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bring the node up; raises `CertsError` without a cluster identity."""
+        config = self.config
+        identity = self.cluster.load_identity()
+        self.node_id = identity.node.node_id
+        self.ca = identity.ca
+        self.client = ClientContexts(self.cluster)
+        stack = self._stack
+        self.store = await JobsStore.open(config.jobs_db)
+        stack.push_async_callback(self.store.close)
+        self.writer = await stack.enter_async_context(JobsWriter(self.store))
+        if config.simulate_gpus:
+            self.gpus = simulate(config.simulate_gpus, self.node_id)
+        else:
+            self.gpus = discover(self.node_id)
+        if not self.gpus.devices:
+            log.info("no GPU on this node: %s", self.gpus.reason)
+        self.membership = Membership(self.node_id, unreachable_after_s=3 * config.heartbeat_s)
+        self._generation = 0
+        self.record = self._new_record()
+        self.membership.offer(self.record, time.monotonic())
+        for record in self._read_seeds():
+            self.membership.offer(record, time.monotonic())
+        self.supervisor = ManagerSupervisor(
+            store=self.store,
+            writer=self.writer,
+            port=config.manager_port,
+            cluster_dir=self.cluster.path,
+            log_level=config.log_level,
+            extra_env={"NVPAIR_WM_BIND": os.environ.get("NVPAIR_BIND", "")},
+        )
+        self.supervisor.set_peers(self._manager_peers())
+        await self.supervisor.start()
+        stack.push_async_callback(self.supervisor.aclose)
+        bind = os.environ.get("NVPAIR_BIND") or None
+        self.node_api = NodeApi(
+            self.cluster,
+            host=bind,
+            port=config.node_port,
+            on_push=self._on_push,
+            on_admitted=self._on_admitted,
+            records=self.membership.records,
+        )
+        await self.node_api.start()
+        stack.push_async_callback(self.node_api.aclose)
+        self.local_api = LocalApi(self, port=config.api_port)
+        await self.local_api.start()
+        stack.push_async_callback(self.local_api.aclose)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        stack.push_async_callback(self._session.close)
+        tasks = await stack.enter_async_context(_TaskGroup())
+        tasks.create_task(self._heartbeat())
+        tasks.create_task(self._prune())
+        config.state_file.write_text(
+            json.dumps({"api": self.local_api.url, "pid": os.getpid(), "nodeId": self.node_id})
+        )
+        stack.callback(lambda: config.state_file.unlink(missing_ok=True))
+        log.info("node %s (%s) up; local API %s", self.node_id, config.name, self.local_api.url)
+
+    async def aclose(self) -> None:
+        """Stop everything, the workload manager child included."""
+        await self._stack.aclose()
+
+    # -- local operations (from the local API) --------------------------------------------------
+
+    def submit(self, method: str, record: Workload) -> None:
+        """A local lifecycle event: into our Jobs store and out to the cluster."""
+        self.writer.upsert(record)
+        self.supervisor.send_event(method, record)
+
+    def remove_job(self, removal: RemoveEvent) -> None:
+        """A local job removal."""
+        self.writer.remove(removal)
+        self.supervisor.send_removal(removal)
+
+    def remove_member(self, node_id: str) -> None:
+        """`nvpair cluster remove`: tombstone, unpin here, tell every member."""
+        if node_id == self.node_id:
+            raise PinRefused("a node cannot remove itself; run the removal on another member")
+        removal = Removal(nodeId=node_id, removedAt=int(time.time() * 1000))
+        self._apply_removals([removal])
+        self._push_now.set()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every member's record with its reachability."""
+        now = time.monotonic()
+        return [
+            {
+                **msgspec.to_builtins(record),
+                "reachable": self.membership.reachable(record.nodeId, now),
+            }
+            for record in self.membership.records()
+        ]
+
+    # -- records -----------------------------------------------------------------------------
+
+    def _new_record(self) -> NodeRecord:
+        # Generations come from the wall clock so they keep rising across restarts.
+        now_ms = int(time.time() * 1000)
+        self._generation = max(self._generation + 1, now_ms)
+        return NodeRecord(
+            nodeId=self.node_id,
+            name=self.config.name,
+            addresses=[self.config.advertise],
+            managerPort=self.config.manager_port,
+            nodePort=self.config.node_port,
+            facadePort=self.config.facade_port,
+            version=VERSION,
+            devices=self.gpus.devices,
+            domains=self.gpus.domains,
+            gpuNote=self.gpus.reason,
+            updatedAt=now_ms,
+            generation=self._generation,
+        )
+
+    def _manager_peers(self) -> list[Peer]:
+        return [
+            Peer(nodeId=r.nodeId, host=r.addresses[0], port=r.managerPort)
+            for r in self.membership.peers()
+            if r.addresses and self.cluster.pins.is_member(r.nodeId)
+        ]
+
+    def _our_push(self) -> RecordsPush:
+        return RecordsPush(
+            records=self.membership.records(),
+            removals=self.membership.removals(),
+            certificates=[pem.decode() for pem in self.cluster.pins.pems()],
+        )
+
+    def _on_push(self, push: RecordsPush, sender: str) -> RecordsPush:
+        self._merge(push)
+        self.membership.heard_from(sender, time.monotonic())
+        return self._our_push()
+
+    async def _on_admitted(self) -> None:
+        self._push_now.set()  # tell the members about the new pin at once
+
+    def _merge(self, push: RecordsPush) -> None:
+        before = self._manager_peers()
+        self._apply_removals(push.removals)
+        for pem in push.certificates:
+            self._maybe_pin(pem)
+        now = time.monotonic()
+        for record in push.records:
+            if record.nodeId == self.node_id:
+                continue  # only this node speaks for itself
+            if self.cluster.pins.is_member(record.nodeId):
+                self.membership.offer(record, now)
+        if self._manager_peers() != before:
+            self.supervisor.set_peers(self._manager_peers())
+
+    def _maybe_pin(self, pem: str) -> None:
+        try:
+            cert = load_cert(pem.encode())
+            info = describe(cert)
+        except (ValueError, CertsError):
+            return
+        if self.cluster.pins.is_member(info.node_id) or self.membership.is_removed(info.node_id):
+            return
+        if not verify_issued_by(cert, self.ca):
+            log.warning("ignoring a member certificate for %s not signed by our CA", info.node_id)
+            return
+        try:
+            self.cluster.pins.pin(cert, ca=self.ca)
+            log.info("pinned new member %s (%s)", info.node_id, info.name)
+        except PinRefused as exc:
+            log.info("not pinning %s: %s", info.node_id, exc)
+
+    def _apply_removals(self, removals: Iterable[Removal]) -> None:
+        changed = False
+        for removal in removals:
+            if removal.nodeId == self.node_id:
+                continue  # a removed node keeps its own view; the others stop talking to it
+            if self.membership.remove(removal):
+                changed = True
+                if self.cluster.pins.is_member(removal.nodeId):
+                    self.cluster.pins.unpin(removal.nodeId)
+                    log.info("member %s removed", removal.nodeId)
+        if changed:
+            self.supervisor.set_peers(self._manager_peers())
+
+    # -- background -----------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.record = self._new_record()
+            self.membership.offer(self.record, time.monotonic())
+            peers = [r for r in self.membership.peers() if self.cluster.pins.is_member(r.nodeId)]
+            await asyncio.gather(*(self._push_to(peer) for peer in peers))
+            self._push_now.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.heartbeat_s):
+                    await self._push_now.wait()
+
+    async def _push_to(self, peer: NodeRecord) -> None:
+        if not peer.addresses:
+            return
+        url = f"https://{_host(peer.addresses[0])}:{peer.nodePort}/v1/records"
+        try:
+            async with self._session.post(
+                url,
+                data=msgspec.json.encode(self._our_push()),
+                headers={"Content-Type": "application/json"},
+                ssl=self.client.current(),
+                server_hostname=server_hostname_for(peer.nodeId),
+            ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise aiohttp.ClientResponseError(
+                        response.request_info, (), status=response.status
+                    )
+            self._merge(push_decoder.decode(body))
+            self.membership.heard_from(peer.nodeId, time.monotonic())
+            self.pushes_ok += 1
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError, CertsError) as exc:
+            self.pushes_failed += 1
+            log.debug("record push to %s failed: %s", peer.nodeId, exc)
+
+    async def _prune(self) -> None:
+        retention_ms = int(self.config.job_retention_h * 3600 * 1000)
+        while True:
+            await asyncio.sleep(300)
+            now = time.time()
+            pruned = await self.store.prune(
+                older_than_ms=int(now * 1000) - retention_ms, removed_before=now - 86_400
+            )
+            if pruned:
+                log.info("pruned %d finished jobs past the retention", pruned)
+
+    def _read_seeds(self) -> list[NodeRecord]:
+        path = self.config.home / SEEDS_FILE
+        if not path.exists():
+            return []
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=list[NodeRecord])
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring %s: %s", path, exc)
+            return []
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+class _TaskGroup:
+    """An asyncio.TaskGroup whose tasks are cancelled on exit, for an AsyncExitStack."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def create_task(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    async def __aenter__(self) -> _TaskGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

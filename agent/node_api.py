@@ -1,0 +1,126 @@
+"""The node API on 14321: node records between members, and joining.
+
+Cluster mTLS like the workload manager's port, with one difference: a caller without a
+certificate completes the handshake (a certificate that is sent must still chain to the
+cluster CA), because a joiner has none yet. Every route but the join routes then requires a
+pinned caller (403 otherwise).
+
+- `GET /v1/cluster/ca` -- the CA certificate, for a joiner to check against its invite's
+  fingerprint before it sends anything secret.
+- `POST /v1/join` -- an invite's `JoinRequest`; answers the `JoinResponse` plus the records
+  this node holds, so the new member knows where its peers are. Only a CA holder admits.
+- `POST /v1/records` (pinned) -- a `RecordsPush`; answered with this node's own push, so one
+  round trip exchanges both views.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from broker.records import NodeRecord, RecordsPush, push_decoder
+from certs import (
+    ClusterDir,
+    InviteRefused,
+    JoinRequest,
+    NotCAHolder,
+    ServerContexts,
+    admit,
+    peer_node_id,
+    pinned,
+)
+
+__all__ = ["JoinAnswer", "NodeApi"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY: Final = 4 * 1024 * 1024
+_join_decoder: Final = msgspec.json.Decoder(JoinRequest)
+_JSON: Final = "application/json"
+
+
+class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
+    """What `POST /v1/join` answers."""
+
+    cert: str
+    ca: str
+    pins: list[str]
+    records: list[NodeRecord]
+
+
+class NodeApi:
+    """The aiohttp server of the node API."""
+
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        *,
+        host: str | None,
+        port: int,
+        on_push: Callable[[RecordsPush, str], RecordsPush],
+        on_admitted: Callable[[], Awaitable[None]],
+        records: Callable[[], list[NodeRecord]],
+    ) -> None:
+        self.cluster = cluster
+        self.contexts = ServerContexts(cluster, client_certificate="optional")
+        self.host = host
+        self.port = port
+        self.on_push = on_push
+        self.on_admitted = on_admitted
+        self.records = records
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_get("/v1/cluster/ca", self._ca)
+        app.router.add_post("/v1/join", self._join)
+        app.router.add_post("/v1/records", pinned(cluster.pins)(self._push))
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+
+    async def start(self) -> int:
+        """Bind and serve; returns the port."""
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.contexts.listening)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def aclose(self) -> None:
+        """Stop serving."""
+        await self._runner.cleanup()
+
+    async def _ca(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.cluster.ca_crt.read_bytes(), content_type="application/x-pem-file"
+        )
+
+    async def _join(self, request: web.Request) -> web.Response:
+        if request.content_type != _JSON:
+            raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
+        try:
+            join = _join_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not a join request: {exc}\n") from None
+        try:
+            answer = admit(self.cluster, join)
+        except NotCAHolder:
+            raise web.HTTPConflict(
+                text="this member holds no CA key: join through a CA holder\n"
+            ) from None
+        except InviteRefused as exc:
+            log.warning("refused a join: %s", exc)
+            raise web.HTTPForbidden(text=f"{exc}\n") from None
+        await self.on_admitted()
+        body = JoinAnswer(cert=answer.cert, ca=answer.ca, pins=answer.pins, records=self.records())
+        return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
+
+    async def _push(self, request: web.Request) -> web.Response:
+        if request.content_type != _JSON:
+            raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
+        try:
+            push = push_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not a records push: {exc}\n") from None
+        answer = self.on_push(push, peer_node_id(request))
+        return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)

@@ -1,0 +1,151 @@
+"""Node records and membership, sans-I/O.
+
+Every member publishes a `NodeRecord` about itself: name, addresses and ports, versions,
+cordon state, GPUs and topology domains, engines, `updatedAt` and a `generation` that only
+rises. Members push their own record to every peer on change and as a heartbeat, and relay
+the records they hold, so a member that one link cannot reach still learns of the others.
+
+`Membership` decides: a record is taken when its generation is higher than the one held and
+no tombstone names its node; a member not heard from (directly or through a fresher record)
+for `unreachable_after_s` is unreachable, and reachable again when it is heard from.
+A tombstone (`nvpair cluster remove`) wins over any record of that node, whatever its
+generation. Time is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Final
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .inventory import Device, TopologyDomain
+
+__all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal"]
+
+_Name = Annotated[str, Meta(min_length=1, max_length=256)]
+_Port = Annotated[int, Meta(ge=0, le=65535)]
+
+
+class Engine(Struct, kw_only=True, frozen=True):
+    """A model server on a node (filled in by the facade issue)."""
+
+    name: _Name
+    kind: _Name
+    url: Annotated[str, Meta(max_length=2048)]
+    models: Annotated[list[_Name], Meta(max_length=4096)] = []
+    up: bool = True
+
+
+class NodeRecord(Struct, kw_only=True, frozen=True):
+    """What a member says about itself."""
+
+    nodeId: _Name
+    name: _Name
+    addresses: Annotated[list[_Name], Meta(max_length=64)]
+    managerPort: _Port
+    nodePort: _Port
+    facadePort: _Port
+    version: Annotated[str, Meta(max_length=64)]
+    cordoned: bool = False
+    devices: Annotated[list[Device], Meta(max_length=256)] = []
+    domains: Annotated[list[TopologyDomain], Meta(max_length=256)] = []
+    engines: Annotated[list[Engine], Meta(max_length=256)] = []
+    gpuNote: str | None = None  # why there are no devices, when there are none
+    updatedAt: Annotated[int, Meta(ge=0)]  # epoch ms
+    generation: Annotated[int, Meta(ge=1)]
+
+
+class Removal(Struct, kw_only=True, frozen=True):
+    """A tombstone: this node was removed and stays removed."""
+
+    nodeId: _Name
+    removedAt: Annotated[int, Meta(ge=0)]
+
+
+class RecordsPush(Struct, kw_only=True, frozen=True):
+    """Body of `POST /v1/records`: records, tombstones and members' certificates (PEM).
+
+    Certificates let a member that learns of a new node pin it: each must chain to the
+    cluster CA, and a tombstoned node is never pinned.
+    """
+
+    records: Annotated[list[NodeRecord], Meta(max_length=1024)] = []
+    removals: Annotated[list[Removal], Meta(max_length=1024)] = []
+    certificates: Annotated[
+        list[Annotated[str, Meta(max_length=16384)]], Meta(max_length=1024)
+    ] = []
+
+
+push_decoder: Final = msgspec.json.Decoder(RecordsPush)
+
+
+@dataclass
+class _Known:
+    record: NodeRecord
+    heard_at: float
+
+
+@dataclass
+class Membership:
+    """The records this node holds, reachability, and tombstones."""
+
+    self_id: str
+    unreachable_after_s: float = 6.0
+    _known: dict[str, _Known] = field(default_factory=dict)
+    _removed: dict[str, int] = field(default_factory=dict)
+
+    def offer(self, record: NodeRecord, now: float) -> bool:
+        """Take a record if it is newer than ours and not tombstoned; returns if taken."""
+        if record.nodeId in self._removed:
+            return False
+        held = self._known.get(record.nodeId)
+        if held is not None and held.record.generation >= record.generation:
+            if held.record.generation == record.generation:
+                held.heard_at = max(held.heard_at, now)
+            return False
+        self._known[record.nodeId] = _Known(record, now)
+        return True
+
+    def heard_from(self, node_id: str, now: float) -> None:
+        """A direct contact from a member: it is reachable now."""
+        held = self._known.get(node_id)
+        if held is not None:
+            held.heard_at = now
+
+    def remove(self, removal: Removal) -> bool:
+        """Apply a tombstone; returns if it is new."""
+        if removal.nodeId in self._removed:
+            return False
+        self._removed[removal.nodeId] = removal.removedAt
+        self._known.pop(removal.nodeId, None)
+        return True
+
+    def is_removed(self, node_id: str) -> bool:
+        """Whether a tombstone names this node."""
+        return node_id in self._removed
+
+    def removals(self) -> list[Removal]:
+        """Every tombstone, to pass on."""
+        return [Removal(nodeId=n, removedAt=t) for n, t in sorted(self._removed.items())]
+
+    def records(self) -> list[NodeRecord]:
+        """Every record held, ours included."""
+        return [known.record for _, known in sorted(self._known.items())]
+
+    def record(self, node_id: str) -> NodeRecord | None:
+        """The record of one node, if held."""
+        known = self._known.get(node_id)
+        return known.record if known else None
+
+    def reachable(self, node_id: str, now: float) -> bool:
+        """Whether the node was heard from recently (this node always is)."""
+        if node_id == self.self_id:
+            return True
+        known = self._known.get(node_id)
+        return known is not None and now - known.heard_at <= self.unreachable_after_s
+
+    def peers(self) -> list[NodeRecord]:
+        """Every other member's record."""
+        return [r for r in self.records() if r.nodeId != self.self_id]
