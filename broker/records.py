@@ -102,8 +102,7 @@ class Membership:
             return False
         held = self._known.get(record.nodeId)
         if held is not None and held.record.generation >= record.generation:
-            if held.record.generation == record.generation:
-                held.heard_at = max(held.heard_at, now)
+            # The same record relayed again proves nothing about the node being alive.
             return False
         self._known[record.nodeId] = _Known(record, now)
         return True
