@@ -40,6 +40,7 @@ __all__ = ["Agent"]
 log = logging.getLogger(__name__)
 
 SEEDS_FILE = "seeds.json"  # records learnt when joining, read at the next start
+GPU_REFRESH_BEATS = 5  # GPUs are read again every fifth heartbeat (10 s by default)
 
 
 class Agent:
@@ -240,7 +241,12 @@ class Agent:
     # -- background -----------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        beats = 0
         while True:
+            beats += 1
+            if not self.config.simulate_gpus and beats % GPU_REFRESH_BEATS == 0:
+                # Memory in use and utilisation move; NVML calls block, so off the loop.
+                self.gpus = await asyncio.to_thread(discover, self.node_id)
             self.record = self._new_record()
             self.membership.offer(self.record, time.monotonic())
             peers = [r for r in self.membership.peers() if self.cluster.pins.is_member(r.nodeId)]
