@@ -1,4 +1,15 @@
-"""GPU-aware ranking of nodes for a request: pure functions over node snapshots.
+"""GPU-aware ranking of nodes for a request: pure functions over node snapshots and
+pending work, with a reason for every refusal. No I/O."""
 
-Arrives with the facade and scheduler issue.
-"""
+from .rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
+
+__all__ = [
+    "Cluster",
+    "DeviceView",
+    "EngineView",
+    "Load",
+    "NodeView",
+    "Ranking",
+    "Request",
+    "rank",
+]
