@@ -16,6 +16,7 @@ import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,18 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
         run.add_argument(f"--{flag}-port", type=int, dest=f"{flag}_port", metavar="N")
     run.add_argument("--simulate-gpus", metavar="SPEC", help='e.g. "h100-80gb-sxm:8,l4:2"')
     run.add_argument("--log-level", choices=tuple(_LEVELS))
+    run.add_argument(
+        "--engine",
+        action="append",
+        metavar="KIND=URL",
+        help="a model server, e.g. vllm=http://127.0.0.1:8000 (repeatable)",
+    )
     run.set_defaults(run=_agent_run)
+
+    explain = commands.add_parser("explain", help="how the scheduler ranks members for a model")
+    explain.add_argument("model", metavar="MODEL")
+    explain.add_argument("--json", action="store_true")
+    explain.set_defaults(run=_explain)
 
     jobs = commands.add_parser("jobs", help="the Jobs list, as this member sees it")
     jobs.add_argument("--state", choices=("queued", "running", "completed", "failed", "cancelled"))
@@ -93,6 +105,7 @@ def _agent_run(args: argparse.Namespace) -> int:
                 "facade_port": args.facade_port,
                 "simulate_gpus": args.simulate_gpus,
                 "log_level": args.log_level,
+                "engines": args.engine,
             },
         )
     except ConfigError as exc:
@@ -198,6 +211,21 @@ def _nodes(args: argparse.Namespace) -> int:
              f"{free:.0f}/{total:.0f} GiB" if devices else "-",
              f"{sum(util) / len(util):.0f}%" if util else "-"]
         )  # fmt: skip
+    print(_table(rows))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    result = _get("/v1/explain?model=" + urllib.parse.quote(args.model))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    rows = [["RANK", "NODE", "SCORE / REASON"]]
+    rows += [
+        [str(n + 1), entry["nodeId"], f"{entry['score']:.3f}"]
+        for n, entry in enumerate(result["ranked"])
+    ]
+    rows += [["-", entry["nodeId"], entry["reason"]] for entry in result["refused"]]
     print(_table(rows))
     return 0
 

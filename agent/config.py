@@ -50,6 +50,9 @@ class AgentConfig:
     log_level: str = "info"
     heartbeat_s: float = 2.0
     job_retention_h: float = 168.0
+    engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
+    api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
+    queue_limit: int = 32  # pending jobs per node beyond which it takes no more
 
     @property
     def cluster_dir(self) -> Path:
@@ -85,6 +88,10 @@ def load_config(home: Path, overrides: dict[str, Any]) -> AgentConfig:
                 raise ConfigError(f"{path}: unknown setting agent.{key}")
             values[key] = value
     values.update({k: v for k, v in overrides.items() if v is not None})
+    values["engines"] = _engines(values.get("engines", ()))
+    keys = values.get("api_keys", {})
+    if isinstance(keys, dict):
+        values["api_keys"] = tuple((str(name), str(key)) for name, key in keys.items())
     for key, value in values.items():
         expected = _FIELDS[key].type
         if key.endswith("_port") and (not isinstance(value, int) or not 0 <= value <= 65535):
@@ -94,3 +101,27 @@ def load_config(home: Path, overrides: dict[str, Any]) -> AgentConfig:
     if values.get("log_level", "info") not in ("error", "warn", "info", "debug"):
         raise ConfigError("agent.log_level is one of error, warn, info, debug")
     return AgentConfig(home=home, **values)
+
+
+ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "ollama", "openai")
+
+
+def _engines(raw: Any) -> tuple[tuple[str, str, str], ...]:
+    # [[agent.engines]] tables, or "KIND=URL" strings from --engine.
+    result = []
+    for n, item in enumerate(raw):
+        if isinstance(item, str):
+            kind, sep, url = item.partition("=")
+            name = f"{kind}-{n}"
+        elif isinstance(item, dict):
+            kind, url, sep = str(item.get("kind", "")), str(item.get("url", "")), "="
+            name = str(item.get("name") or f"{kind}-{n}")
+        else:
+            raise ConfigError(f"an engine is KIND=URL or a table, got {item!r}")
+        if not sep or kind not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"engine {item!r}: kind is one of {', '.join(ENGINE_KINDS)} and the URL "
+                "starts with http:// or https://"
+            )
+        result.append((name, kind, url.rstrip("/")))
+    return tuple(result)

@@ -21,16 +21,18 @@ import aiohttp
 import msgspec
 
 from broker.jobs import JobsStore, JobsWriter
-from broker.records import Membership, NodeRecord, RecordsPush, Removal, push_decoder
+from broker.records import Engine, Membership, NodeRecord, RecordsPush, Removal, push_decoder
 from broker.supervisor import ManagerSupervisor
 from certs import CertsError, ClientContexts, ClusterDir, PinRefused, server_hostname_for
 from certs.identity import describe, load_cert, verify_issued_by
+from scheduler import Cluster, DeviceView, EngineView, Load, NodeView
 from workload_manager import VERSION
 from workload_manager.manager import Peer
 from workload_manager.relay import RemoveEvent
 from workload_manager.workload import Workload
 
 from .config import AgentConfig
+from .facade import Facade
 from .gpus import discover, simulate
 from .local_api import LocalApi
 from .node_api import NodeApi
@@ -40,6 +42,8 @@ __all__ = ["Agent"]
 log = logging.getLogger(__name__)
 
 SEEDS_FILE = "seeds.json"  # records learnt when joining, read at the next start
+ENGINE_PROBE_S = 5.0  # engines' /v1/models is read again this often
+LOAD_REFRESH_S = 0.5  # pending work per node is read from the Jobs store this often
 GPU_REFRESH_BEATS = 5  # GPUs are read again every fifth heartbeat (10 s by default)
 
 
@@ -54,6 +58,8 @@ class Agent:
         self._push_now = asyncio.Event()
         self.pushes_ok = 0
         self.pushes_failed = 0
+        self.engines: list[Engine] = []
+        self._remote_load: dict[str, int] = {}
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -107,9 +113,28 @@ class Agent:
         stack.push_async_callback(self.local_api.aclose)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         stack.push_async_callback(self._session.close)
+        # Engines and forwarded requests: no total timeout (a generation may be long), but a
+        # connect timeout and a read timeout between chunks.
+        self.http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
+        )
+        stack.push_async_callback(self.http.close)
+        await self._probe_engines()
+        self.facade = Facade(
+            self,
+            host=bind,
+            port=config.facade_port,
+            api_keys=dict(config.api_keys),
+            queue_limit=config.queue_limit,
+        )
+        await self.facade.start()
+        stack.push_async_callback(self.facade.aclose)
+        self.node_api.run_here = self.facade.run_forwarded
         tasks = await stack.enter_async_context(_TaskGroup())
         tasks.create_task(self._heartbeat())
         tasks.create_task(self._prune())
+        tasks.create_task(self._watch_engines())
+        tasks.create_task(self._watch_load())
         config.state_file.write_text(
             json.dumps({"api": self.local_api.url, "pid": os.getpid(), "nodeId": self.node_id})
         )
@@ -167,6 +192,7 @@ class Agent:
             version=VERSION,
             devices=self.gpus.devices,
             domains=self.gpus.domains,
+            engines=self.engines,
             gpuNote=self.gpus.reason,
             updatedAt=now_ms,
             generation=self._generation,
@@ -237,6 +263,93 @@ class Agent:
                     log.info("member %s removed", removal.nodeId)
         if changed:
             self.supervisor.set_peers(self._manager_peers())
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def scheduling_view(self) -> tuple[Cluster, Load]:
+        """The cluster as the scheduler sees it now, and the pending work per node."""
+        now = time.monotonic()
+        views = []
+        for record in self.membership.records():
+            views.append(
+                NodeView(
+                    record.nodeId,
+                    member=record.nodeId == self.node_id
+                    or self.cluster.pins.is_member(record.nodeId),
+                    reachable=self.membership.reachable(record.nodeId, now),
+                    cordoned=record.cordoned,
+                    engines=tuple(
+                        EngineView(e.name, e.kind, frozenset(e.models), e.up)
+                        for e in record.engines
+                    ),
+                    devices=tuple(
+                        DeviceView(
+                            d.memoryFree,
+                            d.memoryTotal,
+                            float(d.utilization or 0),
+                            d.health == "ok",
+                            d.domainId or "none",
+                        )
+                        for d in record.devices
+                    ),
+                )
+            )
+        cluster = Cluster.compile(views)
+        return cluster, Load.of(cluster, self._remote_load)
+
+    def engine_kind_for(self, node_id: str, model: str) -> str:
+        """The kind of the engine that serves `model` on `node_id` (for the job record)."""
+        record = self.record if node_id == self.node_id else self.membership.record(node_id)
+        for engine in record.engines if record else []:
+            if model in engine.models and engine.up:
+                return engine.kind
+        return "unknown"
+
+    def engine_url_for(self, model: str) -> str | None:
+        """A local engine that serves `model` and is up."""
+        for engine in self.engines:
+            if model in engine.models and engine.up:
+                return engine.url
+        return None
+
+    def forward(self, node_id: str, path: str, body: bytes) -> Any:
+        """POST a request to a member's node API to run there; an aiohttp request context."""
+        record = self.membership.record(node_id)
+        if record is None or not record.addresses:
+            raise aiohttp.ClientConnectionError(f"no address for {node_id}")
+        return self.http.post(
+            f"https://{_host(record.addresses[0])}:{record.nodePort}/v1/forward",
+            data=body,
+            headers={"Content-Type": "application/json", "X-Nvpair-Path": path},
+            ssl=self.client.current(),
+            server_hostname=server_hostname_for(node_id),
+        )
+
+    async def _probe_engines(self) -> None:
+        engines = []
+        for name, kind, url in self.config.engines:
+            try:
+                async with self._session.get(url + "/v1/models") as response:
+                    listed = await response.json() if response.status == 200 else {}
+                models = [str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict)]
+                engines.append(Engine(name=name, kind=kind, url=url, models=models[:4096], up=True))
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError):
+                engines.append(Engine(name=name, kind=kind, url=url, models=[], up=False))
+        if engines != self.engines:
+            self.engines = engines
+            self._push_now.set()
+
+    async def _watch_engines(self) -> None:
+        while True:
+            await asyncio.sleep(ENGINE_PROBE_S)
+            await self._probe_engines()
+
+    async def _watch_load(self) -> None:
+        # Others' running jobs by node, from the shared Jobs view; the facade adds its own.
+        while True:
+            await self.writer.flush()
+            self._remote_load = await self.store.running_by_node(exclude_origin=self.node_id)
+            await asyncio.sleep(LOAD_REFRESH_S)
 
     # -- background -----------------------------------------------------------------------------
 

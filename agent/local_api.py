@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from certs import CertsError
+from scheduler import Request, rank
 from workload_manager.workload import LIFECYCLE_METHODS, LifecycleParams, lifecycle_mismatch
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class LocalApi:
         app.router.add_get("/v1/nodes", self._nodes)
         app.router.add_get("/v1/members", self._members)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/explain", self._explain)
         app.router.add_post("/v1/jobs/events", self._event)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -117,6 +119,24 @@ class LocalApi:
             manager = await self.agent.supervisor.request("manager:status")
         self.collector.snapshot = (manager, await self.agent.store.count_by_state())
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+
+    async def _explain(self, request: web.Request) -> web.Response:
+        model = request.query.get("model")
+        if not model:
+            raise web.HTTPBadRequest(text="model=NAME is required\n")
+        cluster, load = self.agent.scheduling_view()
+        ranking = rank(
+            Request(model, origin=self.agent.node_id, max_pending=self.agent.config.queue_limit),
+            cluster,
+            load,
+        )
+        return _json(
+            {
+                "model": model,
+                "ranked": [{"nodeId": n, "score": s} for n, s in ranking.top(len(cluster))],
+                "refused": [{"nodeId": n, "reason": r} for n, r in ranking.refused()],
+            }
+        )
 
     async def _event(self, request: web.Request) -> web.Response:
         try:

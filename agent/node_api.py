@@ -64,7 +64,9 @@ class NodeApi:
         on_push: Callable[[RecordsPush, str], RecordsPush],
         on_admitted: Callable[[], Awaitable[None]],
         records: Callable[[], list[NodeRecord]],
+        run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
     ) -> None:
+        self.run_here = run_here
         self.cluster = cluster
         self.contexts = ServerContexts(cluster, client_certificate="optional")
         self.host = host
@@ -76,6 +78,7 @@ class NodeApi:
         app.router.add_get("/v1/cluster/ca", self._ca)
         app.router.add_post("/v1/join", self._join)
         app.router.add_post("/v1/records", pinned(cluster.pins)(self._push))
+        app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start(self) -> int:
@@ -114,6 +117,14 @@ class NodeApi:
         await self.on_admitted()
         body = JoinAnswer(cert=answer.cert, ca=answer.ca, pins=answer.pins, records=self.records())
         return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        # A member placed a request here: run it on a local engine and stream the answer.
+        # The job's events are the placing member's to send (one writer per job).
+        path = request.headers.get("X-Nvpair-Path", "")
+        if path not in ("/v1/chat/completions", "/v1/completions") or self.run_here is None:
+            raise web.HTTPBadRequest(text="X-Nvpair-Path names an inference route\n")
+        return await self.run_here(request, path, await request.read())
 
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:

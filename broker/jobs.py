@@ -182,6 +182,15 @@ class JobsStore:
         async with self.db.execute(query, (*args, max(1, min(limit, 10_000)))) as cursor:
             return [_decode(row[0]) for row in await cursor.fetchall()]
 
+    async def running_by_node(self, *, exclude_origin: str) -> dict[str, int]:
+        """Queued and running jobs per node they run on, leaving out one origin's."""
+        async with self.db.execute(
+            "SELECT coalesce(scheduled_on, origin), count(*) FROM jobs "
+            "WHERE state IN ('queued', 'running') AND origin != ? GROUP BY 1",
+            (exclude_origin,),
+        ) as cursor:
+            return {str(node): int(count) for node, count in await cursor.fetchall()}
+
     async def count_by_state(self) -> dict[str, int]:
         """How many jobs are in each state."""
         async with self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state") as cursor:

@@ -48,6 +48,7 @@ REASONS: Final = (
     "its engines for the model are down",
     "no healthy GPU",
     "no single topology domain with enough GPUs and free memory",
+    "queue full",
 )
 
 
@@ -93,6 +94,7 @@ class Request:
     memory_bytes: int = 0  # free GPU memory it needs on each GPU of its group
     gpus: int = 1  # GPUs that must share one topology domain
     origin: str | None = None  # the node it entered on
+    max_pending: float | None = None  # refuse nodes with this much pending work or more
 
 
 @dataclass
@@ -229,7 +231,7 @@ class Ranking:
             passing &= mask
         for i in np.flatnonzero(first_fail >= 0):
             reason = REASONS[first_fail[i]]
-            if first_fail[i] == len(REASONS) - 1:
+            if first_fail[i] == len(REASONS) - 2:
                 reason = (
                     f"no single topology domain with {self.request.gpus} healthy GPU(s) "
                     f"of {self.request.memory_bytes / 1024**3:.1f} GiB free each"
@@ -257,10 +259,12 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
         cluster.healthy > 0,
         cluster.fit[group - 1] >= max(request.memory_bytes, 1),
     ]
+    pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
+    if request.max_pending is not None:
+        masks.append(pending < request.max_pending)
     eligible = masks[0].copy()
     for mask in masks[1:]:
         eligible &= mask
-    pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
     scores = (
         -W_LOAD * pending / np.maximum(cluster.healthy, 1)
         - W_UTIL * cluster.utilization / 100.0

@@ -120,3 +120,13 @@ def test_the_best_is_eligible_and_no_eligible_node_scores_higher(
     best_score = ranking.top(1)[0][1]
     assert all(score <= best_score for _, score in ranking.top(len(nodes)))
     assert len(refused) + len(ranking.top(len(nodes))) == len(nodes)
+
+
+def test_queue_limit_refuses_busy_nodes() -> None:
+    cluster = Cluster.compile([node("a"), node("b")])
+    load = Load.of(cluster, {"a": 32, "b": 31})
+    ranking = rank(Request("llama", max_pending=32), cluster, load)
+    assert ranking.best == "b"
+    assert ranking.reason("a") == "queue full"
+    load.add("b", 1)
+    assert rank(Request("llama", max_pending=32), cluster, load).best is None

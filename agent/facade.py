@@ -1,0 +1,289 @@
+"""The inference facade on 14323: OpenAI-compatible, any member takes any request.
+
+This is seed 002's "proxy". At start it mints a `runId` (ULID); each request is a job with
+`id` from a counter starting at 1 and `seq` from the facade's event counter. A request is
+placed by the scheduler (NVML data, engines in the node records, pending work), then:
+`workload:submitted` (queued, `originatedFrom` = this node), `workload:started` with
+`scheduledOn`, and `workload:completed` or `workload:errored` (failed with a normalised
+error, or cancelled when the client goes away). The request runs on the local engine or is
+forwarded over the node API (mTLS, pinned) and streamed back.
+
+Prompts and completions pass through here and over the node API only: they are never put in
+an event, a log line, a metric or the plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from ulid import ULID
+
+from scheduler import Request, rank
+from workload_manager.workload import Workload, WorkloadState
+
+if TYPE_CHECKING:
+    from .daemon import Agent
+
+__all__ = ["Facade", "openai_error"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY: Final = 8 * 1024 * 1024
+_body_decoder: Final = msgspec.json.Decoder(dict[str, Any])
+_HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
+
+
+def openai_error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
+    """An error in the shape OpenAI clients parse."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return web.Response(
+        status=status, body=msgspec.json.encode(body), content_type="application/json"
+    )
+
+
+@dataclass
+class _Job:
+    record: Workload
+
+
+class Facade:
+    """The aiohttp server and the job lifecycle of every request it takes."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        host: str | None,
+        port: int,
+        api_keys: Mapping[str, str],
+        queue_limit: int,
+    ) -> None:
+        self.agent = agent
+        self.host = host
+        self.port = port
+        self.keys = {key: name for name, key in api_keys.items()}
+        self.queue_limit = queue_limit
+        self.run_id = str(ULID())
+        self._ids = itertools.count(1)
+        self._seq = itertools.count(1)
+        self.in_flight: dict[str, int] = {}  # node id -> our requests running there
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
+
+    async def start(self) -> int:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def aclose(self) -> None:
+        await self._runner.cleanup()
+
+    # -- routes -----------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cluster = self.agent.scheduling_view()[0]
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "nvpair", "nodes": nodes}
+            for model, nodes in cluster.models().items()
+        ]
+        return web.Response(
+            body=msgspec.json.encode({"object": "list", "data": data}),
+            content_type="application/json",
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/v1/chat/completions")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/v1/completions")
+
+    async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
+        requester = self._requester(request)
+        if requester is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        raw = await request.read()
+        try:
+            body = _body_decoder.decode(raw)
+            model = body["model"]
+            if not isinstance(model, str) or not model:
+                raise TypeError
+        except (msgspec.DecodeError, KeyError, TypeError):
+            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
+        cluster, load = self.agent.scheduling_view()
+        if model not in cluster.models():
+            return openai_error(
+                404,
+                f"The model `{model}` does not exist on any member",
+                "invalid_request_error",
+                "model_not_found",
+            )
+        for node_id, count in self.in_flight.items():
+            load.add(node_id, count)
+        ranking = rank(
+            Request(model, origin=self.agent.node_id, max_pending=self.queue_limit), cluster, load
+        )
+        target = ranking.best
+        if target is None:
+            reasons = {reason for _, reason in ranking.refused()}
+            if reasons == {"queue full"} or "queue full" in reasons:
+                response = openai_error(
+                    429, "every member serving this model is busy", "rate_limit_error"
+                )
+                response.headers["Retry-After"] = "1"
+                return response
+            return openai_error(503, "no member can serve this model now", "server_error")
+        engine_kind = self.agent.engine_kind_for(target, model)
+        job = self._new_job(model, engine_kind, requester if isinstance(requester, str) else None)
+        self._emit("workload:submitted", job)
+        self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target, startedAt=_now_ms())
+        self._emit("workload:started", job)
+        self.in_flight[target] = self.in_flight.get(target, 0) + 1
+        outcome: tuple[WorkloadState, str | None] = (WorkloadState.FAILED, "internal error")
+        try:
+            answer, outcome = await self._run(request, path, raw, target, model)
+            return answer
+        except asyncio.CancelledError:
+            outcome = (WorkloadState.CANCELLED, "client disconnected")
+            raise
+        finally:
+            self.in_flight[target] -= 1
+            state, error = outcome
+            self._advance(job, state=state, completedAt=_now_ms(), error=error)
+            self._emit(
+                "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
+                job,
+            )
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run_forwarded(
+        self, request: web.Request, path: str, raw: bytes
+    ) -> web.StreamResponse:
+        """Run a request another member placed here, on a local engine."""
+        try:
+            model = _body_decoder.decode(raw)["model"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
+        url = self.agent.engine_url_for(str(model))
+        if url is None:
+            return openai_error(503, "no engine here serves the model", "server_error")
+        self.in_flight[self.agent.node_id] = self.in_flight.get(self.agent.node_id, 0) + 1
+        try:
+            async with self.agent.http.post(
+                url + path, data=raw, headers={"Content-Type": "application/json"}
+            ) as reply:
+                answer, _ = await _relay(request, reply)
+                return answer
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return openai_error(502, "engine unreachable", "server_error")
+        finally:
+            self.in_flight[self.agent.node_id] -= 1
+
+    async def _run(
+        self, request: web.Request, path: str, raw: bytes, target: str, model: str
+    ) -> tuple[web.StreamResponse, tuple[WorkloadState, str | None]]:
+        try:
+            if target == self.agent.node_id:
+                url = self.agent.engine_url_for(model)
+                if url is None:
+                    return openai_error(503, "no engine here serves the model", "server_error"), (
+                        WorkloadState.FAILED, "engine unavailable")  # fmt: skip
+                upstream = self.agent.http.post(
+                    url + path, data=raw, headers={"Content-Type": "application/json"}
+                )
+            else:
+                upstream = self.agent.forward(target, path, raw)
+            async with upstream as reply:
+                return await _relay(request, reply)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("request %s on %s failed: %s", path, target, type(exc).__name__)
+            error = "engine unreachable" if target == self.agent.node_id else "member unreachable"
+            return openai_error(502, error, "server_error"), (WorkloadState.FAILED, error)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _requester(self, request: web.Request) -> str | bool | None:
+        if not self.keys:
+            return None
+        header = request.headers.get("Authorization", "")
+        key = header[7:] if header.startswith("Bearer ") else ""
+        return self.keys.get(key, False)
+
+    def _new_job(self, model: str, engine: str, requester: str | None) -> _Job:
+        record = Workload(
+            id=str(next(self._ids)),
+            model=model[:256],
+            engine=engine,
+            runId=self.run_id,
+            state=WorkloadState.QUEUED,
+            originatedFrom=self.agent.node_id,
+            createdAt=_now_ms(),
+            startedAt=None,
+            completedAt=None,
+            error=None,
+            requesterId=requester,
+            seq=next(self._seq),
+        )
+        return _Job(record)
+
+    def _advance(self, job: _Job, **changes: Any) -> None:
+        job.record = msgspec.structs.replace(job.record, seq=next(self._seq), **changes)
+
+    def _emit(self, method: str, job: _Job) -> None:
+        self.agent.submit(method, job.record)
+
+
+async def _relay(
+    request: web.Request, reply: aiohttp.ClientResponse
+) -> tuple[web.StreamResponse, tuple[WorkloadState, str | None]]:
+    """Pass the engine's answer through, streaming what streams."""
+    if reply.status >= 400:
+        body = await reply.read()
+        outcome = (WorkloadState.FAILED, _normalise(reply.status, body))
+        return web.Response(
+            status=reply.status, body=body, content_type=reply.content_type
+        ), outcome
+    if reply.content_type == "text/event-stream":
+        response = web.StreamResponse(
+            status=reply.status,
+            headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+        )
+        await response.prepare(request)
+        async for chunk in reply.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response, (WorkloadState.COMPLETED, None)
+    body = await reply.read()
+    return web.Response(status=reply.status, body=body, content_type=reply.content_type), (
+        WorkloadState.COMPLETED,
+        None,
+    )
+
+
+def _normalise(status: int, body: bytes) -> str:
+    # The engine's own words may quote the prompt: keep only the status and the error type.
+    kind = "error"
+    with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+        kind = str(msgspec.json.decode(body).get("error", {}).get("type") or kind)
+    return f"engine answered {status} ({kind[:64]})"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

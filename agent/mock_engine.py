@@ -1,0 +1,214 @@
+"""`nvpair mock-engine`: a small OpenAI-compatible model server for demos and tests.
+
+`GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions`, non-streaming and
+streaming (server-sent events, ending `data: [DONE]`). It answers with `max_tokens` tokens
+(default 16) after `--latency-ms`, at `--tokens-per-s`, and fails a `--fail-rate` share of
+requests with a 500. The reply never repeats the prompt: a test that looks for a prompt
+marker in nvpair's output must not find it planted by the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["MockEngine", "add_command"]
+
+
+class MockEngine:
+    """The server; `start()` binds, `aclose()` stops."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        tokens_per_s: float = 0.0,  # 0: as fast as possible
+        latency_ms: float = 0.0,
+        fail_rate: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        self.models = [m for m in model.split(",") if m]
+        self.host = host
+        self.port = port
+        self.tokens_per_s = tokens_per_s
+        self.latency_s = latency_ms / 1000
+        self.fail_rate = fail_rate
+        self.random = random.Random(seed)
+        self.requests = 0
+        self.in_flight = 0
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def aclose(self) -> None:
+        await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "nvpair-mock"}
+            for m in self.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+            model = body["model"]
+            tokens = int(body.get("max_tokens") or 16)
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "invalid request body", "invalid_request_error")
+        if model not in self.models:
+            return _error(404, f"model {model!r} not found", "invalid_request_error")
+        self.requests += 1
+        self.in_flight += 1
+        try:
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            if self.fail_rate and self.random.random() < self.fail_rate:
+                return _error(500, "mock engine failure", "server_error")
+            words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
+            created = int(time.time())
+            if body.get("stream"):
+                return await self._stream(request, model, words, created, chat=chat)
+            await self._pace(len(words))
+            text = " ".join(words)
+            choice: dict[str, Any] = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": f"mock-{self.requests}",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": 1,
+                        "completion_tokens": len(words),
+                        "total_tokens": len(words) + 1,
+                    },
+                }
+            )
+        finally:
+            self.in_flight -= 1
+
+    async def _pace(self, count: int) -> None:
+        if self.tokens_per_s:
+            await asyncio.sleep(count / self.tokens_per_s)
+
+    async def _stream(
+        self, request: web.Request, model: str, words: list[str], created: int, *, chat: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        for i, word in enumerate(words):
+            await self._pace(1)
+            if chat:
+                delta: dict[str, Any] = {"content": (" " if i else "") + word}
+                if i == 0:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                kind = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "text": (" " if i else "") + word, "finish_reason": None}
+                kind = "text_completion"
+            chunk = {
+                "id": f"mock-{self.requests}",
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        final: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        final["delta" if chat else "text"] = {} if chat else ""
+        last = {
+            "id": f"mock-{self.requests}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [final],
+        }
+        await response.write(f"data: {json.dumps(last)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": None}}, status=status
+    )
+
+
+def add_command(commands: Any) -> None:
+    """Register `nvpair mock-engine`."""
+    parser = commands.add_parser("mock-engine", help="a small OpenAI-compatible server for demos")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model", required=True, help="model name (comma-separated for several)")
+    parser.add_argument("--tokens-per-s", type=float, default=0.0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.fail_rate <= 1.0:
+        print("nvpair: --fail-rate is between 0 and 1", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        engine = MockEngine(
+            model=args.model,
+            port=args.port,
+            host=args.host,
+            tokens_per_s=args.tokens_per_s,
+            latency_ms=args.latency_ms,
+            fail_rate=args.fail_rate,
+        )
+        await engine.start()
+        print(f"mock engine serving {engine.models} on {engine.url}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await engine.aclose()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
