@@ -193,6 +193,7 @@ class Agent:
             devices=self.gpus.devices,
             domains=self.gpus.domains,
             engines=self.engines,
+            queueLimit=self.config.queue_limit,
             gpuNote=self.gpus.reason,
             updatedAt=now_ms,
             generation=self._generation,
@@ -278,6 +279,7 @@ class Agent:
                     or self.cluster.pins.is_member(record.nodeId),
                     reachable=self.membership.reachable(record.nodeId, now),
                     cordoned=record.cordoned,
+                    queue_limit=record.queueLimit,
                     engines=tuple(
                         EngineView(e.name, e.kind, frozenset(e.models), e.up)
                         for e in record.engines

@@ -136,9 +136,7 @@ class Facade:
             )
         for node_id, count in self.in_flight.items():
             load.add(node_id, count)
-        ranking = rank(
-            Request(model, origin=self.agent.node_id, max_pending=self.queue_limit), cluster, load
-        )
+        ranking = rank(Request(model, origin=self.agent.node_id), cluster, load)
         target = ranking.best
         if target is None:
             reasons = {reason for _, reason in ranking.refused()}

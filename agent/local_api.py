@@ -126,7 +126,7 @@ class LocalApi:
             raise web.HTTPBadRequest(text="model=NAME is required\n")
         cluster, load = self.agent.scheduling_view()
         ranking = rank(
-            Request(model, origin=self.agent.node_id, max_pending=self.agent.config.queue_limit),
+            Request(model, origin=self.agent.node_id),
             cluster,
             load,
         )

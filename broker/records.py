@@ -49,6 +49,7 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     facadePort: _Port
     version: Annotated[str, Meta(max_length=64)]
     cordoned: bool = False
+    queueLimit: Annotated[int, Meta(ge=1)] = 32  # pending jobs beyond which it takes no more
     devices: Annotated[list[Device], Meta(max_length=256)] = []
     domains: Annotated[list[TopologyDomain], Meta(max_length=256)] = []
     engines: Annotated[list[Engine], Meta(max_length=256)] = []

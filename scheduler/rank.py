@@ -83,6 +83,7 @@ class NodeView:
     cordoned: bool = False
     engines: tuple[EngineView, ...] = ()
     devices: tuple[DeviceView, ...] = ()
+    queue_limit: float = float("inf")  # pending jobs beyond which the node takes no more
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,6 @@ class Request:
     memory_bytes: int = 0  # free GPU memory it needs on each GPU of its group
     gpus: int = 1  # GPUs that must share one topology domain
     origin: str | None = None  # the node it entered on
-    max_pending: float | None = None  # refuse nodes with this much pending work or more
 
 
 @dataclass
@@ -109,6 +109,7 @@ class Cluster:
     healthy: npt.NDArray[np.int64]
     utilization: npt.NDArray[np.float64]
     free_fraction: npt.NDArray[np.float64]
+    queue_limit: npt.NDArray[np.float64]
     fit: npt.NDArray[np.int64]  # [g - 1, node]: the g-th largest free memory in one domain
     served: dict[tuple[str | None, str], npt.NDArray[np.bool_]]  # (kind|None, model) -> mask
     up: dict[tuple[str | None, str], npt.NDArray[np.bool_]]
@@ -153,6 +154,7 @@ class Cluster:
             healthy=healthy,
             utilization=utilization,
             free_fraction=free_fraction,
+            queue_limit=np.array([n.queue_limit for n in views], dtype=np.float64),
             fit=fit,
             served=served,
             up=up,
@@ -260,8 +262,7 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
         cluster.fit[group - 1] >= max(request.memory_bytes, 1),
     ]
     pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
-    if request.max_pending is not None:
-        masks.append(pending < request.max_pending)
+    masks.append(pending < cluster.queue_limit)
     eligible = masks[0].copy()
     for mask in masks[1:]:
         eligible &= mask

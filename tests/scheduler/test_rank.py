@@ -122,11 +122,11 @@ def test_the_best_is_eligible_and_no_eligible_node_scores_higher(
     assert len(refused) + len(ranking.top(len(nodes))) == len(nodes)
 
 
-def test_queue_limit_refuses_busy_nodes() -> None:
-    cluster = Cluster.compile([node("a"), node("b")])
+def test_each_nodes_queue_limit_refuses_it_when_busy() -> None:
+    cluster = Cluster.compile([node("a", queue_limit=32), node("b", queue_limit=32)])
     load = Load.of(cluster, {"a": 32, "b": 31})
-    ranking = rank(Request("llama", max_pending=32), cluster, load)
+    ranking = rank(Request("llama"), cluster, load)
     assert ranking.best == "b"
     assert ranking.reason("a") == "queue full"
     load.add("b", 1)
-    assert rank(Request("llama", max_pending=32), cluster, load).best is None
+    assert rank(Request("llama"), cluster, load).best is None

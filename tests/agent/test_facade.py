@@ -1,0 +1,179 @@
+"""The inference facade on three real agents with real mock engines, through the real
+`openai` package and plain HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from .harness import Engine, Node, eventually, make_node, start_cluster, start_engine
+
+MARKER = "PROMPT-MARKER-c0ffee"
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[dict[str, Engine]]:
+    started = {
+        # a's engine is slow: 4 requests keep it busy, and its queue limit is 2
+        "a": await start_engine("llama", "--latency-ms", "1500"),
+        "b": await start_engine("llama", "--fail-rate", "0.2"),
+        "c": await start_engine("llama,only-c", "--tokens-per-s", "20"),
+    }
+    yield started
+    for engine in started.values():
+        await engine.stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, engines: dict[str, Engine]) -> AsyncIterator[list[Node]]:
+    nodes = [
+        make_node(tmp_path, "a", "h100-80gb-sxm:8"),
+        make_node(tmp_path, "b", "l4:2"),
+        make_node(tmp_path, "c", "l4:2"),
+    ]
+    for node in nodes:
+        node.extra = ["--engine", f"vllm={engines[node.name].url}"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "nvpair.toml").write_text("[agent]\nqueue_limit = 2\n")
+    async for started in start_cluster(nodes):
+
+        async def ready(started: list[Node] = started) -> bool:
+            for node in started:
+                models = {
+                    m["id"]: m["nodes"] for m in (await node.get_facade("/v1/models"))["data"]
+                }
+                if len(models.get("llama", [])) != 3 or "only-c" not in models:
+                    return False
+            return True
+
+        await eventually(ready, "every facade sees every engine")
+        yield started
+
+
+def client(node: Node) -> openai.AsyncOpenAI:
+    # No retries: each call must be exactly one request, so exactly one job.
+    url = f"http://127.0.0.1:{node.ports['facade']}/v1"
+    return openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+
+
+async def test_openai_client_chat_stream_and_models(cluster: list[Node]) -> None:
+    a, _, c = cluster
+    async with client(c) as oa:
+        reply = await oa.chat.completions.create(
+            model="only-c", messages=[{"role": "user", "content": MARKER}], max_tokens=5
+        )
+        assert reply.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4"
+        chunks = [
+            chunk.choices[0].delta.content or ""
+            async for chunk in await oa.chat.completions.create(
+                model="only-c",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+                stream=True,
+            )
+        ]
+        assert "".join(chunks) == "tok0 tok1 tok2"
+        models = {m.id async for m in oa.models.list()}
+        assert models == {"llama", "only-c"}
+    async with client(a) as oa:
+        with pytest.raises(openai.NotFoundError):
+            await oa.chat.completions.create(
+                model="nope", messages=[{"role": "user", "content": "x"}]
+            )
+
+
+async def test_a_model_only_c_serves_always_runs_on_c(cluster: list[Node]) -> None:
+    a, b, c = cluster
+    c_id = await c.node_id()
+    for node in (a, b, a, b):
+        async with client(node) as oa:
+            await oa.completions.create(model="only-c", prompt=MARKER, max_tokens=2)
+    jobs = await a.get_settled_jobs(4)
+    assert {j["scheduledOn"] for j in jobs} == {c_id}
+
+
+async def test_a_saturated_node_sends_new_work_elsewhere(cluster: list[Node]) -> None:
+    a = cluster[0]
+    a_id = await a.node_id()
+
+    async def one() -> None:
+        async with client(a) as oa:
+            with contextlib.suppress(openai.APIStatusError):
+                await oa.chat.completions.create(
+                    model="llama", messages=[{"role": "user", "content": "x"}]
+                )
+
+    await asyncio.gather(*(one() for _ in range(8)))
+    jobs = await a.get_settled_jobs(8)
+    placed = [j["scheduledOn"] for j in jobs]
+    assert placed.count(a_id) <= 2  # a's queue limit; the rest went to b and c
+    assert set(placed) - {a_id}
+
+
+async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> None:
+    refused = dropped = 0
+
+    async def one(n: int, node: Node, session: aiohttp.ClientSession) -> None:
+        nonlocal refused, dropped
+        url = f"http://127.0.0.1:{node.ports['facade']}/v1/chat/completions"
+        messages = [{"role": "user", "content": f"{MARKER} {n}"}]
+        if n % 50 == 0:
+            # A client that goes away mid-answer (40 tokens at 20/s on c): cancelled.
+            body = {"model": "only-c", "messages": messages, "max_tokens": 40}
+            dropped += 1
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                timeout = aiohttp.ClientTimeout(total=0.8)
+                async with session.post(url, json=body, timeout=timeout) as response:
+                    await response.read()
+            return
+        body = {"model": "llama", "messages": messages, "max_tokens": 2}
+        async with session.post(url, json=body) as response:
+            await response.read()
+            refused += response.status == 429  # refused before it became a job
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=60)) as session:
+        await asyncio.gather(*(one(n, cluster[n % 3], session) for n in range(300)))
+
+    async def same_everywhere() -> bool:
+        views = []
+        for node in cluster:
+            jobs = await node.get("/v1/jobs?limit=10000")
+            if len(jobs) != 300 - refused or any(j["state"] in ("queued", "running") for j in jobs):
+                return False
+            views.append(
+                sorted((j["originatedFrom"], j["runId"], j["id"], j["state"]) for j in jobs)
+            )
+        return views[0] == views[1] == views[2]
+
+    await eventually(same_everywhere, "every job final and identical on every member")
+    jobs = await cluster[0].get("/v1/jobs?limit=10000")
+    states = [j["state"] for j in jobs]
+    assert states.count("cancelled") == dropped
+    assert {"completed", "failed"} <= set(states)  # b's engine fails a fifth of its requests
+    assert refused < 30
+
+
+async def test_no_prompt_anywhere(cluster: list[Node], tmp_path: Path) -> None:
+    a = cluster[0]
+    async with client(a) as oa:
+        for model in ("llama", "only-c", "llama"):
+            await oa.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": MARKER}]
+            )
+    await a.get_settled_jobs(3)
+    for node in cluster:
+        jobs_text = str(await node.get("/v1/jobs"))
+        async with aiohttp.ClientSession() as session, session.get(node.api + "/metrics") as r:
+            metrics = await r.text()
+        assert MARKER not in jobs_text
+        assert MARKER not in metrics
+        assert node.log is not None
+        assert MARKER.encode() not in node.log.read_bytes()
+        for db in node.home.glob("jobs.db*"):
+            assert MARKER.encode() not in db.read_bytes()
