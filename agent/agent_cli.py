@@ -60,6 +60,26 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     )
     run.set_defaults(run=_agent_run)
 
+    node = commands.add_parser("node", help="cordon, uncordon or drain a member")
+    node_sub = node.add_subparsers(dest="node_command", metavar="SUBCOMMAND", required=True)
+    for kind, help_text in (
+        ("cordon", "stop placing new work on a node"),
+        ("uncordon", "place work on a node again"),
+        ("drain", "cordon a node and wait for its jobs to finish"),
+    ):
+        op = node_sub.add_parser(kind, help=help_text)
+        op.add_argument("target", metavar="NODE")
+        op.add_argument("--reason", default="")
+        if kind == "drain":
+            op.add_argument("--timeout", type=_seconds, default=600.0, help="e.g. 10m (default)")
+            op.add_argument(
+                "--force", action="store_true", help="cancel what is left at the timeout"
+            )
+        op.set_defaults(run=_operation, kind=kind)
+    ops = commands.add_parser("ops", help="operations and their phases")
+    ops.add_argument("--json", action="store_true")
+    ops.set_defaults(run=_ops)
+
     explain = commands.add_parser("explain", help="how the scheduler ranks members for a model")
     explain.add_argument("model", metavar="MODEL")
     explain.add_argument("--json", action="store_true")
@@ -211,6 +231,69 @@ def _nodes(args: argparse.Namespace) -> int:
              f"{free:.0f}/{total:.0f} GiB" if devices else "-",
              f"{sum(util) / len(util):.0f}%" if util else "-"]
         )  # fmt: skip
+    print(_table(rows))
+    return 0
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    if text and text[-1] in units and text[:-1].isdigit():
+        return float(int(text[:-1]) * units[text[-1]])
+    if text.isdigit():
+        return float(text)
+    raise argparse.ArgumentTypeError(f"not a duration like 90s, 10m or 1h: {text!r}")
+
+
+def _post(path: str, body: Any) -> Any:
+    request = urllib.request.Request(
+        _api() + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise SystemExit(f"nvpair: {exc.read().decode().strip()}") from None
+    except urllib.error.URLError as exc:
+        raise SystemExit(f"nvpair: the agent does not answer ({exc.reason})") from None
+
+
+def _operation(args: argparse.Namespace) -> int:
+    body = {"kind": args.kind, "target": args.target, "reason": args.reason}
+    if args.kind == "drain":
+        body |= {"timeoutS": args.timeout, "force": args.force}
+    op = _post("/v1/ops", body)
+    print(f"{op['id']}: {op['kind']} {op['target']} {op['phase']}")
+    last = None
+    while op["phase"] in ("pending", "running"):
+        time.sleep(0.5)
+        op = next(o for o in _get("/v1/ops") if o["id"] == op["id"])
+        line = f"  {op['phase']}: {op.get('waitingFor') or ''}".rstrip()
+        if line != last:
+            print(line)
+            last = line
+    print(f"{op['id']}: {op['phase']} - {op.get('result') or ''}")
+    return 0 if op["phase"] == "succeeded" else 1
+
+
+def _ops(args: argparse.Namespace) -> int:
+    ops = _get("/v1/ops")
+    if args.json:
+        print(json.dumps(ops, indent=2))
+        return 0
+    rows = [["ID", "KIND", "TARGET", "PHASE", "WAITING FOR / RESULT"]]
+    rows += [
+        [
+            o["id"],
+            o["kind"],
+            o["target"][-8:],
+            o["phase"],
+            o.get("waitingFor") or o.get("result") or "",
+        ]
+        for o in ops
+    ]
     print(_table(rows))
     return 0
 

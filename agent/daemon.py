@@ -36,6 +36,7 @@ from .facade import Facade
 from .gpus import discover, simulate
 from .local_api import LocalApi
 from .node_api import NodeApi
+from .operations import Operation, Phase
 
 __all__ = ["Agent"]
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 SEEDS_FILE = "seeds.json"  # records learnt when joining, read at the next start
 ENGINE_PROBE_S = 5.0  # engines' /v1/models is read again this often
 LOAD_REFRESH_S = 0.5  # pending work per node is read from the Jobs store this often
+MAX_OPERATIONS = 200  # operations kept for `nvpair ops`
 GPU_REFRESH_BEATS = 5  # GPUs are read again every fifth heartbeat (10 s by default)
 
 
@@ -59,6 +61,8 @@ class Agent:
         self.pushes_ok = 0
         self.pushes_failed = 0
         self.engines: list[Engine] = []
+        self.cordoned = False
+        self.operations: dict[str, Operation] = {}
         self._remote_load: dict[str, int] = {}
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -130,7 +134,10 @@ class Agent:
         await self.facade.start()
         stack.push_async_callback(self.facade.aclose)
         self.node_api.run_here = self.facade.run_forwarded
+        self.node_api.on_cordon = self.set_cordon
+        self.node_api.on_cancel = self.facade.cancel_on
         tasks = await stack.enter_async_context(_TaskGroup())
+        self._operation_tasks = tasks
         tasks.create_task(self._heartbeat())
         tasks.create_task(self._prune())
         tasks.create_task(self._watch_engines())
@@ -194,6 +201,7 @@ class Agent:
             domains=self.gpus.domains,
             engines=self.engines,
             queueLimit=self.config.queue_limit,
+            cordoned=self.cordoned,
             gpuNote=self.gpus.reason,
             updatedAt=now_ms,
             generation=self._generation,
@@ -264,6 +272,88 @@ class Agent:
                     log.info("member %s removed", removal.nodeId)
         if changed:
             self.supervisor.set_peers(self._manager_peers())
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def set_cordon(self, cordoned: bool) -> None:
+        """Cordon (no new placements) or uncordon this node; members learn at once."""
+        if cordoned != self.cordoned:
+            self.cordoned = cordoned
+            self.record = self._new_record()
+            self.membership.offer(self.record, time.monotonic())
+            self._push_now.set()
+            log.info("node %s", "cordoned" if cordoned else "uncordoned")
+
+    def start_operation(
+        self, kind: str, target: str, *, reason: str, timeout_s: float | None, force: bool
+    ) -> Operation:
+        """Begin a cordon, uncordon or drain; it runs in the background."""
+        if kind not in ("cordon", "uncordon", "drain"):
+            raise ValueError("an operation is cordon, uncordon or drain")
+        if target != self.node_id and self.membership.record(target) is None:
+            raise ValueError(f"{target} is not a member this node knows")
+        operation = Operation(kind, target, self.config.name, reason, timeout_s, force)
+        self.operations[operation.id] = operation
+        while len(self.operations) > MAX_OPERATIONS:
+            del self.operations[next(iter(self.operations))]
+        self._operation_tasks.create_task(self._run_operation(operation))
+        return operation
+
+    async def _run_operation(self, op: Operation) -> None:
+        op.move(Phase.RUNNING)
+        try:
+            await self._cordon(op.target, op.kind != "uncordon")
+            if op.kind != "drain":
+                op.move(Phase.SUCCEEDED, f"{op.target} {op.kind}ed")
+                return
+            deadline = None if op.timeout_s is None else time.monotonic() + op.timeout_s
+            while True:
+                await self.writer.flush()
+                active = await self.store.active_on(op.target)
+                if not active:
+                    op.move(Phase.SUCCEEDED, "drained: no job runs there")
+                    return
+                op.waiting_for = f"{len(active)} job(s) on {op.target}: {', '.join(active[:10])}"
+                if deadline is not None and time.monotonic() > deadline:
+                    if not op.force:
+                        op.move(Phase.FAILED, f"timed out; still waiting for {op.waiting_for}")
+                        return
+                    await self._cancel_everywhere(op.target)
+                    deadline = None
+                    op.result = f"cancelled {len(active)} job(s) past the timeout"
+                await asyncio.sleep(0.5)
+        except Exception as exc:
+            log.warning("operation %s failed: %s", op.id, exc)
+            op.move(Phase.FAILED, f"{type(exc).__name__}: {exc}")
+
+    async def _cordon(self, target: str, cordoned: bool) -> None:
+        if target == self.node_id:
+            self.set_cordon(cordoned)
+            return
+        record = self.membership.record(target)
+        assert record is not None
+        async with self._session.post(
+            f"https://{_host(record.addresses[0])}:{record.nodePort}/v1/cordon",
+            json={"cordoned": cordoned},
+            ssl=self.client.current(),
+            server_hostname=server_hostname_for(target),
+        ) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{target} answered {response.status}")
+
+    async def _cancel_everywhere(self, target: str) -> None:
+        self.facade.cancel_on(target)
+        for record in self.membership.peers():
+            if not record.addresses or not self.cluster.pins.is_member(record.nodeId):
+                continue
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                async with self._session.post(
+                    f"https://{_host(record.addresses[0])}:{record.nodePort}/v1/cancel",
+                    json={"target": target},
+                    ssl=self.client.current(),
+                    server_hostname=server_hostname_for(record.nodeId),
+                ) as response:
+                    await response.read()
 
     # -- inference ------------------------------------------------------------------------------
 

@@ -77,6 +77,7 @@ class Facade:
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
+        self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
@@ -153,21 +154,33 @@ class Facade:
         self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target, startedAt=_now_ms())
         self._emit("workload:started", job)
         self.in_flight[target] = self.in_flight.get(target, 0) + 1
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.setdefault(target, set()).add(handler)
         outcome: tuple[WorkloadState, str | None] = (WorkloadState.FAILED, "internal error")
         try:
             answer, outcome = await self._run(request, path, raw, target, model)
             return answer
         except asyncio.CancelledError:
-            outcome = (WorkloadState.CANCELLED, "client disconnected")
+            outcome = (WorkloadState.CANCELLED, "cancelled: client disconnected or node drained")
             raise
         finally:
             self.in_flight[target] -= 1
+            if handler is not None:
+                self._handlers.get(target, set()).discard(handler)
             state, error = outcome
             self._advance(job, state=state, completedAt=_now_ms(), error=error)
             self._emit(
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,
             )
+
+    def cancel_on(self, target: str) -> int:
+        """Cancel our requests running on `target` (a forced drain); their jobs: cancelled."""
+        handlers = list(self._handlers.get(target, ()))
+        for handler in handlers:
+            handler.cancel()
+        return len(handlers)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ class LocalApi:
         app.router.add_get("/v1/members", self._members)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/explain", self._explain)
+        app.router.add_get("/v1/ops", self._ops)
+        app.router.add_post("/v1/ops", self._start_op)
         app.router.add_post("/v1/jobs/events", self._event)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -137,6 +139,24 @@ class LocalApi:
                 "refused": [{"nodeId": n, "reason": r} for n, r in ranking.refused()],
             }
         )
+
+    async def _ops(self, request: web.Request) -> web.Response:
+        return _json([op.view() for op in reversed(self.agent.operations.values())])
+
+    async def _start_op(self, request: web.Request) -> web.Response:
+        try:
+            body = _event_decoder.decode(await request.read())
+            timeout = body.get("timeoutS")
+            op = self.agent.start_operation(
+                str(body["kind"]),
+                str(body["target"]),
+                reason=str(body.get("reason", "")),
+                timeout_s=float(timeout) if timeout is not None else None,
+                force=bool(body.get("force", False)),
+            )
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+            raise web.HTTPBadRequest(text=f"bad operation: {exc}\n") from None
+        return _json(op.view())
 
     async def _event(self, request: web.Request) -> web.Response:
         try:

@@ -40,6 +40,18 @@ log = logging.getLogger(__name__)
 
 MAX_BODY: Final = 4 * 1024 * 1024
 _join_decoder: Final = msgspec.json.Decoder(JoinRequest)
+
+
+class _Cordon(msgspec.Struct, frozen=True):
+    cordoned: bool
+
+
+class _Cancel(msgspec.Struct, frozen=True):
+    target: str
+
+
+_cordon_decoder: Final = msgspec.json.Decoder(_Cordon)
+_cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
 _JSON: Final = "application/json"
 
 
@@ -67,6 +79,8 @@ class NodeApi:
         run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
     ) -> None:
         self.run_here = run_here
+        self.on_cordon: Callable[[bool], None] = lambda cordoned: None
+        self.on_cancel: Callable[[str], int] = lambda target: 0
         self.cluster = cluster
         self.contexts = ServerContexts(cluster, client_certificate="optional")
         self.host = host
@@ -79,6 +93,8 @@ class NodeApi:
         app.router.add_post("/v1/join", self._join)
         app.router.add_post("/v1/records", pinned(cluster.pins)(self._push))
         app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
+        app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._cordon))
+        app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start(self) -> int:
@@ -125,6 +141,23 @@ class NodeApi:
         if path not in ("/v1/chat/completions", "/v1/completions") or self.run_here is None:
             raise web.HTTPBadRequest(text="X-Nvpair-Path names an inference route\n")
         return await self.run_here(request, path, await request.read())
+
+    async def _cordon(self, request: web.Request) -> web.Response:
+        # A member's cordon or drain operation targets this node: only it speaks for itself.
+        try:
+            cordoned = _cordon_decoder.decode(await request.read()).cordoned
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not a cordon request: {exc}\n") from None
+        self.on_cordon(cordoned)
+        return web.json_response({"cordoned": cordoned})
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        # A forced drain: cancel what this node's facade placed on the target.
+        try:
+            target = _cancel_decoder.decode(await request.read()).target
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not a cancel request: {exc}\n") from None
+        return web.json_response({"cancelled": self.on_cancel(target)})
 
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:

@@ -191,6 +191,15 @@ class JobsStore:
         ) as cursor:
             return {str(node): int(count) for node, count in await cursor.fetchall()}
 
+    async def active_on(self, node: str) -> list[str]:
+        """Ids (`origin/runId/id`) of the queued and running jobs placed on `node`."""
+        async with self.db.execute(
+            "SELECT origin, run_id, id FROM jobs WHERE state IN ('queued', 'running') "
+            "AND scheduled_on = ? ORDER BY created_at",
+            (node,),
+        ) as cursor:
+            return [f"{o[-6:]}/{r[-6:]}/{i}" for o, r, i in await cursor.fetchall()]
+
     async def count_by_state(self) -> dict[str, int]:
         """How many jobs are in each state."""
         async with self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state") as cursor:
