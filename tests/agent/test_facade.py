@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -177,3 +178,72 @@ async def test_no_prompt_anywhere(cluster: list[Node], tmp_path: Path) -> None:
         assert MARKER.encode() not in node.log.read_bytes()
         for db in node.home.glob("jobs.db*"):
             assert MARKER.encode() not in db.read_bytes()
+
+
+async def placements(node: Node, count: int) -> list[str]:
+    return [j["scheduledOn"] for j in await node.get_settled_jobs(count)]
+
+
+async def test_a_cordoned_node_gets_nothing_new(cluster: list[Node]) -> None:
+    a, b, c = cluster
+    b_id = await b.node_id()
+    code, out, err = await a.cli("node", "cordon", b_id)
+    assert code == 0, err
+    assert "succeeded" in out
+
+    async def everyone_knows() -> bool:
+        nodes = {n["nodeId"]: n for n in await c.get("/v1/nodes")}
+        return bool(nodes[b_id]["cordoned"])
+
+    await eventually(everyone_knows, "c sees b cordoned")
+    async with client(c) as oa:
+        for _ in range(6):
+            await oa.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "x"}]
+            )
+    assert b_id not in await placements(c, 6)
+    explained = await c.get("/v1/explain?model=llama")
+    assert {"nodeId": b_id, "reason": "cordoned"} in explained["refused"]
+
+
+async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[Node]) -> None:
+    a, b, c = cluster
+    c_id = await c.node_id()
+    # A long request on c (only c serves only-c: 40 tokens at 20/s = 2 s).
+    body = {"model": "only-c", "messages": [{"role": "user", "content": "x"}], "max_tokens": 40}
+    url = f"http://127.0.0.1:{a.ports['facade']}/v1/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        finishing = asyncio.create_task(session.post(url, json=body))
+        await eventually(lambda: _running_on(a, c_id), "the job runs on c")
+        code, out, _ = await b.cli("node", "drain", c_id, "--timeout", "30s")
+        assert code == 0
+        assert "drained" in out
+        response = await finishing
+        assert response.status == 200  # the in-flight job finished
+        response.release()
+        # A drain that cannot finish in time fails and says what it waits for ...
+        await b.cli("node", "uncordon", c_id)
+        body["max_tokens"] = 400  # 20 s
+        stuck = asyncio.create_task(session.post(url, json=body))
+        await eventually(lambda: _running_on(a, c_id), "a long job runs on c")
+        code, out, _ = await b.cli("node", "drain", c_id, "--timeout", "1s")
+        assert code == 1
+        assert "timed out; still waiting for 1 job(s)" in out
+        # ... and with --force, it cancels what is left.
+        code, out, _ = await b.cli("node", "drain", c_id, "--timeout", "1s", "--force")
+        assert code == 0, out
+        with contextlib.suppress(aiohttp.ClientError):
+            (await stuck).release()
+    states = {j["id"]: j["state"] for j in await a.get("/v1/jobs")}
+    assert sorted(states.values()) == ["cancelled", "completed"]
+    code, out, _ = await b.cli("ops", "--json")
+    assert [op["phase"] for op in json.loads(out) if op["kind"] == "drain"] == [
+        "succeeded",
+        "failed",
+        "succeeded",
+    ][::-1]
+
+
+async def _running_on(node: Node, target: str) -> bool:
+    jobs = await node.get("/v1/jobs")
+    return any(j["state"] == "running" and j.get("scheduledOn") == target for j in jobs)
