@@ -381,6 +381,7 @@ class Agent:
                             float(d.utilization or 0),
                             d.health == "ok",
                             d.domainId or "none",
+                            d.deviceClass,
                         )
                         for d in record.devices
                     ),

@@ -1,6 +1,7 @@
 """GPU-aware ranking of nodes for a request: pure functions over node snapshots and
 pending work, with a reason for every refusal. No I/O."""
 
+from .place import Placement, PlacementRequest, rank_placement
 from .rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
 
 __all__ = [
@@ -9,7 +10,10 @@ __all__ = [
     "EngineView",
     "Load",
     "NodeView",
+    "Placement",
+    "PlacementRequest",
     "Ranking",
     "Request",
     "rank",
+    "rank_placement",
 ]

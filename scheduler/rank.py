@@ -61,6 +61,7 @@ class DeviceView:
     utilization: float  # percent
     healthy: bool
     domain: str
+    device_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)
