@@ -46,6 +46,7 @@ SEEDS_FILE = "seeds.json"  # records learnt when joining, read at the next start
 ENGINE_PROBE_S = 5.0  # engines' /v1/models is read again this often
 LOAD_REFRESH_S = 0.5  # pending work per node is read from the Jobs store this often
 MAX_OPERATIONS = 200  # operations kept for `nvpair ops`
+VIEW_TTL_S = 0.5  # the scheduler's compiled view of the cluster is reused this long
 GPU_REFRESH_BEATS = 5  # GPUs are read again every fifth heartbeat (10 s by default)
 
 
@@ -64,6 +65,7 @@ class Agent:
         self.cordoned = False
         self.operations: dict[str, Operation] = {}
         self._remote_load: dict[str, int] = {}
+        self._view_cache: tuple[tuple[tuple[str, int], ...], float, Cluster] | None = None
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -358,8 +360,21 @@ class Agent:
     # -- inference ------------------------------------------------------------------------------
 
     def scheduling_view(self) -> tuple[Cluster, Load]:
-        """The cluster as the scheduler sees it now, and the pending work per node."""
+        """The cluster as the scheduler sees it now, and the pending work per node.
+
+        Compiled again only when a record, a reachability or the pins change (and at most
+        every VIEW_TTL_S for reachability, which moves with time); the load is copied fresh
+        on every call, since the caller adds to it.
+        """
         now = time.monotonic()
+        cached = self._view_cache
+        key = tuple((r.nodeId, r.generation) for r in self.membership.records())
+        if cached is None or cached[0] != key or now - cached[1] > VIEW_TTL_S:
+            cached = self._view_cache = (key, now, self._compile_view(now))
+        cluster = cached[2]
+        return cluster, Load.of(cluster, self._remote_load)
+
+    def _compile_view(self, now: float) -> Cluster:
         views = []
         for record in self.membership.records():
             views.append(
@@ -387,8 +402,7 @@ class Agent:
                     ),
                 )
             )
-        cluster = Cluster.compile(views)
-        return cluster, Load.of(cluster, self._remote_load)
+        return Cluster.compile(views)
 
     def engine_kind_for(self, node_id: str, model: str) -> str:
         """The kind of the engine that serves `model` on `node_id` (for the job record)."""
