@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import agent_cli, cluster_cli, mock_engine
+from . import agent_cli, cluster_cli, demo, mock_engine
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_sub = cluster_cli.add_commands(commands)
     agent_cli.add_commands(commands, cluster_sub)
     mock_engine.add_command(commands)
+    demo.add_command(commands)
     return parser
 
 

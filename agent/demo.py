@@ -1,0 +1,255 @@
+"""`nvpair demo`: three agents on 127.0.0.1 with simulated GPUs and mock engines.
+
+It starts three mock engines and three agents (each with its own NVPAIR_HOME under a
+temporary directory and its own ports), pairs them with `cluster init` / `invite` / `join`
+over the network, sends a burst of requests through different members, and prints the Jobs
+list as every member sees it, side by side. Ctrl-C stops everything (`--once` stops after
+printing, for scripts and tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+__all__ = ["add_command"]
+
+NODES = (
+    ("gpu-a", "h100-80gb-sxm:8", "llama-3-8b", ("--latency-ms", "150")),
+    ("gpu-b", "l40s:4", "llama-3-8b,qwen-2-7b", ("--latency-ms", "50")),
+    ("gpu-c", "l4:2", "llama-3-8b,mistral-7b", ("--fail-rate", "0.1")),
+)
+
+
+def add_command(commands: Any) -> None:
+    """Register `nvpair demo`."""
+    demo = commands.add_parser("demo", help="three agents on this machine, paired, under load")
+    demo.add_argument("--requests", type=int, default=30, help="requests in the burst")
+    demo.add_argument("--once", action="store_true", help="stop after printing the Jobs lists")
+    demo.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_demo(args.requests, args.once))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _demo(requests: int, once: bool) -> int:
+    procs: list[asyncio.subprocess.Process] = []
+    with tempfile.TemporaryDirectory(prefix="nvpair-demo-") as tmp:
+        root = Path(tmp)
+        try:
+            facades = await _start(root, procs)
+            await _burst(facades, requests)
+            await _show(facades)
+            if not once:
+                say(f"\nThe cluster keeps running: NVPAIR_HOME={root}/gpu-a nvpair jobs")
+                say("Press Ctrl-C to stop.")
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                loop.add_signal_handler(signal.SIGINT, stop.set)
+                loop.add_signal_handler(signal.SIGTERM, stop.set)
+                await stop.wait()
+        finally:
+            say("stopping…")
+            for proc in reversed(procs):
+                if proc.returncode is None:
+                    proc.terminate()
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    await asyncio.wait_for(proc.wait(), 15)
+    return 0
+
+
+async def _spawn(args: list[str], env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", *args, env=env, stdout=out, stderr=out
+        )
+
+
+async def _cli(args: list[str], env: dict[str, str]) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvpair {' '.join(args[:2])} failed: {err.decode().strip()}")
+    return out.decode().strip()
+
+
+async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[tuple[str, str, str]]:
+    """Engines and agents up and paired; returns (name, facade URL, API URL) per node."""
+    nodes = []
+    for name, gpus, models, engine_flags in NODES:
+        engine_port = _free_port()
+        env = {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
+        procs.append(
+            await _spawn(
+                ["mock-engine", "--port", str(engine_port), "--model", models, *engine_flags],
+                dict(os.environ),
+                root / f"{name}-engine.log",
+            )
+        )
+        ports = {k: _free_port() for k in ("manager", "node", "api", "facade")}
+        nodes.append((name, gpus, engine_port, env, ports))
+    async with aiohttp.ClientSession() as session:
+        for n, (name, gpus, engine_port, env, ports) in enumerate(nodes):
+            if n == 0:
+                await _cli(["cluster", "init", "--name", "demo", "--node-name", name], env)
+                say(f"{name}: created the cluster CA")
+            else:
+                token = await _cli(["cluster", "invite"], nodes[0][3])
+                await _cli(
+                    ["cluster", "join", f"127.0.0.1:{nodes[0][4]['node']}", token, "--name", name],
+                    env,
+                )
+                say(f"{name}: joined over the network with a one-time invite")
+            args = [
+                "agent",
+                "run",
+                "--name",
+                name,
+                "--simulate-gpus",
+                gpus,
+                "--engine",
+                f"vllm=http://127.0.0.1:{engine_port}",
+            ]
+            for key, port in ports.items():
+                args += [f"--{key}-port", str(port)]
+            procs.append(await _spawn(args, env, root / f"{name}.log"))
+            await _until(
+                session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
+            )
+        for *_, ports in nodes:
+            await _until(
+                session,
+                f"http://127.0.0.1:{ports['api']}/v1/nodes",
+                lambda listed: len(listed) == 3 and all(n["reachable"] for n in listed),
+            )
+            await _until(
+                session,
+                f"http://127.0.0.1:{ports['facade']}/v1/models",
+                lambda m: len(m.get("data", [])) == 3,
+            )
+        say("three members, each sees the others' GPUs and models:")
+        async with session.get(f"http://127.0.0.1:{nodes[0][4]['api']}/v1/nodes") as response:
+            for node in await response.json():
+                classes = ",".join(sorted({d["deviceClass"] for d in node["devices"]}))
+                models = ", ".join(sorted({m for e in node["engines"] for m in e["models"]}))
+                say(f"  {node['name']}: {len(node['devices'])} x {classes}  serves {models}")
+    return [
+        (name, f"http://127.0.0.1:{ports['facade']}", f"http://127.0.0.1:{ports['api']}")
+        for name, *_, ports in nodes
+    ]
+
+
+async def _until(session: aiohttp.ClientSession, url: str, check: Any) -> None:
+    deadline = time.monotonic() + 30.0
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, ValueError):
+            async with session.get(url) as response:
+                if response.status == 200 and check(await response.json()):
+                    return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {url}")
+        await asyncio.sleep(0.2)
+
+
+async def _burst(facades: list[tuple[str, str, str]], count: int) -> None:
+    models = itertools.cycle(["llama-3-8b", "llama-3-8b", "qwen-2-7b", "mistral-7b"])
+    say(f"\nsending {count} requests through all three members at once…")
+
+    async def one(n: int, session: aiohttp.ClientSession) -> int:
+        _, facade, _ = facades[n % len(facades)]
+        body = {
+            "model": next(models),
+            "messages": [{"role": "user", "content": f"demo question {n}"}],
+            "max_tokens": 8,
+            "stream": n % 4 == 3,
+        }
+        async with session.post(f"{facade}/v1/chat/completions", json=body) as response:
+            await response.read()
+            return response.status
+
+    async with aiohttp.ClientSession() as session:
+        statuses = await asyncio.gather(*(one(n, session) for n in range(count)))
+    ok = sum(1 for s in statuses if s == 200)
+    say(f"{ok} answered, {count - ok} failed (gpu-c's engine fails 10% on purpose)")
+
+
+async def _show(facades: list[tuple[str, str, str]]) -> None:
+    async with aiohttp.ClientSession() as session:
+
+        async def settled() -> list[list[dict[str, Any]]]:
+            views = []
+            for _, _, api in facades:
+                async with session.get(f"{api}/v1/jobs?limit=10000") as response:
+                    views.append(await response.json())
+            return views
+
+        deadline = time.monotonic() + 20
+        while True:
+            views = await settled()
+            final = all(j["state"] not in ("queued", "running") for view in views for j in view)
+            if (final and len({len(v) for v in views}) == 1) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+    names = {}
+    async with aiohttp.ClientSession() as session, session.get(f"{facades[0][2]}/v1/nodes") as r:
+        names = {n["nodeId"]: n["name"] for n in await r.json()}
+    keyed = [{(j["originatedFrom"], j["runId"], j["id"]): j for j in view} for view in views]
+    every = sorted(set().union(*keyed), key=lambda k: (names.get(k[0], k[0]), int(k[2])))
+    header = ["JOB", "MODEL", "RAN ON"] + [f"AS {name.upper()} SEES IT" for name, _, _ in facades]
+    rows = [header]
+    for key in every:
+        job = next(view[key] for view in keyed if key in view)
+        rows.append(
+            [
+                f"{names.get(key[0], key[0][-6:])}#{key[2]}",
+                job["model"],
+                names.get(job.get("scheduledOn", ""), "-"),
+            ]
+            + [view[key]["state"] if key in view else "(missing)" for view in keyed]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    say("\nthe Jobs list on every member:")
+    for row in rows:
+        say("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    same = all(
+        view.keys() == keyed[0].keys()
+        and all(view[k]["state"] == keyed[0][k]["state"] for k in view)
+        for view in keyed
+    )
+    say(f"\n{len(every)} jobs; every member shows the same list: {'yes' if same else 'NO'}")
