@@ -53,6 +53,7 @@ class AgentConfig:
     engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
+    facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
 
     @property
     def cluster_dir(self) -> Path:

@@ -128,7 +128,7 @@ class Agent:
         await self._probe_engines()
         self.facade = Facade(
             self,
-            host=bind,
+            host=config.facade_bind or bind,
             port=config.facade_port,
             api_keys=dict(config.api_keys),
             queue_limit=config.queue_limit,

@@ -1,0 +1,64 @@
+"""One agent, API keys and a queue limit: 401 without a key, the key's name on the job,
+429 with Retry-After when the only member is full."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .harness import Engine, Node, make_node, start_cluster, start_engine
+
+
+@pytest.fixture
+async def single(tmp_path: Path) -> AsyncIterator[tuple[Node, Engine]]:
+    engine = await start_engine("slow", "--latency-ms", "1500")
+    node = make_node(tmp_path, "solo", "l4:1")
+    node.extra = ["--engine", f"vllm={engine.url}"]
+    node.home.mkdir(parents=True)
+    (node.home / "nvpair.toml").write_text(
+        '[agent]\nqueue_limit = 1\napi_keys = { "team-a" = "sk-test-123" }\n'
+    )
+    try:
+        async for started in start_cluster([node]):
+            yield started[0], engine
+    finally:
+        await engine.stop()
+
+
+async def post(node: Node, key: str | None) -> aiohttp.ClientResponse:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": "slow", "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            f"http://127.0.0.1:{node.ports['facade']}/v1/chat/completions",
+            json=body,
+            headers=headers,
+        )
+        await response.read()
+        return response
+
+
+async def test_keys_requester_and_queue_full(single: tuple[Node, Engine]) -> None:
+    node, _ = single
+    for key in (None, "sk-wrong"):
+        response = await post(node, key)
+        assert response.status == 401
+    first, second = await asyncio.gather(
+        post(node, "sk-test-123"), _later(post(node, "sk-test-123"))
+    )
+    assert first.status == 200
+    assert second.status == 429
+    assert second.headers["Retry-After"] == "1"
+    [job] = await node.get_settled_jobs(1)
+    assert job["requesterId"] == "team-a"
+    assert job["state"] == "completed"
+
+
+async def _later(request: Coroutine[Any, Any, aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
+    await asyncio.sleep(0.5)  # the first request is placed and running by then
+    return await request
