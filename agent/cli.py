@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import agent_cli, cluster_cli, demo, mock_engine
+from . import agent_cli, cluster_cli, demo, mock_engine, plane_cli
 
 __all__ = ["build_parser", "main"]
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cli.add_commands(commands, cluster_sub)
     mock_engine.add_command(commands)
     demo.add_command(commands)
+    plane_cli.add_commands(commands)
     return parser
 
 
