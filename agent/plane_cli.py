@@ -119,12 +119,12 @@ def _fleet(args: argparse.Namespace) -> int:
         )
         memory = cluster["memory"]
         print(f"{cluster['name']} ({cluster['id']})")
+        reachable, unreachable = nodes["reachable"], nodes["unreachable"]
         print(
-            f"  nodes: {nodes['reachable']} reachable, {nodes['unreachable']} unreachable, {nodes['cordoned']} cordoned"
+            f"  nodes: {reachable} reachable, {unreachable} unreachable, {nodes['cordoned']} cordoned"
         )
-        print(
-            f"  GPUs: {gpus or 'none'}; memory {memory['free'] / 1024**3:.0f}/{memory['total'] / 1024**3:.0f} GiB free"
-        )
+        free, total = memory["free"] / 1024**3, memory["total"] / 1024**3
+        print(f"  GPUs: {gpus or 'none'}; memory {free:.0f}/{total:.0f} GiB free")
         states = ", ".join(f"{n} {s}" for s, n in sorted(cluster["jobs"]["byState"].items()))
         print(f"  jobs: {states or 'none'}")
     return 0

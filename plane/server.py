@@ -147,7 +147,7 @@ class PlaneServer:
         return _json({"written": written})
 
     async def _summary(self, request: web.Request) -> web.Response:
-        role, own = await self._caller(request)
+        _, own = await self._caller(request)
         try:
             window = int(request.query.get("window", "3600"))
         except ValueError:
