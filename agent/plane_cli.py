@@ -120,9 +120,8 @@ def _fleet(args: argparse.Namespace) -> int:
         memory = cluster["memory"]
         print(f"{cluster['name']} ({cluster['id']})")
         reachable, unreachable = nodes["reachable"], nodes["unreachable"]
-        print(
-            f"  nodes: {reachable} reachable, {unreachable} unreachable, {nodes['cordoned']} cordoned"
-        )
+        cordoned = nodes["cordoned"]
+        print(f"  nodes: {reachable} reachable, {unreachable} unreachable, {cordoned} cordoned")
         free, total = memory["free"] / 1024**3, memory["total"] / 1024**3
         print(f"  GPUs: {gpus or 'none'}; memory {free:.0f}/{total:.0f} GiB free")
         states = ", ".join(f"{n} {s}" for s, n in sorted(cluster["jobs"]["byState"].items()))
