@@ -37,6 +37,7 @@ from .gpus import discover, simulate
 from .local_api import LocalApi
 from .node_api import NodeApi
 from .operations import Operation, Phase
+from .plane_sync import PlaneSync, plane_settings
 
 __all__ = ["Agent"]
 
@@ -144,6 +145,10 @@ class Agent:
         tasks.create_task(self._prune())
         tasks.create_task(self._watch_engines())
         tasks.create_task(self._watch_load())
+        plane = plane_settings(config.home)
+        self.plane_sync = PlaneSync(self, *plane) if plane else None
+        if self.plane_sync is not None:
+            tasks.create_task(self.plane_sync.run())
         config.state_file.write_text(
             json.dumps({"api": self.local_api.url, "pid": os.getpid(), "nodeId": self.node_id})
         )

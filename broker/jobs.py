@@ -119,6 +119,11 @@ class JobsStore:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL-safe
             await db.executescript(SCHEMA)
+            async with db.execute("PRAGMA table_info(jobs)") as cursor:
+                columns = {row[1] for row in await cursor.fetchall()}
+            if "plane_seq" not in columns:
+                # The seq of each job the plane has acknowledged: the durable sync outbox.
+                await db.execute("ALTER TABLE jobs ADD COLUMN plane_seq INTEGER NOT NULL DEFAULT 0")
             await db.commit()
             async with db.execute("SELECT origin, id FROM removed") as rows:
                 removed = {(str(origin), str(wid)) for origin, wid in await rows.fetchall()}
@@ -199,6 +204,25 @@ class JobsStore:
             (node,),
         ) as cursor:
             return [f"{o[-6:]}/{r[-6:]}/{i}" for o, r, i in await cursor.fetchall()]
+
+    async def unsynced(self, origin: str, limit: int) -> list[Workload]:
+        """Jobs this node originated whose latest seq the plane has not acknowledged."""
+        async with self.db.execute(
+            "SELECT record FROM jobs WHERE origin = ? AND plane_seq < seq "
+            "ORDER BY created_at LIMIT ?",
+            (origin, limit),
+        ) as cursor:
+            return [_decode(row[0]) for row in await cursor.fetchall()]
+
+    async def mark_synced(self, records: Iterable[Workload]) -> None:
+        """The plane acknowledged these records (at these seqs) in one transaction."""
+        rows = [(r.seq, r.originatedFrom, r.runId, r.id, r.seq) for r in records]
+        async with self._transaction():
+            await self.db.executemany(
+                "UPDATE jobs SET plane_seq = ? WHERE origin = ? AND run_id = ? AND id = ? "
+                "AND plane_seq < ?",
+                rows,
+            )
 
     async def count_by_state(self) -> dict[str, int]:
         """How many jobs are in each state."""

@@ -82,7 +82,7 @@ class PlaneServer:
             if await self.store.is_admin(token):
                 return "admin", None
         raise web.HTTPUnauthorized(
-            body=msgspec.json.encode({"error": "a valid admin or cluster token is required"}),
+            text='{"error": "a valid admin or cluster token is required"}',
             content_type="application/json",
         )
 
@@ -90,7 +90,7 @@ class PlaneServer:
         role, _ = await self._caller(request)
         if role != "admin":
             raise web.HTTPForbidden(
-                body=msgspec.json.encode({"error": "this call needs the admin token"}),
+                text='{"error": "this call needs the admin token"}',
                 content_type="application/json",
             )
 

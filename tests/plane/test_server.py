@@ -1,0 +1,138 @@
+"""The plane's HTTP API on a real PostgreSQL: tokens, sync, bad input, fleet, jobs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from plane.ids import new_id
+from plane.migrate import migrate
+from plane.server import PlaneServer
+from plane.store import PlaneStore
+
+from .test_store import batch, job
+
+ADMIN = "nvpadm1.test-admin-token"
+
+
+@dataclass
+class Plane:
+    url: str
+    store: PlaneStore
+
+    async def call(
+        self, method: str, path: str, token: str, body: Any = None, **kw: Any
+    ) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                method,
+                self.url + path,
+                headers=headers,
+                data=body if isinstance(body, bytes) else None,
+                json=body if not isinstance(body, bytes) else None,
+                **kw,
+            ) as response,
+        ):
+            text = await response.read()
+            return response.status, msgspec.json.decode(text) if text else None
+
+
+@pytest.fixture
+async def plane(pg_dsn: str) -> AsyncIterator[Plane]:
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
+        async with pool.connection() as conn:
+            await migrate(conn)
+        store = PlaneStore(pool)
+        assert await store.ensure_admin(ADMIN) is None
+        server = PlaneServer(store, host="127.0.0.1", port=0)
+        port = await server.start()
+        yield Plane(f"http://127.0.0.1:{port}", store)
+        await server.aclose()
+
+
+async def enrol(plane: Plane, name: str) -> tuple[str, str]:
+    status, body = await plane.call("POST", "/v1/clusters", ADMIN, {"name": name})
+    assert status == 201
+    return body["id"], body["token"]
+
+
+async def test_tokens(plane: Plane) -> None:
+    a, token_a = await enrol(plane, "a")
+    b, token_b = await enrol(plane, "b")
+    node = new_id("nod")
+    sync = msgspec.json.encode(batch(node, 1, [job(node, "1", 1)]))
+    json_type = {"headers": {"Content-Type": "application/json"}}
+    assert (await plane.call("POST", "/v1/sync", "nonsense", sync, **json_type))[0] == 401
+    assert (await plane.call("POST", "/v1/sync", token_a + "x", sync, **json_type))[0] == 401
+    assert (await plane.call("POST", "/v1/sync", token_a, sync, **json_type))[0] == 200
+    assert (await plane.call("POST", "/v1/clusters", token_a, {"name": "c"}))[0] == 403
+    # b cannot read a, nor write a's node
+    assert (await plane.call("GET", f"/v1/clusters/{a}", token_b))[0] == 403
+    assert (await plane.call("GET", f"/v1/jobs?cluster={a}", token_b))[0] == 403
+    status, body = await plane.call("POST", "/v1/sync", token_b, sync, **json_type)
+    assert (status, body["error"]) == (400, f"{node} belongs to another cluster")
+    # a sees itself only
+    status, body = await plane.call("GET", "/v1/fleet/summary", token_a)
+    assert [c["id"] for c in body["clusters"]] == [a]
+    assert (await plane.call("POST", f"/v1/clusters/{a}/revoke", ADMIN))[0] == 200
+    assert (await plane.call("POST", "/v1/sync", token_a, sync, **json_type))[0] == 401
+    assert b
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        (b"{not json", "application/json", 400),
+        (b'{"nodeId": "nod_x", "generation": 1}', "application/json", 400),
+        (b'{"nodeId": "nod_01arz3ndektsv4rrffq69g5fav", "generation": 0}', "application/json", 400),
+        (b"[]", "text/plain", 415),
+    ],
+)
+async def test_malformed_sync_writes_nothing(
+    plane: Plane, body: bytes, content_type: str, status: int
+) -> None:
+    _, token = await enrol(plane, "a")
+    got, answer = await plane.call(
+        "POST", "/v1/sync", token, body, headers={"Content-Type": content_type}
+    )
+    assert got == status
+    assert answer["error"]
+    summary = await plane.store.fleet_summary()
+    assert summary["clusters"][0]["nodes"] == {"reachable": 0, "unreachable": 0, "cordoned": 0}
+
+
+async def test_half_bad_batch_writes_nothing(plane: Plane) -> None:
+    _, token = await enrol(plane, "a")
+    node, other = new_id("nod"), new_id("nod")
+    bad = msgspec.json.encode(batch(node, 1, [job(node, "1", 1), job(other, "2", 1)]))
+    status, _ = await plane.call(
+        "POST", "/v1/sync", token, bad, headers={"Content-Type": "application/json"}
+    )
+    assert status == 400
+    status, body = await plane.call("GET", "/v1/jobs", ADMIN)
+    assert body["jobs"] == []
+
+
+async def test_jobs_filters_and_bad_queries(plane: Plane) -> None:
+    a, token = await enrol(plane, "a")
+    node = new_id("nod")
+    jobs = [job(node, str(i), 3 if i % 2 else 1) for i in range(6)]
+    raw = msgspec.json.encode(batch(node, 1, jobs))
+    await plane.call("POST", "/v1/sync", token, raw, headers={"Content-Type": "application/json"})
+    status, body = await plane.call("GET", f"/v1/jobs?cluster={a}&state=completed&limit=2", ADMIN)
+    assert status == 200
+    assert len(body["jobs"]) == 2
+    status, rest = await plane.call(
+        "GET", f"/v1/jobs?cluster={a}&state=completed&limit=2&after={body['next']}", ADMIN
+    )
+    assert len(rest["jobs"]) == 1
+    for query in ("state=exploded", "cluster=nope", "limit=x", "after=[1]"):
+        assert (await plane.call("GET", f"/v1/jobs?{query}", ADMIN))[0] == 400
