@@ -1,6 +1,6 @@
 """Plane ingest and the fleet summary (issue 7).
 
-1. Sync rows/s: batches of 2,000 jobs through `POST /v1/sync` (the plane's aiohttp server
+1. Sync rows/s: batches of jobs (the agent's batch size) through `POST /v1/sync` (the plane's aiohttp server
    in this process, psycopg pipeline upserts, newer-seq-wins) against a raw `COPY` of the
    same rows into the same table, paired rounds in alternating order, fresh rows each round.
    The first `ratio:` is sync / COPY.
@@ -27,14 +27,15 @@ import psycopg
 from _interleave import report
 from psycopg_pool import AsyncConnectionPool
 
+from agent.plane_sync import BATCH
 from plane.devserver import server_binaries, throwaway_postgres
 from plane.ids import new_id
 from plane.migrate import migrate
+from plane.rollups import rebuild_rollups
 from plane.server import PlaneServer
 from plane.store import NodeSummary, PlaneStore, SyncBatch
 from workload_manager.workload import Workload, WorkloadState
 
-BATCH = 2000
 COLUMNS = (
     "cluster_id, origin, run_id, id, seq, state, model, engine, scheduled_on, requester_id, "
     "created_at, started_at, completed_at, error"
@@ -45,21 +46,44 @@ def jobs_for(node: str, run: str, count: int) -> list[Workload]:
     now = int(time.time() * 1000)
     return [
         Workload(
-            id=str(i), model="meta-llama/Llama-3.1-8B-Instruct", engine="vllm", runId=run,
-            state=WorkloadState.COMPLETED, originatedFrom=node, scheduledOn=node,
-            createdAt=now - 5000 + i % 1000, startedAt=now - 4000, completedAt=now,
-            error=None, requesterId="team-search", seq=3,
-        )  # fmt: skip
+            id=str(i),
+            model="meta-llama/Llama-3.1-8B-Instruct",
+            engine="vllm",
+            runId=run,
+            state=WorkloadState.COMPLETED,
+            originatedFrom=node,
+            scheduledOn=node,
+            createdAt=now - 5000 + i % 1000,
+            startedAt=now - 4000,
+            completedAt=now,
+            error=None,
+            requesterId="team-search",
+            seq=3,
+        )
         for i in range(count)
     ]
 
 
 def rows_of(cluster: str, jobs: list[Workload]) -> list[tuple[Any, ...]]:
     return [
-        (cluster, j.originatedFrom, j.runId, j.id, j.seq, j.state.value, j.model, j.engine,
-         j.scheduledOn, j.requesterId, j.createdAt, j.startedAt, j.completedAt, j.error)
+        (
+            cluster,
+            j.originatedFrom,
+            j.runId,
+            j.id,
+            j.seq,
+            j.state.value,
+            j.model,
+            j.engine,
+            j.scheduledOn,
+            j.requesterId,
+            j.createdAt,
+            j.startedAt,
+            j.completedAt,
+            j.error,
+        )
         for j in jobs
-    ]  # fmt: skip
+    ]
 
 
 async def ingest(args: argparse.Namespace, dsn: str) -> None:
@@ -78,8 +102,12 @@ async def ingest(args: argparse.Namespace, dsn: str) -> None:
             jobs = jobs_for(node, f"run-{next(counter)}", args.rows)
             bodies = [
                 msgspec.json.encode(
-                    SyncBatch(nodeId=node, generation=1, node=NodeSummary(name="n", version="x"),
-                              jobs=jobs[i : i + BATCH])  # fmt: skip
+                    SyncBatch(
+                        nodeId=node,
+                        generation=1,
+                        node=NodeSummary(name="n", version="x"),
+                        jobs=jobs[i : i + BATCH],
+                    )
                 )
                 for i in range(0, len(jobs), BATCH)
             ]
@@ -88,16 +116,20 @@ async def ingest(args: argparse.Namespace, dsn: str) -> None:
                 async with session.post(url, data=body, headers=headers) as response:
                     await response.read()
                     assert response.status == 200, response.status
-            return args.rows / (time.perf_counter() - start)
+            return float(args.rows / (time.perf_counter() - start))
 
         async def via_copy() -> float:
             rows = rows_of(cluster, jobs_for(node, f"run-{next(counter)}", args.rows))
             start = time.perf_counter()
-            async with pool.connection() as conn, conn.cursor() as cur:
-                async with cur.copy(f"COPY jobs ({COLUMNS}) FROM STDIN") as copy:
-                    for row in rows:
-                        await copy.write_row(row)
-            return args.rows / (time.perf_counter() - start)
+            copy_jobs = f"COPY jobs ({COLUMNS}) FROM STDIN".encode()
+            async with (
+                pool.connection() as conn,
+                conn.cursor() as cur,
+                cur.copy(copy_jobs) as copy,
+            ):
+                for row in rows:
+                    await copy.write_row(row)
+            return float(args.rows / (time.perf_counter() - start))
 
         base: list[float] = []
         subject: list[float] = []
@@ -127,17 +159,32 @@ async def fleet(args: argparse.Namespace, dsn: str) -> None:
             async with cur.copy("COPY clusters (id, name, token_hash) FROM STDIN") as copy:
                 for n, c in enumerate(clusters):
                     await copy.write_row((c, f"cluster-{n}", "x"))
-            async with cur.copy("COPY nodes (id, cluster_id, name, reachable, cordoned, version, generation) FROM STDIN") as copy:
+            async with cur.copy(
+                "COPY nodes (id, cluster_id, name, reachable, cordoned, version, generation) FROM STDIN"
+            ) as copy:
                 for n, (node, c) in enumerate(nodes):
                     await copy.write_row((node, c, f"node-{n}", True, n % 50 == 0, "0.1.0", 1))
-            async with cur.copy("COPY devices (id, node_id, cluster_id, uuid, device_class, health, memory_total, memory_used, utilization, domain_id, generation) FROM STDIN") as copy:
+            async with cur.copy(
+                "COPY devices (id, node_id, cluster_id, uuid, device_class, health, memory_total, memory_used, utilization, domain_id, generation) FROM STDIN"
+            ) as copy:
                 for node, c in nodes:
                     cls = rng.choice(classes)
                     for g in range(8):
                         await copy.write_row(
-                            (new_id("dev"), node, c, f"GPU-{node}-{g}", cls, "ok" if rng.random() > 0.01 else "degraded",
-                             80 * 1024**3, rng.randrange(0, 80) * 1024**3, rng.uniform(0, 100), None, 1)
-                        )  # fmt: skip
+                            (
+                                new_id("dev"),
+                                node,
+                                c,
+                                f"GPU-{node}-{g}",
+                                cls,
+                                "ok" if rng.random() > 0.01 else "degraded",
+                                80 * 1024**3,
+                                rng.randrange(0, 80) * 1024**3,
+                                rng.uniform(0, 100),
+                                None,
+                                1,
+                            )
+                        )
             now = int(time.time() * 1000)
             states = ["completed"] * 8 + ["failed", "running", "queued", "cancelled"]
             models = [f"model-{i}" for i in range(30)]
@@ -146,14 +193,31 @@ async def fleet(args: argparse.Namespace, dsn: str) -> None:
                     node, c = nodes[i % len(nodes)]
                     created = now - rng.randrange(0, 7200_000)
                     await copy.write_row(
-                        (c, node, "run", str(i), 3, rng.choice(states), rng.choice(models), "vllm", node,
-                         None, created, created + rng.randrange(1, 2000), created + rng.randrange(2000, 60000), None)
-                    )  # fmt: skip
+                        (
+                            c,
+                            node,
+                            "run",
+                            str(i),
+                            3,
+                            rng.choice(states),
+                            rng.choice(models),
+                            "vllm",
+                            node,
+                            None,
+                            created,
+                            created + rng.randrange(1, 2000),
+                            created + rng.randrange(2000, 60000),
+                            None,
+                        )
+                    )
         await conn.commit()
+        await rebuild_rollups(conn)  # as the sync would have kept them
         await conn.execute("ANALYZE")
         await conn.commit()
-        print(f"generated {len(clusters):,} clusters, {len(nodes):,} nodes, {len(nodes) * 8:,} GPUs, "
-              f"{args.jobs:,} jobs in {time.perf_counter() - start:.0f} s")  # fmt: skip
+        print(
+            f"generated {len(clusters):,} clusters, {len(nodes):,} nodes, {len(nodes) * 8:,} GPUs, "
+            f"{args.jobs:,} jobs in {time.perf_counter() - start:.0f} s"
+        )
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
         store = PlaneStore(pool)
         timings = []
@@ -163,8 +227,10 @@ async def fleet(args: argparse.Namespace, dsn: str) -> None:
             timings.append((time.perf_counter() - start) * 1000)
         assert len(summary["clusters"]) == len(clusters)
     median = statistics.median(timings[1:])
-    print(f"fleet summary over 1,000 clusters x 20 nodes x 8 GPUs, {args.jobs:,} jobs: "
-          f"median {median:.0f} ms (rounds: {' '.join(f'{t:.0f}' for t in timings[1:])})")  # fmt: skip
+    print(
+        f"fleet summary over 1,000 clusters x 20 nodes x 8 GPUs, {args.jobs:,} jobs: "
+        f"median {median:.0f} ms (rounds: {' '.join(f'{t:.0f}' for t in timings[1:])})"
+    )
 
 
 def main() -> None:

@@ -53,22 +53,98 @@ class SyncBatch(Struct, kw_only=True, frozen=True):
     jobs: Annotated[list[Workload], Meta(max_length=50_000)] = []
 
 
-_JOB_UPSERT: Final = """
-INSERT INTO jobs (cluster_id, origin, run_id, id, seq, state, model, engine, scheduled_on,
-                  requester_id, created_at, started_at, completed_at, error)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (cluster_id, origin, run_id, id) DO UPDATE SET
-    seq = excluded.seq, state = excluded.state, model = excluded.model,
-    engine = excluded.engine, scheduled_on = excluded.scheduled_on,
-    requester_id = excluded.requester_id, created_at = excluded.created_at,
-    started_at = excluded.started_at, completed_at = excluded.completed_at,
-    error = excluded.error
-WHERE excluded.seq > jobs.seq
+def _opt(value: Any) -> Any:
+    return None if value is msgspec.UNSET else value
+
+
+_JOB_COLUMNS: Final = (
+    "cluster_id, origin, run_id, id, seq, state, model, engine, scheduled_on, requester_id, "
+    "created_at, started_at, completed_at, error"
+)
+_STAGE: Final = (
+    "CREATE TEMP TABLE IF NOT EXISTS staged_jobs "
+    "(LIKE jobs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_MERGE: Final = f"""
+WITH prior AS (
+    SELECT j.cluster_id, j.origin, j.run_id, j.id, j.state, j.model, j.started_at, j.completed_at
+    FROM jobs j JOIN staged_jobs s USING (cluster_id, origin, run_id, id)
+), merged AS (
+    INSERT INTO jobs ({_JOB_COLUMNS}) SELECT {_JOB_COLUMNS} FROM staged_jobs
+    ON CONFLICT (cluster_id, origin, run_id, id) DO UPDATE SET
+        seq = excluded.seq, state = excluded.state, model = excluded.model,
+        engine = excluded.engine, scheduled_on = excluded.scheduled_on,
+        requester_id = excluded.requester_id, created_at = excluded.created_at,
+        started_at = excluded.started_at, completed_at = excluded.completed_at,
+        error = excluded.error
+    WHERE excluded.seq > jobs.seq
+    RETURNING cluster_id, origin, run_id, id, state, model, created_at, started_at, completed_at
+), changed AS (
+    SELECT m.*, p.state AS old_state, p.model AS old_model,
+           p.started_at AS old_started, p.completed_at AS old_completed,
+           p.id IS NOT NULL AS existed
+    FROM merged m LEFT JOIN prior p USING (cluster_id, origin, run_id, id)
+), counts AS (
+    INSERT INTO job_rollup (cluster_id, state, model, jobs)
+    SELECT cluster_id, state, model, sum(n) FROM (
+        SELECT cluster_id, state, model, 1 AS n FROM changed
+        UNION ALL
+        SELECT cluster_id, old_state, old_model, -1 FROM changed WHERE existed
+    ) AS d GROUP BY 1, 2, 3
+    ON CONFLICT (cluster_id, state, model) DO UPDATE SET jobs = job_rollup.jobs + excluded.jobs
+)
+INSERT INTO job_timing (cluster_id, hour, kind, bucket, jobs)
+SELECT cluster_id, hour, kind, bucket, count(*) FROM (
+    SELECT cluster_id, created_at / 3600000 AS hour, 'q'::"char" AS kind,
+           floor(ln(1 + greatest(started_at - created_at, 0)) / ln(1.1))::int AS bucket
+    FROM changed WHERE started_at IS NOT NULL AND old_started IS NULL
+    UNION ALL
+    SELECT cluster_id, created_at / 3600000, 'r'::"char",
+           floor(ln(1 + greatest(completed_at - started_at, 0)) / ln(1.1))::int
+    FROM changed WHERE completed_at IS NOT NULL AND started_at IS NOT NULL AND old_completed IS NULL
+) AS t GROUP BY 1, 2, 3, 4
+ON CONFLICT (cluster_id, hour, kind, bucket) DO UPDATE SET jobs = job_timing.jobs + excluded.jobs
 """
 
 
-def _opt(value: Any) -> Any:
-    return None if value is msgspec.UNSET else value
+async def _merge_jobs(cur: Any, cluster_id: str, jobs: list[Workload]) -> int:
+    """COPY the batch into a staging table and merge it with one statement.
+
+    Within a batch only the newest seq per job is staged: one INSERT cannot update the same
+    row twice.
+    """
+    newest: dict[tuple[str, str, str], Workload] = {}
+    for job in jobs:
+        key = (job.originatedFrom, job.runId, job.id)
+        held = newest.get(key)
+        if held is None or held.seq < job.seq:
+            newest[key] = job
+    await cur.execute(_STAGE)
+    async with cur.copy(f"COPY staged_jobs ({_JOB_COLUMNS}) FROM STDIN".encode()) as copy:
+        for j in newest.values():
+            await copy.write_row(
+                (
+                    cluster_id,
+                    j.originatedFrom,
+                    j.runId,
+                    j.id,
+                    j.seq,
+                    j.state.value,
+                    j.model,
+                    j.engine,
+                    _opt(j.scheduledOn),
+                    _opt(j.requesterId),
+                    j.createdAt,
+                    _opt(j.startedAt),
+                    _opt(j.completedAt),
+                    _opt(j.error),
+                )
+            )
+    # A temp table has no statistics until analysed; without them the planner joins the
+    # staged rows to `jobs` by scanning all of it. With them it looks each one up by key.
+    await cur.execute(b"ANALYZE staged_jobs")
+    await cur.execute(_MERGE.encode())
+    return len(newest)
 
 
 class PlaneStore:
@@ -228,29 +304,7 @@ class PlaneStore:
                     )
                     written["domains"] = len(batch.domains)
                 if batch.jobs:
-                    await cur.executemany(
-                        _JOB_UPSERT,
-                        [
-                            (
-                                cluster_id,
-                                j.originatedFrom,
-                                j.runId,
-                                j.id,
-                                j.seq,
-                                j.state.value,
-                                j.model,
-                                j.engine,
-                                _opt(j.scheduledOn),
-                                _opt(j.requesterId),
-                                j.createdAt,
-                                _opt(j.startedAt),
-                                _opt(j.completedAt),
-                                _opt(j.error),
-                            )
-                            for j in batch.jobs
-                        ],
-                    )
-                    written["jobs"] = len(batch.jobs)
+                    written["jobs"] = await _merge_jobs(cur, cluster_id, batch.jobs)
             await conn.execute(
                 "UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,)
             )
@@ -299,27 +353,20 @@ class PlaneStore:
                     args,
                 )
             ).fetchall()
-            states = await (
+            # The rollups the sync keeps (migration 0002): no scan over the jobs themselves.
+            first_hour = int((datetime.datetime.now(datetime.UTC).timestamp() - window_s) // 3600)
+            rollup = await (
                 await conn.execute(
-                    f"SELECT cluster_id, state, count(*) FROM jobs {'WHERE cluster_id = %s' if cluster_id else ''} GROUP BY 1, 2",
+                    "SELECT cluster_id, state, model, jobs FROM job_rollup "
+                    f"WHERE jobs > 0 {'AND cluster_id = %s' if cluster_id else ''}",
                     args,
                 )
             ).fetchall()
-            models = await (
+            timing = await (
                 await conn.execute(
-                    f"SELECT cluster_id, model, count(*) FROM jobs {'WHERE cluster_id = %s' if cluster_id else ''} GROUP BY 1, 2",
-                    args,
-                )
-            ).fetchall()
-            since = (datetime.datetime.now(datetime.UTC).timestamp() - window_s) * 1000
-            times = await (
-                await conn.execute(
-                    "SELECT cluster_id,"
-                    " percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY started_at - created_at),"
-                    " percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY completed_at - started_at) "
-                    "FROM jobs WHERE created_at >= %s AND started_at IS NOT NULL "
-                    f"{'AND cluster_id = %s' if cluster_id else ''} GROUP BY 1",
-                    [since, *args],
+                    "SELECT cluster_id, kind, bucket, sum(jobs) FROM job_timing WHERE hour >= %s "
+                    f"{'AND cluster_id = %s' if cluster_id else ''} GROUP BY 1, 2, 3",
+                    [first_hour, *args],
                 )
             ).fetchall()
         summary: dict[str, dict[str, Any]] = {}
@@ -343,16 +390,20 @@ class PlaneStore:
             entry["memory"]["used"] += int(used or 0)
         for entry in summary.values():
             entry["memory"]["free"] = entry["memory"]["total"] - entry["memory"]["used"]
-        for cid, state, count in states:
-            if cid in summary:
-                summary[cid]["jobs"]["byState"][state] = count
-        for cid, model, count in models:
-            if cid in summary:
-                summary[cid]["jobs"]["byModel"][model] = count
-        for cid, queue, run in times:
-            if cid in summary:
-                summary[cid]["queueMs"] = _percentiles(queue)
-                summary[cid]["runMs"] = _percentiles(run)
+        queue: dict[str, dict[int, int]] = {}
+        run: dict[str, dict[int, int]] = {}
+        for cid, state, model, count in rollup:
+            entry = summary.get(cid)
+            if entry is None:
+                continue
+            by_state, by_model = entry["jobs"]["byState"], entry["jobs"]["byModel"]
+            by_state[state] = by_state.get(state, 0) + count
+            by_model[model] = by_model.get(model, 0) + count
+        for cid, kind, bucket, count in timing:
+            (queue if kind == "q" else run).setdefault(cid, {})[bucket] = int(count)
+        for cid, entry in summary.items():
+            entry["queueMs"] = _histogram_percentiles(queue.get(cid))
+            entry["runMs"] = _histogram_percentiles(run.get(cid))
         return {"windowS": window_s, "clusters": list(summary.values())}
 
     async def jobs(
@@ -410,7 +461,17 @@ def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _percentiles(values: list[float] | None) -> dict[str, float] | None:
-    if not values:
+def _histogram_percentiles(buckets: dict[int, int] | None) -> dict[str, float] | None:
+    """p50 / p95 / p99 from log buckets: each the upper edge of its bucket (within ~10 %)."""
+    if not buckets:
         return None
-    return {"p50": values[0], "p95": values[1], "p99": values[2]}
+    total = sum(buckets.values())
+    result: dict[str, float] = {}
+    for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+        seen = 0
+        for bucket in sorted(buckets):
+            seen += buckets[bucket]
+            if seen >= q * total:
+                result[name] = round(1.1 ** (bucket + 1) - 1, 1)
+                break
+    return result

@@ -107,8 +107,9 @@ async def test_fleet_summary_counts(store: PlaneStore) -> None:
     assert summary["b"]["gpus"] == {"l4": {"ok": 2}}
     assert summary["a"]["jobs"]["byState"] == {"completed": 5, "running": 1}
     assert summary["a"]["memory"]["total"] == 8 * 80 * 1024**3
-    assert summary["a"]["queueMs"]["p50"] == 500.0
-    assert summary["a"]["runMs"]["p50"] == 1500.0
+    # Percentiles come from ~10 %-wide log buckets: within 10 % of the true value.
+    assert summary["a"]["queueMs"]["p50"] == pytest.approx(500, rel=0.1)
+    assert summary["a"]["runMs"]["p50"] == pytest.approx(1500, rel=0.1)
 
 
 async def test_keyset_pagination_covers_everything_once(store: PlaneStore) -> None:
