@@ -143,6 +143,10 @@ async def _merge_jobs(cur: Any, cluster_id: str, jobs: list[Workload]) -> int:
     # A temp table has no statistics until analysed; without them the planner joins the
     # staged rows to `jobs` by scanning all of it. With them it looks each one up by key.
     await cur.execute(b"ANALYZE staged_jobs")
+    # Each staged job is looked up by key; a hash join over all of `jobs` costs the whole
+    # table per batch when its statistics lag behind its growth.
+    await cur.execute(b"SET LOCAL enable_hashjoin = off")
+    await cur.execute(b"SET LOCAL enable_mergejoin = off")
     await cur.execute(_MERGE.encode())
     return len(newest)
 
@@ -355,17 +359,34 @@ class PlaneStore:
             ).fetchall()
             # The rollups the sync keeps (migration 0002): no scan over the jobs themselves.
             first_hour = int((datetime.datetime.now(datetime.UTC).timestamp() - window_s) // 3600)
-            rollup = await (
+            only = "AND cluster_id = %s" if cluster_id else ""
+            by_state = await (
                 await conn.execute(
-                    "SELECT cluster_id, state, model, jobs FROM job_rollup "
-                    f"WHERE jobs > 0 {'AND cluster_id = %s' if cluster_id else ''}",
+                    "SELECT cluster_id, state, sum(jobs) FROM job_rollup "
+                    f"WHERE jobs > 0 {only} GROUP BY 1, 2",
+                    args,
+                )
+            ).fetchall()
+            # By model and the time percentiles: for the whole fleet (or the one cluster asked
+            # for). Per cluster they would be clusters x models rows on every call.
+            by_model = await (
+                await conn.execute(
+                    f"SELECT model, sum(jobs) FROM job_rollup WHERE jobs > 0 {only} GROUP BY 1",
                     args,
                 )
             ).fetchall()
             timing = await (
                 await conn.execute(
-                    "SELECT cluster_id, kind, bucket, sum(jobs) FROM job_timing WHERE hour >= %s "
-                    f"{'AND cluster_id = %s' if cluster_id else ''} GROUP BY 1, 2, 3",
+                    "WITH t AS (SELECT kind, bucket, sum(jobs) AS n FROM job_timing "
+                    f"  WHERE hour >= %s {only} GROUP BY 1, 2),"
+                    " c AS (SELECT kind, bucket,"
+                    "  sum(n) OVER (PARTITION BY kind ORDER BY bucket) AS running,"
+                    "  sum(n) OVER (PARTITION BY kind) AS total FROM t) "
+                    "SELECT kind,"
+                    " min(bucket) FILTER (WHERE running >= 0.5 * total),"
+                    " min(bucket) FILTER (WHERE running >= 0.95 * total),"
+                    " min(bucket) FILTER (WHERE running >= 0.99 * total) "
+                    "FROM c GROUP BY 1",
                     [first_hour, *args],
                 )
             ).fetchall()
@@ -377,9 +398,7 @@ class PlaneStore:
                 "nodes": {"reachable": reachable, "unreachable": unreachable, "cordoned": cordoned},
                 "gpus": {},
                 "memory": {"total": 0, "used": 0, "free": 0},
-                "jobs": {"byState": {}, "byModel": {}},
-                "queueMs": None,
-                "runMs": None,
+                "jobs": {"byState": {}},
             }
         for cid, cls, health, count, total, used in devices:
             entry = summary.get(cid)
@@ -390,21 +409,29 @@ class PlaneStore:
             entry["memory"]["used"] += int(used or 0)
         for entry in summary.values():
             entry["memory"]["free"] = entry["memory"]["total"] - entry["memory"]["used"]
-        queue: dict[str, dict[int, int]] = {}
-        run: dict[str, dict[int, int]] = {}
-        for cid, state, model, count in rollup:
-            entry = summary.get(cid)
-            if entry is None:
-                continue
-            by_state, by_model = entry["jobs"]["byState"], entry["jobs"]["byModel"]
-            by_state[state] = by_state.get(state, 0) + count
-            by_model[model] = by_model.get(model, 0) + count
-        for cid, kind, bucket, count in timing:
-            (queue if kind == "q" else run).setdefault(cid, {})[bucket] = int(count)
-        for cid, entry in summary.items():
-            entry["queueMs"] = _histogram_percentiles(queue.get(cid))
-            entry["runMs"] = _histogram_percentiles(run.get(cid))
-        return {"windowS": window_s, "clusters": list(summary.values())}
+        for cid, state, count in by_state:
+            if cid in summary:
+                summary[cid]["jobs"]["byState"][state] = int(count)
+        percentiles: dict[str, dict[str, float] | None] = {"queueMs": None, "runMs": None}
+        for kind, *buckets in timing:
+            # Each percentile is its bucket's upper edge: within ~10 % of the true value.
+            edges = [round(1.1 ** (b + 1) - 1, 1) for b in buckets]
+            percentiles["queueMs" if kind == "q" else "runMs"] = dict(
+                zip(("p50", "p95", "p99"), edges, strict=True)
+            )
+        jobs_by_state: dict[str, int] = {}
+        for entry in summary.values():
+            for state, count in entry["jobs"]["byState"].items():
+                jobs_by_state[state] = jobs_by_state.get(state, 0) + count
+        return {
+            "windowS": window_s,
+            "jobs": {
+                "byState": jobs_by_state,
+                "byModel": {model: int(count) for model, count in by_model},
+                **percentiles,
+            },
+            "clusters": list(summary.values()),
+        }
 
     async def jobs(
         self,
@@ -459,19 +486,3 @@ class PlaneStore:
 
 def _iso(value: datetime.datetime | None) -> str | None:
     return value.isoformat() if value else None
-
-
-def _histogram_percentiles(buckets: dict[int, int] | None) -> dict[str, float] | None:
-    """p50 / p95 / p99 from log buckets: each the upper edge of its bucket (within ~10 %)."""
-    if not buckets:
-        return None
-    total = sum(buckets.values())
-    result: dict[str, float] = {}
-    for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
-        seen = 0
-        for bucket in sorted(buckets):
-            seen += buckets[bucket]
-            if seen >= q * total:
-                result[name] = round(1.1 ** (bucket + 1) - 1, 1)
-                break
-    return result

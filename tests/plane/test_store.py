@@ -101,15 +101,21 @@ async def test_fleet_summary_counts(store: PlaneStore) -> None:
     na, nb = new_id("nod"), new_id("nod")
     await store.sync(a, batch(na, 1, [job(na, str(i), 3) for i in range(5)] + [job(na, "9", 2)]))
     await store.sync(b, batch(nb, 1, [job(nb, "1", 1)], gpus="l4:2"))
-    summary = {c["name"]: c for c in (await store.fleet_summary(window_s=10**11))["clusters"]}
+    fleet = await store.fleet_summary(window_s=10**11)
+    summary = {c["name"]: c for c in fleet["clusters"]}
     assert summary["a"]["nodes"] == {"reachable": 1, "unreachable": 0, "cordoned": 0}
     assert summary["a"]["gpus"] == {"h100-80gb-sxm": {"ok": 8}}
     assert summary["b"]["gpus"] == {"l4": {"ok": 2}}
     assert summary["a"]["jobs"]["byState"] == {"completed": 5, "running": 1}
     assert summary["a"]["memory"]["total"] == 8 * 80 * 1024**3
     # Percentiles come from ~10 %-wide log buckets: within 10 % of the true value.
-    assert summary["a"]["queueMs"]["p50"] == pytest.approx(500, rel=0.1)
-    assert summary["a"]["runMs"]["p50"] == pytest.approx(1500, rel=0.1)
+    assert fleet["jobs"]["byState"] == {"completed": 5, "running": 1, "queued": 1}
+    assert fleet["jobs"]["byModel"] == {"llama": 7}
+    assert fleet["jobs"]["queueMs"]["p50"] == pytest.approx(500, rel=0.1)
+    assert fleet["jobs"]["runMs"]["p50"] == pytest.approx(1500, rel=0.1)
+    one = await store.fleet_summary(window_s=10**11, cluster_id=b)
+    assert [c["name"] for c in one["clusters"]] == ["b"]
+    assert one["jobs"]["byState"] == {"queued": 1}
 
 
 async def test_keyset_pagination_covers_everything_once(store: PlaneStore) -> None:
