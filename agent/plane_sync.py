@@ -5,7 +5,7 @@ The outbox is durable: the Jobs store remembers, per job, the seq the plane ackn
 sends every job that changed since, in batches, until the plane has all of them. The plane
 upserts newer-wins, so a batch sent twice changes nothing. Each batch also carries this
 node's row, devices and topology domains, which keeps the node reachable in the plane.
-Retries back off exponentially with full jitter up to 30 s.
+Retries back off exponentially with full jitter up to 5 s.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class PlaneSync:
         self.agent = agent
         self.url = url + "/v1/sync"
         self.token = token
-        self.backoff = Backoff(base_s=0.5, cap_s=30.0)
+        # Capped at 5 s: one small request per node while the plane is down, and a plane
+        # that comes back is caught up within seconds.
+        self.backoff = Backoff(base_s=0.5, cap_s=5.0)
         self.failures = 0
         self.synced = 0
         self.last_error: str | None = None
