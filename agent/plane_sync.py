@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import random
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -35,7 +36,17 @@ INTERVAL_S: Final = 2.0
 
 
 def plane_settings(home: Path) -> tuple[str, str] | None:
-    """(url, token) from `$NVPAIR_HOME/plane.json` (`nvpair plane join`), if set."""
+    """(url, token): `[plane] url, token` in `nvpair.toml`, else `$NVPAIR_HOME/plane.json`
+    (written by `nvpair plane join`); None when neither says."""
+    toml = home / "nvpair.toml"
+    if toml.exists():
+        try:
+            section = tomllib.loads(toml.read_text()).get("plane")
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            log.warning("ignoring %s: %s", toml, exc)
+            section = None
+        if isinstance(section, dict) and "url" in section and "token" in section:
+            return str(section["url"]).rstrip("/"), str(section["token"])
     path = home / "plane.json"
     if not path.exists():
         return None
