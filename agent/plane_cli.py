@@ -30,6 +30,10 @@ def add_commands(commands: Any) -> None:
     enrol.add_argument("name")
     enrol.add_argument("--plane", required=True, metavar="URL")
     enrol.set_defaults(run=_enrol)
+    revoke = sub.add_parser("revoke", help="revoke a cluster's enrolment token")
+    revoke.add_argument("cluster", metavar="CLUSTER_ID")
+    revoke.add_argument("--plane", required=True, metavar="URL")
+    revoke.set_defaults(run=_revoke)
     fleet = sub.add_parser("fleet", help="every cluster's nodes, GPUs and jobs")
     fleet.add_argument("--plane", required=True, metavar="URL")
     fleet.add_argument("--json", action="store_true")
@@ -103,6 +107,12 @@ def _enrol(args: argparse.Namespace) -> int:
     answer = _call(args.plane.rstrip("/") + "/v1/clusters", "POST", {"name": args.name})
     print(answer["token"])
     print(f"enrolled {answer['name']} as {answer['id']}; the token is shown once", file=sys.stderr)
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    _call(f"{args.plane.rstrip('/')}/v1/clusters/{args.cluster}/revoke", "POST")
+    print(f"revoked {args.cluster}: its token is refused from now on")
     return 0
 
 

@@ -168,6 +168,10 @@ async def test_two_clusters_in_one_fleet_view(tmp_path: Path, plane: PlaneProces
         text = await plane.cli("fleet")
         assert "east (clu_" in text
         assert "h100-80gb-sxm: 8" in text
+        west = by_name["west"]["id"]
+        assert "revoked" in await plane.cli("revoke", west)
+        listed = {c["id"]: c for c in await plane.get("/v1/clusters")}
+        assert listed[west]["revokedAt"] is not None
 
 
 async def test_a_plane_outage_loses_nothing(tmp_path: Path, plane: PlaneProcess) -> None:
