@@ -67,6 +67,7 @@ class Agent:
         self.operations: dict[str, Operation] = {}
         self._remote_load: dict[str, int] = {}
         self._view_cache: tuple[tuple[tuple[str, int], ...], float, Cluster] | None = None
+        self._pushes: dict[str, asyncio.Task[None]] = {}  # node id -> its record push
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -157,6 +158,9 @@ class Agent:
 
     async def aclose(self) -> None:
         """Stop everything, the workload manager child included."""
+        for push in self._pushes.values():
+            push.cancel()
+        await asyncio.gather(*self._pushes.values(), return_exceptions=True)
         await self._stack.aclose()
 
     # -- local operations (from the local API) --------------------------------------------------
@@ -475,7 +479,14 @@ class Agent:
             self.record = self._new_record()
             self.membership.offer(self.record, time.monotonic())
             peers = [r for r in self.membership.peers() if self.cluster.pins.is_member(r.nodeId)]
-            await asyncio.gather(*(self._push_to(peer) for peer in peers))
+            # One push in flight per peer, not in lockstep: a peer that is down and times
+            # out must not hold back the heartbeat to the others (they would see us flap).
+            for peer in peers:
+                pending = self._pushes.get(peer.nodeId)
+                if pending is None or pending.done():
+                    self._pushes[peer.nodeId] = asyncio.create_task(self._push_to(peer))
+            for node_id in [n for n, t in self._pushes.items() if t.done()]:
+                del self._pushes[node_id]
             self._push_now.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.heartbeat_s):
