@@ -1,0 +1,185 @@
+"""The shape of the project (issue 10): no import cycle, no module over 400 lines, and
+packages that load only what they promise."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("agent", "broker", "workload_manager", "scheduler", "certs", "plane")
+MAX_LINES = 400
+
+
+@dataclass(frozen=True)
+class Edge:
+    """`source` imports `target` at `line` (anywhere in the module)."""
+
+    source: str
+    target: str
+    line: int
+
+
+def modules_of(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+    """Every module of `packages` under `root` by dotted name; a package is its `__init__`."""
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Edge]:
+    """Every import in the module, top level, `if TYPE_CHECKING:` and functions alike: a lazy
+    import that dodges a cycle at run time is still a cycle in the design."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names if alias.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            targets = []
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                if submodule in modules:
+                    targets.append(submodule)
+                elif base in modules:
+                    targets.append(base)
+        else:
+            continue
+        edges += [Edge(name, t, node.lineno) for t in targets if t != name]
+    return edges
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (no recursion limit): components of more than one node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def import_cycles(root: Path, packages: Iterable[str]) -> list[str]:
+    """One line per cycle: its modules, then each import inside it with its line."""
+    modules = modules_of(root, packages)
+    edges = [e for name, path in modules.items() for e in imports_of(name, path, modules)]
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for edge in edges:
+        graph[edge.source].add(edge.target)
+    report = []
+    for component in strongly_connected(graph):
+        members = set(component)
+        inside = sorted(
+            {f"{e.source}:{e.line} -> {e.target}" for e in edges if {e.source, e.target} <= members}
+        )
+        report.append(f"cycle {' <-> '.join(component)}: {'; '.join(inside)}")
+    return report
+
+
+def test_no_import_cycle() -> None:
+    cycles = import_cycles(ROOT, PACKAGES)
+    assert not cycles, "import cycles (TYPE_CHECKING and lazy imports count):\n" + "\n".join(cycles)
+
+
+def test_the_cycle_finder_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    # The control for the test above: a finder that saw nothing would pass it forever.
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .base import Base\n")
+    (package / "base.py").write_text("class Base: ...\n")
+    (package / "a.py").write_text("def f():\n    from pkg import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n"
+    )
+    (package / "c.py").write_text("import pkg.base\nfrom . import a\n")
+    cycles = import_cycles(tmp_path, ["pkg"])
+    assert cycles == ["cycle pkg.a <-> pkg.b: pkg.a:2 -> pkg.b; pkg.b:3 -> pkg.a"]
+    (package / "b.py").write_text("import pkg.base\n")
+    assert import_cycles(tmp_path, ["pkg"]) == []
+
+
+def test_no_module_over_400_lines() -> None:
+    too_long = []
+    for folder in (*PACKAGES, "tests", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_LINES:
+                too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not too_long, f"modules over {MAX_LINES} lines:\n" + "\n".join(too_long)
+
+
+def _loaded_after(statement: str, roots: tuple[str, ...]) -> str:
+    listing = f"sorted(m for m in sys.modules if m.split('.')[0] in {roots!r})"
+    code = f"{statement}; import sys; print({listing})"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("statement", "roots"),
+    [
+        ("import agent.daemon", ("psycopg", "psycopg_pool")),
+        ("import certs", ("aiohttp",)),
+    ],
+)
+def test_packages_load_only_what_they_promise(statement: str, roots: tuple[str, ...]) -> None:
+    loaded = _loaded_after(statement, roots)
+    assert loaded == "[]", f"`{statement}` loads {loaded[:400]}"
+
+
+def test_the_import_probe_sees_what_is_loaded() -> None:
+    # The control: the same probe names a package that is loaded.
+    assert "'aiohttp'" in _loaded_after("import aiohttp", ("aiohttp",))
