@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from workload_manager.sites import start_site
+
 __all__ = ["MockEngine", "add_command"]
 
 
@@ -57,11 +59,11 @@ class MockEngine:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = int(self._runner.addresses[0][1])
+        """Bind (port 0: any free port, then `self.port` holds the one bound) and serve."""
+        self.port = await start_site(self._runner, self.host, self.port)
 
     async def aclose(self) -> None:
+        """Stop serving and close connections."""
         await self._runner.cleanup()
 
     async def _models(self, request: web.Request) -> web.Response:

@@ -30,9 +30,8 @@ from certs import (
     NotCAHolder,
     ServerContexts,
     admit,
-    peer_node_id,
-    pinned,
 )
+from workload_manager.guard import peer_node_id, pinned
 
 __all__ = ["JoinAnswer", "NodeApi"]
 

@@ -1,7 +1,7 @@
 """Cost of the per-request pin check (issue 3).
 
 Two aiohttp servers behind the same cluster mTLS in a child process: one whose handler is
-guarded by the pin check (`certs.guard.pinned`, as the inter-node endpoints use it), one
+guarded by the pin check (`workload_manager.guard.pinned`, as the inter-node endpoints use it), one
 without. The client (this process) sends the same requests to each in turn over
 kept-alive connections, 16 in flight, in paired rounds; the ratio is guarded / unguarded.
 
@@ -21,7 +21,9 @@ import aiohttp
 from _interleave import report
 from aiohttp import web
 
-from certs import ClientContexts, ClusterDir, ServerContexts, pinned, server_hostname_for
+from certs import ClientContexts, ClusterDir, ServerContexts, server_hostname_for
+from workload_manager.guard import pinned
+from workload_manager.sites import start_site
 
 CONCURRENCY = 16
 
@@ -37,10 +39,8 @@ async def _serve(cluster_path: str, ports: multiprocessing.Queue[tuple[int, int]
         app = web.Application()
         app.router.add_get("/ping", handler)
         runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ServerContexts(cluster).listening)
-        await site.start()
-        found.append(runner.addresses[0][1])
+        listening = ServerContexts(cluster).listening
+        found.append(await start_site(runner, "127.0.0.1", 0, ssl_context=listening))
     ports.put((found[0], found[1]))
     await asyncio.Event().wait()
 

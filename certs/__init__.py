@@ -1,5 +1,6 @@
 """Cluster identity: the CA, node certificates, the `trusted/` pin store, invites and TLS
-contexts. No network I/O here: the servers and clients that use it live elsewhere.
+contexts. No network I/O and no web framework here: the servers and clients that use it, and
+the aiohttp pin guard (`workload_manager.guard`), live elsewhere.
 """
 
 from .cluster_dir import ClusterDir, Identity, default_cluster_dir
@@ -12,10 +13,10 @@ from .errors import (
     NotCAHolder,
     PinRefused,
 )
-from .guard import peer_node_id, pin_guard, pinned
 from .identity import NodeCert, spki_sha256
-from .ids import is_node_id, new_node_id
+from .ids import is_node_id, new_node_id, prefixed_ulid
 from .invites import JoinRequest, JoinResponse, admit, complete_join, create_invite, prepare_join
+from .pin_check import pinned_peer
 from .pins import Member, PinStore
 from .tls import ClientContexts, ServerContexts, server_hostname_for
 
@@ -42,9 +43,8 @@ __all__ = [
     "default_cluster_dir",
     "is_node_id",
     "new_node_id",
-    "peer_node_id",
-    "pin_guard",
-    "pinned",
+    "pinned_peer",
+    "prefixed_ulid",
     "prepare_join",
     "server_hostname_for",
     "spki_sha256",

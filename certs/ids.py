@@ -1,4 +1,8 @@
-"""Node ids: `nod_` + a lowercase Crockford base32 ULID (DESIGN.md, Wingsmith ids)."""
+"""Wingsmith ids: a type prefix, `_` and a lowercase Crockford base32 ULID (seed 000, "IDs").
+
+Node ids (`nod_…`) live here because a node mints its own; the plane's other kinds use the
+same `prefixed_ulid`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,15 @@ from typing import Final
 
 from ulid import ULID
 
-__all__ = ["DNS_SUFFIX", "NODE_ID_RE", "is_node_id", "new_node_id", "node_dns_name", "node_uri"]
+__all__ = [
+    "DNS_SUFFIX",
+    "NODE_ID_RE",
+    "is_node_id",
+    "new_node_id",
+    "node_dns_name",
+    "node_uri",
+    "prefixed_ulid",
+]
 
 NODE_ID_RE: Final = re.compile(r"^nod_[0-9a-hjkmnp-tv-z]{26}$")
 _URI_PREFIX: Final = "urn:nvpair:node:"
@@ -16,9 +28,18 @@ _URI_PREFIX: Final = "urn:nvpair:node:"
 DNS_SUFFIX: Final = ".nvpair.internal"
 
 
+def prefixed_ulid(prefix: str) -> str:
+    """`prefix` + "_" + a fresh ULID in lowercase Crockford base32 (26 characters).
+
+    Lowercase because seed 000 spells ids that way; ULIDs sort by creation time, so ids of
+    one kind minted later sort later.
+    """
+    return f"{prefix}_{str(ULID()).lower()}"
+
+
 def new_node_id() -> str:
     """A fresh node id."""
-    return "nod_" + str(ULID()).lower()
+    return prefixed_ulid("nod")
 
 
 def is_node_id(text: str) -> bool:

@@ -5,7 +5,7 @@ Server: the listening context has no certificate of its own. Its `sni_callback` 
 gets its identity later starts serving without a rebind; without an identity every handshake
 fails. The outer context is `CERT_REQUIRED` (after the swap, OpenSSL still takes
 `verify_mode` from the outer context) and the inner one trusts the cluster CA; the pin check
-is per HTTP request (`certs.guard`). TLS 1.3 only.
+is per HTTP request (`certs.pinned_peer`, run by `workload_manager.guard`). TLS 1.3 only.
 
 Session tickets stay on: a resumed session still presents the original client certificate
 to `getpeercert()`, and the per-request pin check refuses a removed member on it just as on

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from ulid import ULID
+from certs.ids import prefixed_ulid
 
 __all__ = ["PREFIXES", "InvalidId", "is_id", "new_id", "validate_id"]
 
@@ -45,7 +45,7 @@ def new_id(prefix: str) -> str:
     """A fresh id of kind `prefix` (`"clu"`, `"wkl"`, ...)."""
     if prefix not in PREFIXES:
         raise InvalidId(f"unknown id prefix {prefix!r}")
-    return f"{prefix}_{str(ULID()).lower()}"
+    return prefixed_ulid(prefix)
 
 
 def is_id(text: str, prefix: str | None = None) -> bool:

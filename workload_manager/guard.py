@@ -1,9 +1,11 @@
 """The per-request pin check for aiohttp servers behind cluster mTLS.
 
 TLS proves the caller holds a certificate of the cluster CA; the guard then asks the pin
-store whether its key belongs to a current member, on every request. That is what refuses a
-removed member on a kept-alive connection or a resumed TLS session, where no new handshake
-happens. A refused caller gets a bare 403: nothing about why.
+store whether its key belongs to a current member (`certs.pinned_peer`), on every request.
+That is what refuses a removed member on a kept-alive connection or a resumed TLS session,
+where no new handshake happens. A refused caller gets a bare 403: nothing about why.
+
+It lives with the servers rather than in `certs` so that `import certs` loads no aiohttp.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from .pins import PinStore
+from certs import PinStore, pinned_peer
 
-__all__ = ["PEER_NODE_ID", "peer_node_id", "pin_guard", "pinned"]
+__all__ = ["PEER_NODE_ID", "caller_node_id", "peer_node_id", "pin_guard", "pinned"]
 
 PEER_NODE_ID: Final = web.RequestKey("nvpair.peer_node_id", str)
 
@@ -62,14 +64,9 @@ def caller_node_id(request: web.BaseRequest, pins: PinStore) -> str | None:
     """The pinned member behind this request, or None."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-    if ssl_object is None:
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    if not der:
-        return None
-    return pins.node_id_of_cert_der(der)
+    return pinned_peer(ssl_object, pins)
 
 
 def peer_node_id(request: web.Request) -> str:
-    """The caller's node id, set by `pin_guard`."""
+    """The caller's node id, set by `pin_guard` or `pinned`."""
     return request[PEER_NODE_ID]

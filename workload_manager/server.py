@@ -3,7 +3,7 @@
 There is no plaintext mode. The listening context resolves this node's certificate per
 handshake (`certs.ServerContexts`), so a node that is not a member keeps the port bound and
 fails every handshake, and starts serving when an identity appears. After TLS, every request
-passes the pin check (`certs.pinned`): a caller whose key is not in `trusted/` gets 403.
+passes the pin check (`guard.pinned`): a caller whose key is not in `trusted/` gets 403.
 
 Statuses: 202 (only notifications, all taken; no body), 200 (requests in the body; their
 JSON-RPC responses), 400 (a malformed body, or any invalid message in it: the body lists the
@@ -20,9 +20,11 @@ from typing import Final
 
 from aiohttp import web
 
-from certs import ClusterDir, ServerContexts, peer_node_id, pinned
+from certs import ClusterDir, ServerContexts
 
+from .guard import peer_node_id, pinned
 from .manager import Manager
+from .sites import start_site
 
 __all__ = ["EVENTS_PATH", "MAX_BODY", "InterNodeServer"]
 
@@ -57,10 +59,9 @@ class InterNodeServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.contexts.listening)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = await start_site(
+            self._runner, self.host, self.port, ssl_context=self.contexts.listening
+        )
         log.info("inter-node server listening on %s:%d", self.host, self.port)
         return self.port
 

@@ -10,15 +10,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from certs import (
-    ClientContexts,
-    ClusterDir,
-    ServerContexts,
-    peer_node_id,
-    pin_guard,
-    pinned,
-    server_hostname_for,
-)
+from certs import ClientContexts, ClusterDir, ServerContexts, server_hostname_for
+from workload_manager.guard import peer_node_id, pin_guard, pinned
+from workload_manager.sites import start_site
 
 
 @dataclass
@@ -73,11 +67,8 @@ async def start_server(
         app = web.Application()
         app.router.add_get("/ping", pinned(cluster_dir.pins)(ping))
     runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=contexts.listening)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    server = Server(contexts, f"https://{host}:{port}/ping", handled)
+    port = await start_site(runner, "127.0.0.1", 0, ssl_context=contexts.listening)
+    server = Server(contexts, f"https://127.0.0.1:{port}/ping", handled)
     return server, runner
 
 
