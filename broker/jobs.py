@@ -25,8 +25,7 @@ from typing import Any, Final
 import aiosqlite
 import msgspec
 
-from workload_manager.relay import RemoveEvent
-from workload_manager.workload import Workload, WorkloadState
+from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 __all__ = ["JobsStore", "JobsWriter", "StoredView"]
 
@@ -80,7 +79,7 @@ class StoredView:
     """One page of the store's view, for `workloads:snapshot`."""
 
     workloads: list[Workload]
-    removed: list[RemoveEvent]
+    removed: list[WorkloadRemoval]
     next: str | None
 
 
@@ -137,10 +136,10 @@ class JobsStore:
         await self.db.close()
 
     async def write(
-        self, upserts: Iterable[Workload], removals: Iterable[RemoveEvent], *, now: float
+        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
     ) -> None:
         """Apply a batch in one transaction: removals first, then upserts."""
-        removal_rows = [(r.originated_from, r.workload_id, now) for r in removals]
+        removal_rows = [(r.originatedFrom, r.workloadId, now) for r in removals]
         gone = self._removed
         gone.update((origin, wid) for origin, wid, _ in removal_rows)
         upsert_rows = [_row(r) for r in upserts if (r.originatedFrom, r.id) not in gone]
@@ -238,10 +237,13 @@ class JobsStore:
             (*after, limit),
         ) as rows:
             page = list(await rows.fetchall())
-        removed: list[RemoveEvent] = []
+        removed: list[WorkloadRemoval] = []
         if cursor is None:
             async with self.db.execute("SELECT origin, id FROM removed") as rows:
-                removed = [RemoveEvent(wid, origin) for origin, wid in await rows.fetchall()]
+                removed = [
+                    WorkloadRemoval(workloadId=wid, originatedFrom=origin)
+                    for origin, wid in await rows.fetchall()
+                ]
         next_cursor = (
             msgspec.json.encode(list(page[-1][:3])).decode() if len(page) == limit else None
         )
@@ -279,7 +281,7 @@ class JobsWriter:
         self.interval_s = interval_s
         self.max_pending = max_pending
         self._upserts: dict[tuple[str, str, str], Workload] = {}  # coalesced per job
-        self._removals: list[RemoveEvent] = []
+        self._removals: list[WorkloadRemoval] = []
         self._wake = asyncio.Event()
         self._written = asyncio.Condition()
         self._writing = False
@@ -315,7 +317,7 @@ class JobsWriter:
             self._upserts[key] = record
         self._wake.set()
 
-    def remove(self, removal: RemoveEvent) -> None:
+    def remove(self, removal: WorkloadRemoval) -> None:
         """Hand in a removal."""
         self._removals.append(removal)
         self._wake.set()

@@ -41,8 +41,7 @@ from workload_manager.jsonrpc import (
     parse_payload,
 )
 from workload_manager.manager import Peer
-from workload_manager.relay import RemoveEvent
-from workload_manager.workload import LifecycleParams, RemoveParams, Workload
+from workload_manager.workload import LifecycleParams, Workload, WorkloadRemoval
 
 from .jobs import JobsStore, JobsWriter
 
@@ -56,7 +55,7 @@ CRASH_WINDOW_S: Final = 60.0
 CRASH_LOOP_EXITS: Final = 5
 
 _upsert_params: Final = msgspec.json.Decoder(LifecycleParams)
-_remove_params: Final = msgspec.json.Decoder(RemoveParams)
+_remove_params: Final = msgspec.json.Decoder(WorkloadRemoval)
 _snapshot_params: Final = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -149,12 +148,9 @@ class ManagerSupervisor:
         """A local lifecycle event (from the facade) for the manager to broadcast."""
         self._send(encode_notification(method, LifecycleParams(workloadInfo=record)))
 
-    def send_removal(self, removal: RemoveEvent) -> None:
+    def send_removal(self, removal: WorkloadRemoval) -> None:
         """A local removal for the manager to broadcast."""
-        params = RemoveParams(
-            workloadId=removal.workload_id, originatedFrom=removal.originated_from
-        )
-        self._send(encode_notification("workloads:remove", params))
+        self._send(encode_notification("workloads:remove", removal))
 
     async def request(self, method: str, params: Any = None) -> Any:
         """Call a manager method (e.g. `manager:status`) and return its result."""
@@ -278,8 +274,7 @@ class ManagerSupervisor:
             if message.method == "workloads:upsert":
                 self.writer.upsert(_upsert_params.decode(params).workloadInfo)
             elif message.method == "workloads:remove":
-                removal = _remove_params.decode(params)
-                self.writer.remove(RemoveEvent(removal.workloadId, removal.originatedFrom))
+                self.writer.remove(_remove_params.decode(params))
             elif message.method == "ready":
                 self.version = msgspec.json.decode(params).get("version")
                 self.state = "running"
@@ -311,10 +306,7 @@ class ManagerSupervisor:
             return
         result: dict[str, Any] = {
             "workloads": page.workloads,
-            "removed": [
-                {"workloadId": r.workload_id, "originatedFrom": r.originated_from}
-                for r in page.removed
-            ],
+            "removed": page.removed,
         }
         if page.next is not None:
             result["next"] = page.next

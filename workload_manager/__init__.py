@@ -5,7 +5,8 @@ It knows nothing of GPUs, the plane or the Jobs store.
 """
 
 from ._version import VERSION
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, Reply
+from .errors import ConfigurationError, PortInUse, WorkloadManagerError
 from .framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
 from .jsonrpc import RpcError, parse_payload
 from .manager import Manager, Peer
@@ -14,15 +15,15 @@ from .relay import (
     Drop,
     DropReason,
     RelayCore,
-    RemoveEvent,
     SendToPeers,
 )
-from .workload import LIFECYCLE_METHODS, Workload, WorkloadState
+from .workload import LIFECYCLE_METHODS, Workload, WorkloadRemoval, WorkloadState
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "LIFECYCLE_METHODS",
     "VERSION",
+    "ConfigurationError",
     "DeliverToBroker",
     "Dispatcher",
     "Drop",
@@ -31,11 +32,14 @@ __all__ = [
     "LineFramer",
     "Manager",
     "Peer",
+    "PortInUse",
     "RelayCore",
-    "RemoveEvent",
+    "Reply",
     "RpcError",
     "SendToPeers",
     "Workload",
+    "WorkloadManagerError",
+    "WorkloadRemoval",
     "WorkloadState",
     "parse_payload",
 ]

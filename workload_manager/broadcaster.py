@@ -23,17 +23,17 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import aiohttp
-import msgspec
-from msgspec import UNSET, Struct
+from msgspec import UNSET
 from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
+from .jsonrpc import Batch, Response, encode_notification, encode_request, parse_payload
 from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
-from .relay import Event, RemoveEvent
+from .relay import Event
 from .server import EVENTS_PATH
-from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, RemoveParams, Workload
+from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
 
 __all__ = ["Broadcaster", "encode_batch"]
 
@@ -43,42 +43,21 @@ IDLE_POLL_S: Final = 0.5  # how often a sender that may not send looks again
 VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot before syncing
 _SYNC_ID: Final = "sync"
 
-View = Callable[[], tuple[list[Workload], list[RemoveEvent]]]
-
-
-class _Note(Struct):
-    jsonrpc: str
-    method: str
-    params: Any
-
-
-class _Req(Struct):
-    jsonrpc: str
-    method: str
-    id: str
-    params: Any = UNSET
-
-
-_encoder: Final = msgspec.json.Encoder()
-_replies: Final = msgspec.json.Decoder(list[dict[str, Any]] | dict[str, Any])
+View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
 
 
 def encode_batch(events: list[Event], *, sync: bool = False) -> bytes:
     """A JSON-RPC batch of notifications, plus a `workloads:sync` request when asked."""
-    items: list[_Note | _Req] = []
+    items: list[bytes] = []
     for event in events:
         if type(event) is Workload:
             method = METHOD_FOR_STATE[event.state]
-            items.append(_Note("2.0", method, LifecycleParams(workloadInfo=event)))
+            items.append(encode_notification(method, LifecycleParams(workloadInfo=event)))
         else:
-            assert type(event) is RemoveEvent
-            params = RemoveParams(
-                workloadId=event.workload_id, originatedFrom=event.originated_from
-            )
-            items.append(_Note("2.0", REMOVE_METHOD, params))
+            items.append(encode_notification(REMOVE_METHOD, event))
     if sync:
-        items.append(_Req("2.0", "workloads:sync", _SYNC_ID))
-    return _encoder.encode(items)
+        items.append(encode_request("workloads:sync", UNSET, _SYNC_ID))
+    return b"[" + b",".join(items) + b"]"
 
 
 class Broadcaster:
@@ -284,9 +263,12 @@ class _Sender:
 
 
 def _sync_answered(reply: bytes) -> bool:
-    try:
-        decoded = _replies.decode(reply) if reply else []
-    except msgspec.DecodeError:
+    # Whether the peer's reply holds a success response to our `workloads:sync`.
+    if not reply:
         return False
-    items = decoded if isinstance(decoded, list) else [decoded]
-    return any(item.get("id") == _SYNC_ID and "result" in item for item in items)
+    parsed = parse_payload(reply)
+    messages = parsed.messages if isinstance(parsed, Batch) else [parsed]
+    return any(
+        isinstance(message, Response) and message.id == _SYNC_ID and message.result is not UNSET
+        for message in messages
+    )

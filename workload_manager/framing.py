@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from .errors import ConfigurationError, UsageError
+
 __all__ = ["DEFAULT_MAX_FRAME", "FrameTooLarge", "LineFramer"]
 
 DEFAULT_MAX_FRAME: Final = 1024 * 1024
@@ -30,7 +32,7 @@ class LineFramer:
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         if max_frame < 1:
-            raise ValueError("max_frame must be at least 1")
+            raise ConfigurationError("max_frame must be at least 1")
         self.max_frame = max_frame
         self._buf = bytearray()
         self._skipping = False  # inside an oversized line, discarding up to its newline
@@ -44,7 +46,7 @@ class LineFramer:
     def feed(self, data: bytes | bytearray | memoryview) -> Iterator[bytes | FrameTooLarge]:
         """Add received bytes and yield every frame they complete."""
         if self._closed:
-            raise RuntimeError("feed() after close()")
+            raise UsageError("feed() after close()")
         chunk = bytes(data)
         pos, end = 0, len(chunk)
         while pos < end:

@@ -23,19 +23,19 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
-from .dispatch import Dispatcher, decode_params
+from .dispatch import NOTHING, Dispatcher, Reply, decode_params
 from .jsonrpc import INVALID_PARAMS, Response, RpcError, encode_notification, encode_request
-from .relay import Action, DeliverToBroker, Drop, Event, RelayCore, RemoveEvent, SendToPeers
+from .relay import Action, DeliverToBroker, Drop, Event, RelayCore, SendToPeers
 from .workload import (
     LIFECYCLE_METHODS,
     REMOVE_METHOD,
     LifecycleParams,
-    RemoveParams,
     Workload,
+    WorkloadRemoval,
     lifecycle_mismatch,
 )
 
-__all__ = ["MAX_PEERS", "Manager", "Peer", "PeersParams", "RemovedRef", "View"]
+__all__ = ["MAX_PEERS", "SNAPSHOT_PAGE", "Manager", "Peer", "PeersParams", "View", "broker_frame"]
 
 MAX_PEERS: Final = 1024
 
@@ -56,13 +56,6 @@ class PeersParams(Struct, kw_only=True, frozen=True):
     peers: Annotated[list[Peer], Meta(max_length=MAX_PEERS)]
 
 
-class RemovedRef(Struct, kw_only=True, frozen=True):
-    """A removal in a view: `{workloadId, originatedFrom}`."""
-
-    workloadId: Annotated[str, Meta(min_length=1, max_length=256)]
-    originatedFrom: Annotated[str, Meta(min_length=1, max_length=256)]
-
-
 class View(Struct, kw_only=True, frozen=True):
     """Result of `workloads:snapshot`: the broker's records and removals.
 
@@ -71,7 +64,7 @@ class View(Struct, kw_only=True, frozen=True):
     """
 
     workloads: list[Workload] = []
-    removed: list[RemovedRef] = []
+    removed: list[WorkloadRemoval] = []
     next: str | None = None
 
 
@@ -87,7 +80,7 @@ class _LifecycleFrame(Struct, frozen=True, gc=False, forbid_unknown_fields=True)
 
 
 _lifecycle_decoder: Final = msgspec.json.Decoder(LifecycleParams)
-_remove_decoder: Final = msgspec.json.Decoder(RemoveParams)
+_remove_decoder: Final = msgspec.json.Decoder(WorkloadRemoval)
 _peers_decoder: Final = msgspec.json.Decoder(PeersParams)
 _view_decoder: Final = msgspec.json.Decoder(View)
 SNAPSHOT_PAGE: Final = 2000
@@ -184,8 +177,7 @@ class Manager:
             log.warning("ignoring a malformed workloads:snapshot answer: %s", exc)
             self.on_view_loaded()
             return
-        removals = [RemoveEvent(r.workloadId, r.originatedFrom) for r in view.removed]
-        loaded = self.relay.load(view.workloads, removals, self.clock())
+        loaded = self.relay.load(view.workloads, view.removed, self.clock())
         log.info("loaded %d records and removals from the broker's view", loaded)
         if view.next is not None:
             self.send_to_broker(self.snapshot_request(view.next))
@@ -198,13 +190,17 @@ class Manager:
             return None
         return self.dispatcher.handle(payload)
 
-    def handle_remote(self, payload: bytes | memoryview, sender: str) -> bytes | None:
-        """Answer one payload from peer `sender` (a pinned member's node id)."""
+    def handle_remote(self, payload: bytes | memoryview, sender: str) -> Reply:
+        """Answer one payload from peer `sender` (a pinned member's node id).
+
+        The reply says what to send back and how many messages were invalid, which the
+        inter-node server turns into its HTTP status.
+        """
         if self.fast_path and self._relay_notifications(payload, sender):
-            return None
+            return NOTHING
         self._sender = sender
         try:
-            return self.remote_dispatcher.handle(payload)
+            return self.remote_dispatcher.answer(payload)
         finally:
             self._sender = None
 
@@ -265,8 +261,8 @@ class Manager:
         return handle
 
     def _remove(self, params: Raw | UnsetType) -> dict[str, Any]:
-        decoded: RemoveParams = decode_params(_remove_decoder, params)
-        return self._accept(RemoveEvent(decoded.workloadId, decoded.originatedFrom))
+        removal: WorkloadRemoval = decode_params(_remove_decoder, params)
+        return self._accept(removal)
 
     def _accept(self, event: Event) -> dict[str, Any]:
         now = self.clock()
@@ -322,8 +318,4 @@ def broker_frame(event: Event) -> bytes:
     if type(event) is Workload:
         # Spliced rather than nested structs: this runs once per relayed event.
         return _UPSERT_HEAD + _encode(event) + b"}}"
-    assert isinstance(event, RemoveEvent)
-    return encode_notification(
-        REMOVE_METHOD,
-        RemoveParams(workloadId=event.workload_id, originatedFrom=event.originated_from),
-    )
+    return encode_notification(REMOVE_METHOD, event)

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from .relay import Event, RemoveEvent
-from .workload import Workload
+from .errors import UsageError
+from .relay import Event
+from .workload import Workload, WorkloadRemoval
 
 __all__ = ["Backoff", "Outbox", "OutboxCounters"]
 
@@ -104,16 +105,16 @@ class Outbox:
                 self._pending[key] = event  # replaced in place: it keeps its turn
                 return
         else:
-            assert type(event) is RemoveEvent
-            key = ("r", event.originated_from, event.workload_id)
+            assert type(event) is WorkloadRemoval
+            key = ("r", event.originatedFrom, event.workloadId)
             # Removals are rare: finding the records they supersede by a scan keeps the
             # common path (add a record) free of an index.
             moot = [
                 k
                 for k, pending in self._pending.items()
                 if type(pending) is Workload
-                and pending.id == event.workload_id
-                and pending.originatedFrom == event.originated_from
+                and pending.id == event.workloadId
+                and pending.originatedFrom == event.originatedFrom
             ]
             for k in moot:
                 del self._pending[k]
@@ -183,7 +184,7 @@ class Outbox:
 
     def _take_in_flight(self) -> list[Event]:
         if self._in_flight is None:
-            raise RuntimeError("no batch in flight")
+            raise UsageError("no batch in flight")
         batch, self._in_flight = self._in_flight, None
         return batch
 

@@ -30,7 +30,8 @@ from typing import Final
 
 from msgspec import Struct
 
-from .workload import Workload, WorkloadState
+from .errors import ConfigurationError
+from .workload import Workload, WorkloadRemoval, WorkloadState
 
 __all__ = [
     "Action",
@@ -40,7 +41,6 @@ __all__ = [
     "Event",
     "RelayCore",
     "RelayCounters",
-    "RemoveEvent",
     "SendToPeers",
 ]
 
@@ -48,16 +48,9 @@ _Key = tuple[str, str]  # (runId, id)
 _Pair = tuple[str, str]  # (originatedFrom, id)
 
 
-class RemoveEvent(Struct, frozen=True, gc=False):
-    """`workloads:remove {workloadId, originatedFrom}`."""
-
-    workload_id: str
-    originated_from: str
-
-
 # A lifecycle event is its record: the method follows from the state (METHOD_FOR_STATE),
 # checked once where the frame is decoded.
-Event = Workload | RemoveEvent
+Event = Workload | WorkloadRemoval
 
 
 class DeliverToBroker(Struct, frozen=True, gc=False):
@@ -128,7 +121,7 @@ class RelayCore:
 
     def __init__(self, *, retention_s: float = 3600.0, max_workloads: int = 100_000) -> None:
         if retention_s < 0 or max_workloads < 1:
-            raise ValueError("retention_s must be >= 0 and max_workloads >= 1")
+            raise ConfigurationError("retention_s must be >= 0 and max_workloads >= 1")
         self.retention_s = retention_s
         self.max_workloads = max_workloads
         self.counters = RelayCounters()
@@ -164,13 +157,13 @@ class RelayCore:
         else:
             counters.received_remote += 1
         if type(event) is not Workload:
-            assert type(event) is RemoveEvent
-            drop = self._remove((event.originated_from, event.workload_id), now)
+            assert type(event) is WorkloadRemoval
+            drop = self._remove((event.originatedFrom, event.workloadId), now)
             if drop is not None:
                 return drop
             if sender is None:
                 return (SendToPeers(event, _NO_EXCLUDE),)
-            return (DeliverToBroker(event), SendToPeers(event, (sender, event.originated_from)))
+            return (DeliverToBroker(event), SendToPeers(event, (sender, event.originatedFrom)))
         workload = event
         if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
             counters.blocked_by_tombstone += 1
@@ -222,12 +215,15 @@ class RelayCore:
         """Whether a tombstone holds this workload down."""
         return (originated_from, workload_id) in self._removed_at
 
-    def view(self) -> tuple[list[Workload], list[RemoveEvent]]:
+    def view(self) -> tuple[list[Workload], list[WorkloadRemoval]]:
         """The latest record per workload and the removals: what catch-up exchanges."""
-        removals = [RemoveEvent(workload_id, origin) for origin, workload_id in self._removed_at]
+        removals = [
+            WorkloadRemoval(workloadId=workload_id, originatedFrom=origin)
+            for origin, workload_id in self._removed_at
+        ]
         return list(self._latest.values()), removals
 
-    def load(self, workloads: list[Workload], removals: list[RemoveEvent], now: float) -> int:
+    def load(self, workloads: list[Workload], removals: list[WorkloadRemoval], now: float) -> int:
         """Merge a view (the broker's snapshot) into the dedup state, emitting nothing.
 
         The same rules as `receive`: a record counts if its `seq` is higher than the one
@@ -235,7 +231,7 @@ class RelayCore:
         """
         new = 0
         for removal in removals:
-            if self._remove((removal.originated_from, removal.workload_id), now) is None:
+            if self._remove(removal.pair, now) is None:
                 new += 1
         counters = self.counters
         received, accepted = counters.received_local, counters.accepted

@@ -23,6 +23,7 @@ from aiohttp import web
 from certs import ClusterDir, ServerContexts
 
 from .guard import peer_node_id, pinned
+from .jsonrpc import INVALID_PARAMS, RpcError, encode_error
 from .manager import Manager
 from .sites import start_site
 
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 EVENTS_PATH: Final = "/v1/workloads/events"
 MAX_BODY: Final = 8 * 1024 * 1024
 _JSON: Final = "application/json"
+_INVALID_NOTE: Final = encode_error(
+    None, RpcError(INVALID_PARAMS, "invalid notification").to_object()
+)
 
 
 class InterNodeServer:
@@ -77,19 +81,13 @@ class InterNodeServer:
             # Taking events the broker cannot be told about would lose them; the sender
             # keeps them and retries.
             raise web.HTTPServiceUnavailable(text="broker busy\n", headers={"Retry-After": "1"})
-        dispatchers = (self.manager.remote_dispatcher,)
-        errors_before = sum(d.errors_sent + d.notification_errors for d in dispatchers)
-        reply = self.manager.handle_remote(body, peer_node_id(request))
-        errors = sum(d.errors_sent + d.notification_errors for d in dispatchers) - errors_before
-        if errors:
-            log.warning("peer %s sent %d invalid messages", peer_node_id(request), errors)
-            return web.Response(
-                status=400,
-                body=reply
-                or b'{"jsonrpc":"2.0","error":{"code":-32602,'
-                b'"message":"Invalid params","data":"invalid notification"},"id":null}',
-                content_type=_JSON,
-            )
-        if reply is None:
+        sender = peer_node_id(request)
+        reply = self.manager.handle_remote(body, sender)
+        if reply.invalid:
+            log.warning("peer %s sent %d invalid messages", sender, reply.invalid)
+            # Invalid notifications get no JSON-RPC reply (the spec), but the sender must
+            # still learn that something was refused: say so in one error object.
+            return web.Response(status=400, body=reply.body or _INVALID_NOTE, content_type=_JSON)
+        if reply.body is None:
             return web.Response(status=202)
-        return web.Response(status=200, body=reply, content_type=_JSON)
+        return web.Response(status=200, body=reply.body, content_type=_JSON)

@@ -19,8 +19,8 @@ __all__ = [
     "METHOD_FOR_STATE",
     "REMOVE_METHOD",
     "LifecycleParams",
-    "RemoveParams",
     "Workload",
+    "WorkloadRemoval",
     "WorkloadState",
     "decode_workload",
     "encode_workload",
@@ -86,11 +86,20 @@ class LifecycleParams(Struct, kw_only=True, frozen=True, gc=False):
     workloadInfo: Workload
 
 
-class RemoveParams(Struct, kw_only=True, frozen=True, gc=False):
-    """Params of `workloads:remove`: the workload id and the node it originated from."""
+class WorkloadRemoval(Struct, kw_only=True, frozen=True, gc=False):
+    """A removal, `{workloadId, originatedFrom}`: the params of `workloads:remove`, an event
+    in the relay and the outboxes, a row of the Jobs store and an entry of a view alike.
+
+    It names no `runId` (seed 002), so it removes every run of the workload from that origin.
+    """
 
     workloadId: _Name
     originatedFrom: _Name
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """`(originatedFrom, workloadId)`: what the tombstone is keyed by."""
+        return (self.originatedFrom, self.workloadId)
 
 
 # Seed 002's lifecycle methods and the states each may carry. `workload:errored` also carries

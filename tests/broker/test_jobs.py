@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from broker.jobs import JobsStore, JobsWriter
-from workload_manager.relay import RemoveEvent
-from workload_manager.workload import Workload, decode_workload, encode_workload
+from workload_manager.workload import (
+    Workload,
+    WorkloadRemoval,
+    decode_workload,
+    encode_workload,
+)
 
 STATES = {1: "queued", 2: "running", 3: "completed"}
 
@@ -62,11 +66,11 @@ async def test_records_read_back_exactly(store: JobsStore) -> None:
 
 async def test_removal_deletes_every_run_and_holds(store: JobsStore) -> None:
     await store.write([rec("1", 1, run="r1"), rec("1", 2, run="r2"), rec("2", 1)], [], now=0)
-    await store.write([], [RemoveEvent("1", "nod_a")], now=1)
+    await store.write([], [WorkloadRemoval(workloadId="1", originatedFrom="nod_a")], now=1)
     await store.write([rec("1", 3, run="r1")], [], now=2)  # late: stays gone
     assert [j.id for j in await store.jobs()] == ["2"]
     view = await store.view()
-    assert view.removed == [RemoveEvent("1", "nod_a")]
+    assert view.removed == [WorkloadRemoval(workloadId="1", originatedFrom="nod_a")]
 
 
 async def test_filters(store: JobsStore) -> None:
@@ -93,7 +97,11 @@ async def test_view_pages_cover_everything_once(store: JobsStore) -> None:
 
 
 async def test_prune_keeps_live_jobs(store: JobsStore) -> None:
-    await store.write([rec("1", 1), rec("2", 3)], [RemoveEvent("9", "nod_a")], now=10)
+    await store.write(
+        [rec("1", 1), rec("2", 3)],
+        [WorkloadRemoval(workloadId="9", originatedFrom="nod_a")],
+        now=10,
+    )
     assert await store.prune(older_than_ms=6000, removed_before=11) == 1
     assert [j.id for j in await store.jobs()] == ["1"]
     assert (await store.view()).removed == []
@@ -105,7 +113,7 @@ async def test_restart_restores_the_jobs(tmp_path: Path) -> None:
     async with JobsWriter(store) as writer:
         for i in range(500):
             writer.upsert(rec(str(i), 1))
-        writer.remove(RemoveEvent("7", "nod_a"))
+        writer.remove(WorkloadRemoval(workloadId="7", originatedFrom="nod_a"))
     await store.close()
     again = await JobsStore.open(path)
     try:
@@ -145,7 +153,9 @@ async def test_a_corrupt_database_file_is_a_clear_error(tmp_path: Path) -> None:
 async def test_a_removal_holds_across_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     store = await JobsStore.open(path)
-    await store.write([rec("1", 1)], [RemoveEvent("1", "nod_a")], now=0)
+    await store.write(
+        [rec("1", 1)], [WorkloadRemoval(workloadId="1", originatedFrom="nod_a")], now=0
+    )
     await store.close()
     again = await JobsStore.open(path)
     try:

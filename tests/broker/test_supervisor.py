@@ -16,8 +16,7 @@ from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
 from tests.workload_manager.cluster_harness import eventually, eventually_async, free_port
 from workload_manager.manager import Peer
-from workload_manager.relay import RemoveEvent
-from workload_manager.workload import decode_workload
+from workload_manager.workload import WorkloadRemoval, decode_workload
 
 
 def record(wid: str, seq: int = 1) -> str:
@@ -85,7 +84,11 @@ async def test_killed_manager_is_restarted_and_gets_the_store_view(
 ) -> None:
     store, writer, cluster = parts
     # what the store holds before the manager starts: the manager must learn it
-    await store.write([decode_workload(record("1", 2))], [RemoveEvent("9", "nod_x")], now=0)
+    await store.write(
+        [decode_workload(record("1", 2))],
+        [WorkloadRemoval(workloadId="9", originatedFrom="nod_x")],
+        now=0,
+    )
     sup = supervisor(store, writer, cluster)
     await sup.start()
     try:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workload_manager.manager import Manager
-from workload_manager.relay import Event, RemoveEvent
-from workload_manager.workload import Workload, decode_workload
+from workload_manager.relay import Event
+from workload_manager.workload import Workload, WorkloadRemoval, decode_workload
 
 from .strategies import workload_dicts
 
@@ -61,7 +61,11 @@ def test_remote_event_becomes_one_upsert_without_unknown_fields() -> None:
 def test_remote_removal_becomes_workloads_remove() -> None:
     to_broker: list[bytes] = []
     manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
-    manager.carry_out(manager.relay.receive_remote(RemoveEvent("9", "nod_a"), "nod_b", now=0))
+    manager.carry_out(
+        manager.relay.receive_remote(
+            WorkloadRemoval(workloadId="9", originatedFrom="nod_a"), "nod_b", now=0
+        )
+    )
     assert json.loads(to_broker[0]) == {
         "jsonrpc": "2.0",
         "method": "workloads:remove",
@@ -112,8 +116,8 @@ def test_handle_remote_delivers_once_and_peers_cannot_call_local_methods() -> No
         }
     ).encode()
     batch = b"[" + b",".join([frame, frame]) + b"]"
-    assert manager.handle_remote(batch, "nod_b") is None
-    assert manager.handle_remote(frame, "nod_c") is None
+    assert manager.handle_remote(batch, "nod_b").body is None
+    assert manager.handle_remote(frame, "nod_c").body is None
     assert len(to_broker) == 1
     assert manager.relay.counters.received_remote == 3
     for method in ("peers:set", "manager:status"):
@@ -121,7 +125,8 @@ def test_handle_remote_delivers_once_and_peers_cannot_call_local_methods() -> No
             json.dumps({"jsonrpc": "2.0", "method": method, "params": {}, "id": 1}).encode(),
             "nod_b",
         )
-        assert json.loads(reply or b"")["error"]["code"] == -32601
+        assert json.loads(reply.body or b"")["error"]["code"] == -32601
+        assert reply.invalid == 1
 
 
 def test_fast_path_methods_are_the_lifecycle_methods() -> None:

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workload_manager.outbox import Backoff, Outbox
-from workload_manager.relay import Event, RemoveEvent
-from workload_manager.workload import Workload, WorkloadState
+from workload_manager.relay import Event
+from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 STATES = [WorkloadState.QUEUED, WorkloadState.RUNNING, WorkloadState.COMPLETED]
 
@@ -45,9 +45,12 @@ def test_removal_supersedes_pending_records_of_every_run() -> None:
     box.add(rec("1", 1, run="r1"))
     box.add(rec("1", 2, run="r2"))
     box.add(rec("2", 1))
-    box.add(RemoveEvent("1", "nod_a"))
+    box.add(WorkloadRemoval(workloadId="1", originatedFrom="nod_a"))
     box.add(rec("1", 3, run="r1"))  # a late record after the removal is moot
-    assert box.next_batch(0) == [rec("2", 1), RemoveEvent("1", "nod_a")]
+    assert box.next_batch(0) == [
+        rec("2", 1),
+        WorkloadRemoval(workloadId="1", originatedFrom="nod_a"),
+    ]
 
 
 def test_batches_are_bounded_and_one_is_in_flight_at_a_time() -> None:

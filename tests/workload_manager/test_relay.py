@@ -14,12 +14,12 @@ from workload_manager.relay import (
     DropReason,
     Event,
     RelayCore,
-    RemoveEvent,
     SendToPeers,
 )
 from workload_manager.workload import (
     METHOD_FOR_STATE,
     Workload,
+    WorkloadRemoval,
     WorkloadState,
     lifecycle_mismatch,
 )
@@ -105,7 +105,7 @@ def test_removal_removes_every_run_under_the_pair_and_holds_it_down() -> None:
     relay = RelayCore()
     relay.receive_remote(event(1, run="run-a"), "nod_b", now=0)
     relay.receive_remote(event(1, run="run-b"), "nod_b", now=0)
-    removal = RemoveEvent("1", ORIGIN)
+    removal = WorkloadRemoval(workloadId="1", originatedFrom=ORIGIN)
     assert isinstance(relay.receive_remote(removal, "nod_b", now=1)[0], DeliverToBroker)
     assert relay.live_count == 0
     for run in ("run-a", "run-b"):
@@ -118,7 +118,10 @@ def test_removal_removes_every_run_under_the_pair_and_holds_it_down() -> None:
 def test_removal_that_overtakes_the_events_still_holds_them_down() -> None:
     relay = RelayCore()
     assert isinstance(
-        relay.receive_remote(RemoveEvent("1", ORIGIN), "nod_b", now=0)[0], DeliverToBroker
+        relay.receive_remote(
+            WorkloadRemoval(workloadId="1", originatedFrom=ORIGIN), "nod_b", now=0
+        )[0],
+        DeliverToBroker,
     )
     assert relay.receive_remote(event(1), "nod_c", now=1) == (Drop(DropReason.REMOVED),)
     assert relay.receive_remote(event(2), "nod_c", now=1) == (Drop(DropReason.REMOVED),)
@@ -130,7 +133,7 @@ def test_a_reused_id_is_held_down_while_the_tombstone_lives_then_accepted() -> N
     # same answer on every member whatever the order (docs/protocol.md, "Removal").
     relay = RelayCore(retention_s=10)
     relay.receive_remote(event(1, run="run-a"), "nod_b", now=0)
-    relay.receive_remote(RemoveEvent("1", ORIGIN), "nod_b", now=0)
+    relay.receive_remote(WorkloadRemoval(workloadId="1", originatedFrom=ORIGIN), "nod_b", now=0)
     assert relay.receive_remote(event(1, run="run-b"), "nod_b", now=5) == (
         Drop(DropReason.REMOVED),
     )
@@ -143,7 +146,9 @@ def test_a_reused_id_is_held_down_while_the_tombstone_lives_then_accepted() -> N
 def test_removal_by_another_origin_does_not_touch_ours() -> None:
     relay = RelayCore()
     relay.receive_remote(event(1), "nod_b", now=0)
-    relay.receive_remote(RemoveEvent("1", "nod_other"), "nod_b", now=0)
+    relay.receive_remote(
+        WorkloadRemoval(workloadId="1", originatedFrom="nod_other"), "nod_b", now=0
+    )
     assert relay.latest("run-a", "1") is not None
 
 
@@ -152,7 +157,7 @@ def test_retention_prunes_finished_and_tombstones_but_not_live() -> None:
     relay.receive_remote(event(1, wid="live"), "nod_b", now=0)
     relay.receive_remote(event(3, wid="done"), "nod_b", now=0)
     relay.receive_remote(event(1, wid="gone"), "nod_b", now=0)
-    relay.receive_remote(RemoveEvent("gone", ORIGIN), "nod_b", now=5)
+    relay.receive_remote(WorkloadRemoval(workloadId="gone", originatedFrom=ORIGIN), "nod_b", now=5)
     assert relay.prune(now=9) == 0
     assert relay.prune(now=10.5) == 1  # "done" finished at 0
     assert relay.latest("run-a", "live") is not None
@@ -199,7 +204,7 @@ def plans(draw: st.DrawFn) -> Plan:
             last = draw(st.integers(min_value=1, max_value=5))
             events.extend(event(seq, wid=wid, run=run) for seq in range(1, last + 1))
         if draw(st.booleans()):
-            events.append(RemoveEvent(wid, ORIGIN))
+            events.append(WorkloadRemoval(workloadId=wid, originatedFrom=ORIGIN))
     # Duplicated, reordered and replayed: each event delivered 1-3 times, shuffled.
     deliveries = [
         (i, sender)
@@ -231,8 +236,8 @@ def test_dedup_delivers_each_event_at_most_once_and_never_resurrects(plan: Plan)
             assert all(not (k[:2] == key[:2] and k[2] >= key[2]) for k in delivered)
             delivered.append(key)
         else:
-            assert ev.workload_id not in removed, "removal delivered twice"
-            removed.add(ev.workload_id)
+            assert ev.workloadId not in removed, "removal delivered twice"
+            removed.add(ev.workloadId)
     # Whatever arrived last, a removed workload holds no record.
     for wid in removed:
         for run in ("r1", "r2"):
@@ -258,7 +263,7 @@ def test_cap_evicts_the_oldest_live_record_skipping_forgotten_ones() -> None:
     relay = RelayCore(max_workloads=3)
     for wid in "abc":
         relay.receive_remote(event(1, wid=wid), "nod_b", now=0)
-    relay.receive_remote(RemoveEvent("a", ORIGIN), "nod_b", now=0)
+    relay.receive_remote(WorkloadRemoval(workloadId="a", originatedFrom=ORIGIN), "nod_b", now=0)
     relay.receive_remote(event(1, wid="d"), "nod_b", now=0)
     relay.receive_remote(event(1, wid="e"), "nod_b", now=0)  # over the cap: b goes, not a
     assert [w for w in "bcde" if relay.latest("run-a", w) is not None] == ["c", "d", "e"]
