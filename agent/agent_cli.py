@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import ssl
 import sys
 import time
@@ -30,6 +29,7 @@ from certs.invites import parse_token
 
 from .config import ConfigError, load_config, nvpair_home
 from .node_api import JoinAnswer
+from .run import run_agent
 
 __all__ = ["add_commands"]
 
@@ -136,30 +136,7 @@ def _agent_run(args: argparse.Namespace) -> int:
         level=_LEVELS[config.log_level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        asyncio.run(_serve(config))
-    except CertsError as exc:
-        print(f"nvpair: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # a bad --simulate-gpus spec, say
-        print(f"nvpair: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-async def _serve(config: Any) -> None:
-    from .daemon import Agent
-
-    agent = Agent(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await agent.start()
-        await stop.wait()
-    finally:
-        await agent.aclose()
+    return run_agent(config)
 
 
 # -- commands that talk to the running agent ----------------------------------------------------

@@ -1,43 +1,124 @@
-"""Agent configuration: `$NVPAIR_HOME/nvpair.toml`, overridden by flags.
+"""Agent configuration: `$NVPAIR_HOME/nvpair.toml`, overridden by flags, parsed once.
 
-[agent]
-name = "gpu-a"              # default: the host name
-advertise = "10.0.0.5"      # the address peers use; default: 127.0.0.1
-manager_port = 14320
-node_port = 14321
-api_port = 14322            # local API, loopback only
-facade_port = 14323
-simulate_gpus = "h100-80gb-sxm:8,l4:2"
-log_level = "info"
-heartbeat_s = 2.0
-job_retention_h = 168
+    [agent]
+    name = "gpu-a"              # default: the host name
+    advertise = "10.0.0.5"      # the address peers use; default: 127.0.0.1
+    manager_port = 14320
+    node_port = 14321
+    api_port = 14322            # local API, loopback only
+    facade_port = 14323
+    simulate_gpus = "h100-80gb-sxm:8,l4:2"
+    log_level = "info"
+    heartbeat_s = 2.0
+    job_retention_h = 168
+    queue_limit = 32
+    facade_bind = "0.0.0.0"
+    api_keys = { alice = "sk-..." }
+    [[agent.engines]]
+    kind = "vllm"
+    url = "http://127.0.0.1:8000"
+
+    [plane]                     # or `nvpair plane join` ($NVPAIR_HOME/plane.json)
+    url = "https://plane:14330"
+    token = "hgro1...."
+
+The file and the flags are decoded together into one typed structure with bounds
+(`msgspec.convert`): a wrong type, a value out of bounds, an unknown key or table is refused
+with a `ConfigError` naming the file and the dotted key. `AgentConfig` is frozen; the daemon
+receives it finished.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final, Literal
 
-__all__ = ["AgentConfig", "ConfigError", "load_config", "nvpair_home"]
+import msgspec
+from msgspec import Meta, Struct
+
+from .gpus import known_device_class, parse_simulation
+
+__all__ = [
+    "ENGINE_KINDS",
+    "AgentConfig",
+    "ConfigError",
+    "EngineSpec",
+    "PlaneSettings",
+    "load_config",
+    "nvpair_home",
+]
+
+ENGINE_KINDS: Final = ("vllm", "sglang", "llamacpp", "ollama", "openai")
 
 
 class ConfigError(ValueError):
-    """The configuration file or a flag is wrong; the message says which and why."""
+    """The configuration file or a flag is wrong; the message says which key and why."""
 
 
-def nvpair_home(environ: dict[str, str] | None = None) -> Path:
+def nvpair_home(environ: Mapping[str, str] | None = None) -> Path:
     """`NVPAIR_HOME`, default `~/.nvpair`."""
     env = os.environ if environ is None else environ
     return Path(env.get("NVPAIR_HOME") or Path("~/.nvpair").expanduser())
 
 
+_Port = Annotated[int, Meta(ge=0, le=65535)]
+_Text = Annotated[str, Meta(min_length=1, max_length=256)]
+_Url = Annotated[str, Meta(min_length=1, max_length=2048)]
+
+
+class _EngineTable(Struct, forbid_unknown_fields=True, frozen=True):
+    kind: _Text
+    url: _Url
+    name: _Text | None = None
+
+
+class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
+    # The `[agent]` table as written; flags are merged in before the conversion.
+    name: _Text | None = None
+    advertise: _Text = "127.0.0.1"
+    manager_port: _Port = 14320
+    node_port: _Port = 14321
+    api_port: _Port = 14322
+    facade_port: _Port = 14323
+    simulate_gpus: Annotated[str, Meta(max_length=1024)] | None = None
+    log_level: Literal["error", "warn", "info", "debug"] = "info"
+    heartbeat_s: Annotated[float, Meta(gt=0, le=600)] = 2.0
+    job_retention_h: Annotated[float, Meta(gt=0, le=24 * 3650)] = 168.0
+    engines: Annotated[list[str | _EngineTable], Meta(max_length=64)] = []
+    api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
+    queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
+    facade_bind: _Text | None = None
+
+
+class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
+    """Where this node syncs into a plane, and with which cluster token."""
+
+    url: _Url
+    token: Annotated[str, Meta(min_length=1, max_length=1024)]
+
+
+class _File(Struct, forbid_unknown_fields=True, frozen=True):
+    agent: _AgentTable = _AgentTable()
+    plane: PlaneSettings | None = None
+
+
+class EngineSpec(Struct, frozen=True):
+    """A model server this node routes to: `(name, kind, url)`."""
+
+    name: str
+    kind: str
+    url: str
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    """Everything `nvpair agent run` needs."""
+    """Everything `nvpair agent run` needs, checked."""
 
     home: Path
     name: str = dataclasses.field(default_factory=socket.gethostname)
@@ -54,13 +135,16 @@ class AgentConfig:
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
     facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
+    plane: PlaneSettings | None = None
 
     @property
     def cluster_dir(self) -> Path:
+        """The cluster dir (identity, CA, pins)."""
         return self.home / "cluster"
 
     @property
     def jobs_db(self) -> Path:
+        """The Jobs store."""
         return self.home / "jobs.db"
 
     @property
@@ -68,61 +152,126 @@ class AgentConfig:
         """Where the running agent records its local API address for the CLI."""
         return self.home / "agent.json"
 
+    @property
+    def lock_file(self) -> Path:
+        """Held for the agent's lifetime: one agent per `NVPAIR_HOME`."""
+        return self.home / "agent.lock"
 
-_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig) if f.name != "home"}
+
+# Flag names that are ports, with what the port is for (for messages).
+PORTS: Final = {
+    "manager_port": "workload manager",
+    "node_port": "node API",
+    "api_port": "local API",
+    "facade_port": "facade",
+}
 
 
-def load_config(home: Path, overrides: dict[str, Any]) -> AgentConfig:
-    """Read `home/nvpair.toml` (if present) and apply non-None `overrides`."""
-    values: dict[str, Any] = {}
+def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
+    """Read `home/nvpair.toml` (if present), apply non-None `overrides`, check everything."""
     path = home / "nvpair.toml"
+    data: dict[str, Any] = {}
     if path.exists():
         try:
             data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
-        section = data.get("agent", {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"{path}: [agent] must be a table")
-        for key, value in section.items():
-            if key not in _FIELDS:
-                raise ConfigError(f"{path}: unknown setting agent.{key}")
-            values[key] = value
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    values["engines"] = _engines(values.get("engines", ()))
-    keys = values.get("api_keys", {})
-    if isinstance(keys, dict):
-        values["api_keys"] = tuple((str(name), str(key)) for name, key in keys.items())
-    for key, value in values.items():
-        expected = _FIELDS[key].type
-        if key.endswith("_port") and (not isinstance(value, int) or not 0 <= value <= 65535):
-            raise ConfigError(f"agent.{key} must be a port number, got {value!r}")
-        if expected in ("float",) and not isinstance(value, int | float):
-            raise ConfigError(f"agent.{key} must be a number, got {value!r}")
-    if values.get("log_level", "info") not in ("error", "warn", "info", "debug"):
-        raise ConfigError("agent.log_level is one of error, warn, info, debug")
-    return AgentConfig(home=home, **values)
+    agent = data.get("agent", {})
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(agent, dict) and flags:
+        data["agent"] = {**agent, **flags}
+    try:
+        parsed = msgspec.convert(data, _File)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {_name_the_key(str(exc))}") from None
+    table = parsed.agent
+    if table.simulate_gpus:
+        _check_simulation(path, table.simulate_gpus)
+    plane = parsed.plane or _joined_plane(home)
+    if plane is not None:
+        plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token)
+    return AgentConfig(
+        home=home,
+        name=table.name or socket.gethostname(),
+        advertise=table.advertise,
+        manager_port=table.manager_port,
+        node_port=table.node_port,
+        api_port=table.api_port,
+        facade_port=table.facade_port,
+        simulate_gpus=table.simulate_gpus,
+        log_level=table.log_level,
+        heartbeat_s=float(table.heartbeat_s),
+        job_retention_h=float(table.job_retention_h),
+        engines=tuple((e.name, e.kind, e.url) for e in _engines(path, table.engines)),
+        api_keys=tuple(table.api_keys.items()),
+        queue_limit=table.queue_limit,
+        facade_bind=table.facade_bind,
+        plane=plane,
+    )
 
 
-ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "ollama", "openai")
+_AT: Final = re.compile(r" - at `\$\.?([^`]*)`$")
+_UNKNOWN: Final = re.compile(r"^Object contains unknown field `([^`]+)`$")
 
 
-def _engines(raw: Any) -> tuple[tuple[str, str, str], ...]:
+def _name_the_key(message: str) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.agent.node_port`"; say the key first.
+    match = _AT.search(message)
+    where = match.group(1) if match else ""
+    what = message[: match.start()] if match else message
+    unknown = _UNKNOWN.match(what)
+    if unknown:
+        key = f"{where}.{unknown.group(1)}" if where else unknown.group(1)
+        return f"unknown setting {key}" if where else f"unknown table [{key}]"
+    if re.fullmatch(r"agent\.[a-z_]+_port", where):
+        return f"{where} must be a port number: {what}"
+    return f"{where}: {what}" if where else what
+
+
+def _check_simulation(path: Path, spec: str) -> None:
+    try:
+        classes = parse_simulation(spec)
+    except ValueError as exc:
+        raise ConfigError(f"agent.simulate_gpus: {exc}") from None
+    for cls, _ in classes:
+        if not known_device_class(cls):
+            raise ConfigError(
+                f"agent.simulate_gpus: unknown device class {cls!r} "
+                "(for example h100-80gb-sxm, h200-141gb-sxm, a100-80gb-sxm, l40s, l4)"
+            )
+
+
+def _engines(path: Path, raw: list[str | _EngineTable]) -> list[EngineSpec]:
     # [[agent.engines]] tables, or "KIND=URL" strings from --engine.
     result = []
     for n, item in enumerate(raw):
         if isinstance(item, str):
             kind, sep, url = item.partition("=")
             name = f"{kind}-{n}"
-        elif isinstance(item, dict):
-            kind, url, sep = str(item.get("kind", "")), str(item.get("url", "")), "="
-            name = str(item.get("name") or f"{kind}-{n}")
         else:
-            raise ConfigError(f"an engine is KIND=URL or a table, got {item!r}")
+            kind, url, sep = item.kind, item.url, "="
+            name = item.name or f"{kind}-{n}"
         if not sep or kind not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
             raise ConfigError(
-                f"engine {item!r}: kind is one of {', '.join(ENGINE_KINDS)} and the URL "
-                "starts with http:// or https://"
+                f"{path}: agent.engines[{n}] {item!r}: kind is one of {', '.join(ENGINE_KINDS)} "
+                "and the URL starts with http:// or https://"
             )
-        result.append((name, kind, url.rstrip("/")))
-    return tuple(result)
+        result.append(EngineSpec(name, kind, url.rstrip("/")))
+    return result
+
+
+def _joined_plane(home: Path) -> PlaneSettings | None:
+    # Written by `nvpair plane join`; the toml's [plane] table wins when both exist.
+    path = home / "plane.json"
+    if not path.exists():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=PlaneSettings)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def plane_settings(home: Path) -> tuple[str, str] | None:
+    """(url, token) from `nvpair.toml` or `plane.json`; None when neither says."""
+    plane = load_config(home, {}).plane
+    return (plane.url, plane.token) if plane else None

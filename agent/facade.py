@@ -19,9 +19,9 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import aiohttp
 import msgspec
@@ -29,10 +29,13 @@ from aiohttp import web
 from ulid import ULID
 
 from scheduler import Request, rank
+from workload_manager.sites import start_site
 from workload_manager.workload import Workload, WorkloadState
 
-if TYPE_CHECKING:
-    from .daemon import Agent
+from .engines import Engines
+from .errors import MemberUnreachable
+from .lifetime import SHUTDOWN_S
+from .view import SchedulingView
 
 __all__ = ["Facade", "openai_error"]
 
@@ -61,14 +64,22 @@ class Facade:
 
     def __init__(
         self,
-        agent: Agent,
         *,
+        node_id: str,
+        view: SchedulingView,
+        engines: Engines,
+        forward: Callable[[str, str, bytes], Any],
+        submit: Callable[[str, Workload], None],
         host: str | None,
         port: int,
         api_keys: Mapping[str, str],
         queue_limit: int,
     ) -> None:
-        self.agent = agent
+        self.node_id = node_id
+        self._view = view
+        self._engines = engines
+        self._forward = forward
+        self._submit = submit
         self.host = host
         self.port = port
         self.keys = {key: name for name, key in api_keys.items()}
@@ -84,22 +95,26 @@ class Facade:
         app.router.add_get("/v1/models", self._models)
         # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, handler_cancellation=True
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_S,
         )
 
     async def start(self) -> int:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = int(self._runner.addresses[0][1])
+        """Bind and serve; returns the port (OSError when it is in use)."""
+        self.port = await start_site(self._runner, self.host, self.port)
         return self.port
 
     async def aclose(self) -> None:
+        """Stop serving; requests in flight are cancelled (their jobs: cancelled)."""
         await self._runner.cleanup()
 
     # -- routes -----------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        cluster = self.agent.scheduling_view()[0]
+        cluster = self._view.current()[0]
         data = [
             {"id": model, "object": "model", "created": 0, "owned_by": "nvpair", "nodes": nodes}
             for model, nodes in cluster.models().items()
@@ -127,7 +142,7 @@ class Facade:
                 raise TypeError
         except (msgspec.DecodeError, KeyError, TypeError):
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        cluster, load = self.agent.scheduling_view()
+        cluster, load = self._view.current()
         if model not in cluster.models():
             return openai_error(
                 404,
@@ -137,7 +152,7 @@ class Facade:
             )
         for node_id, count in self.in_flight.items():
             load.add(node_id, count)
-        ranking = rank(Request(model, origin=self.agent.node_id), cluster, load)
+        ranking = rank(Request(model, origin=self.node_id), cluster, load)
         target = ranking.best
         if target is None:
             reasons = {reason for _, reason in ranking.refused()}
@@ -148,7 +163,7 @@ class Facade:
                 response.headers["Retry-After"] = "1"
                 return response
             return openai_error(503, "no member can serve this model now", "server_error")
-        engine_kind = self.agent.engine_kind_for(target, model)
+        engine_kind = self._view.engine_kind_for(target, model)
         job = self._new_job(model, engine_kind, requester if isinstance(requester, str) else None)
         self._emit("workload:submitted", job)
         self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target, startedAt=_now_ms())
@@ -192,40 +207,36 @@ class Facade:
             model = _body_decoder.decode(raw)["model"]
         except (msgspec.DecodeError, KeyError, TypeError):
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        url = self.agent.engine_url_for(str(model))
+        url = self._engines.url_for(str(model))
         if url is None:
             return openai_error(503, "no engine here serves the model", "server_error")
-        self.in_flight[self.agent.node_id] = self.in_flight.get(self.agent.node_id, 0) + 1
+        self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
         try:
-            async with self.agent.http.post(
-                url + path, data=raw, headers={"Content-Type": "application/json"}
-            ) as reply:
+            async with self._engines.post(url, path, raw) as reply:
                 answer, _ = await _relay(request, reply)
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
         finally:
-            self.in_flight[self.agent.node_id] -= 1
+            self.in_flight[self.node_id] -= 1
 
     async def _run(
         self, request: web.Request, path: str, raw: bytes, target: str, model: str
     ) -> tuple[web.StreamResponse, tuple[WorkloadState, str | None]]:
         try:
-            if target == self.agent.node_id:
-                url = self.agent.engine_url_for(model)
+            if target == self.node_id:
+                url = self._engines.url_for(model)
                 if url is None:
                     return openai_error(503, "no engine here serves the model", "server_error"), (
                         WorkloadState.FAILED, "engine unavailable")  # fmt: skip
-                upstream = self.agent.http.post(
-                    url + path, data=raw, headers={"Content-Type": "application/json"}
-                )
+                upstream = self._engines.post(url, path, raw)
             else:
-                upstream = self.agent.forward(target, path, raw)
+                upstream = self._forward(target, path, raw)
             async with upstream as reply:
                 return await _relay(request, reply)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
             log.warning("request %s on %s failed: %s", path, target, type(exc).__name__)
-            error = "engine unreachable" if target == self.agent.node_id else "member unreachable"
+            error = "engine unreachable" if target == self.node_id else "member unreachable"
             return openai_error(502, error, "server_error"), (WorkloadState.FAILED, error)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -244,7 +255,7 @@ class Facade:
             engine=engine,
             runId=self.run_id,
             state=WorkloadState.QUEUED,
-            originatedFrom=self.agent.node_id,
+            originatedFrom=self.node_id,
             createdAt=_now_ms(),
             startedAt=None,
             completedAt=None,
@@ -258,7 +269,7 @@ class Facade:
         job.record = msgspec.structs.replace(job.record, seq=next(self._seq), **changes)
 
     def _emit(self, method: str, job: _Job) -> None:
-        self.agent.submit(method, job.record)
+        self._submit(method, job.record)
 
 
 async def _relay(

@@ -308,6 +308,16 @@ _SIMULATED_MEMORY: Final = {
 }
 
 
+def known_device_class(cls: str) -> bool:
+    """Whether `cls` is a class `device_class()` produces (`h100-80gb-sxm`, `l4`) or a
+    simulated one."""
+    if cls in _SIMULATED_MEMORY:
+        return True
+    match = _MODEL.match(cls)
+    rest = cls[match.end() :] if match else ""
+    return match is not None and re.fullmatch(r"(-\d{1,3}gb)?(-(pcie|nvl|sxm))?", rest) is not None
+
+
 def parse_simulation(spec: str) -> list[tuple[str, int]]:
     """`"h100-80gb-sxm:8,l4:2"` -> `[("h100-80gb-sxm", 8), ("l4", 2)]`; ValueError if bad."""
     result: list[tuple[str, int]] = []

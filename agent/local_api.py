@@ -17,36 +17,64 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from certs import CertsError
+from broker.errors import BrokerError, StoreUnavailable
+from broker.inventory import GpuInventory
+from broker.jobs import JobsStore, JobsWriter
+from broker.supervisor import ManagerSupervisor
+from certs import CertsError, PinStore
 from scheduler import Request, rank
+from workload_manager.sites import start_site
 from workload_manager.workload import LIFECYCLE_METHODS, LifecycleParams, lifecycle_mismatch
 
-if TYPE_CHECKING:
-    from .daemon import Agent
+from .lifetime import SHUTDOWN_S, Health
+from .members import Members
+from .metrics import STATES, AgentMetrics
+from .operations import OperationRefused, Operations
+from .view import SchedulingView
 
-__all__ = ["LocalApi"]
+__all__ = ["LocalApi", "LocalPorts"]
 
-_STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
+_STATES: Final = STATES
 _event_decoder: Final = msgspec.json.Decoder(dict[str, Any])
 _params_decoder: Final = msgspec.json.Decoder(LifecycleParams)
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """What the local API reads and asks of the node's parts."""
+
+    node_id: str
+    name: str
+    started_at: float
+    health: Health
+    manager: ManagerSupervisor
+    store: JobsStore
+    writer: JobsWriter
+    members: Members
+    pins: PinStore
+    view: SchedulingView
+    operations: Operations
+    gpus: Callable[[], GpuInventory]
+    submit: Callable[[str, Any], None]
+    remove_member: Callable[[str], None]
 
 
 class LocalApi:
     """aiohttp server bound to 127.0.0.1."""
 
-    def __init__(self, agent: Agent, *, port: int) -> None:
-        self.agent = agent
+    def __init__(self, ports: LocalPorts, *, port: int) -> None:
+        self.ports = ports
         self.port = port
         self.registry = CollectorRegistry()
-        self.collector = _Metrics(agent)
+        self.collector = AgentMetrics(ports.gpus, lambda: ports.manager.restarts)
         self.registry.register(self.collector)
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_get("/healthz", self._health)
@@ -59,30 +87,39 @@ class LocalApi:
         app.router.add_post("/v1/ops", self._start_op)
         app.router.add_post("/v1/jobs/events", self._event)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
+        )
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        self.port = int(self._runner.addresses[0][1])
+        """Bind 127.0.0.1 and serve (OSError when the port is in use)."""
+        self.port = await start_site(self._runner, "127.0.0.1", self.port)
 
     async def aclose(self) -> None:
+        """Stop serving."""
         await self._runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
-        agent = self.agent
-        return _json(
-            {
-                "ok": agent.supervisor.state == "running",
-                "nodeId": agent.node_id,
-                "name": agent.config.name,
-                "manager": agent.supervisor.status(),
-                "uptimeS": round(time.time() - agent.started_at, 1),
-            }
+        # 503 while any part is failing, so a plain HTTP check sees it; the body says which.
+        ports = self.ports
+        failing = ports.health.failing()
+        ok = not failing
+        body = {
+            "ok": ok,
+            "nodeId": ports.node_id,
+            "name": ports.name,
+            "manager": ports.manager.status(),
+            "failing": failing,
+            "uptimeS": round(time.time() - ports.started_at, 1),
+        }
+        return web.Response(
+            status=200 if ok else 503,
+            body=msgspec.json.encode(body),
+            content_type="application/json",
         )
 
     async def _jobs(self, request: web.Request) -> web.Response:
@@ -94,12 +131,17 @@ class LocalApi:
             limit = int(query.get("limit", "1000"))
         except ValueError:
             raise web.HTTPBadRequest(text="limit must be an integer\n") from None
-        await self.agent.writer.flush()  # what was handed in is what you see
-        jobs = await self.agent.store.jobs(state=state, node=query.get("node"), limit=limit)
+        try:
+            await self.ports.writer.flush()  # what was handed in is what you see
+        except StoreUnavailable as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"{exc}\n", headers={"Retry-After": "1"}
+            ) from None
+        jobs = await self.ports.store.jobs(state=state, node=query.get("node"), limit=limit)
         return _json(jobs)
 
     async def _nodes(self, request: web.Request) -> web.Response:
-        return _json(self.agent.nodes())
+        return _json(self.ports.members.nodes())
 
     async def _members(self, request: web.Request) -> web.Response:
         return _json(
@@ -111,27 +153,23 @@ class LocalApi:
                     "added": m.added.isoformat() if m.added else None,
                     "removed": m.removed.isoformat() if m.removed else None,
                 }
-                for m in self.agent.cluster.pins.members()
+                for m in self.ports.pins.members()
             ]
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         manager: dict[str, Any] = {}
-        with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
-            manager = await self.agent.supervisor.request("manager:status")
-        self.collector.snapshot = (manager, await self.agent.store.count_by_state())
+        with contextlib.suppress(TimeoutError, BrokerError):
+            manager = await self.ports.manager.request("manager:status")
+        self.collector.snapshot = (manager, await self.ports.store.count_by_state())
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
     async def _explain(self, request: web.Request) -> web.Response:
         model = request.query.get("model")
         if not model:
             raise web.HTTPBadRequest(text="model=NAME is required\n")
-        cluster, load = self.agent.scheduling_view()
-        ranking = rank(
-            Request(model, origin=self.agent.node_id),
-            cluster,
-            load,
-        )
+        cluster, load = self.ports.view.current()
+        ranking = rank(Request(model, origin=self.ports.node_id), cluster, load)
         return _json(
             {
                 "model": model,
@@ -141,20 +179,20 @@ class LocalApi:
         )
 
     async def _ops(self, request: web.Request) -> web.Response:
-        return _json([op.view() for op in reversed(self.agent.operations.values())])
+        return _json(self.ports.operations.views())
 
     async def _start_op(self, request: web.Request) -> web.Response:
         try:
             body = _event_decoder.decode(await request.read())
             timeout = body.get("timeoutS")
-            op = self.agent.start_operation(
+            op = self.ports.operations.start(
                 str(body["kind"]),
                 str(body["target"]),
                 reason=str(body.get("reason", "")),
                 timeout_s=float(timeout) if timeout is not None else None,
                 force=bool(body.get("force", False)),
             )
-        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, OperationRefused) as exc:
             raise web.HTTPBadRequest(text=f"bad operation: {exc}\n") from None
         return _json(op.view())
 
@@ -170,12 +208,12 @@ class LocalApi:
         mismatch = lifecycle_mismatch(method, params.workloadInfo)
         if mismatch:
             raise web.HTTPBadRequest(text=mismatch + "\n")
-        self.agent.submit(method, params.workloadInfo)
+        self.ports.submit(method, params.workloadInfo)
         return web.Response(status=202)
 
     async def _remove(self, request: web.Request) -> web.Response:
         try:
-            self.agent.remove_member(request.match_info["node_id"])
+            self.ports.remove_member(request.match_info["node_id"])
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         return _json({"removed": request.match_info["node_id"]})
@@ -183,61 +221,3 @@ class LocalApi:
 
 def _json(value: Any) -> web.Response:
     return web.Response(body=msgspec.json.encode(value), content_type="application/json")
-
-
-class _Metrics(Collector):
-    """Gauges read from the agent at scrape time; never a prompt, only counts."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        # The manager's status and the job counts, read (async) just before each scrape.
-        self.snapshot: tuple[dict[str, Any], dict[str, int]] = ({}, {})
-
-    def collect(self) -> Any:
-        manager, counts = self.snapshot
-        jobs = GaugeMetricFamily("nvpair_jobs", "Jobs in the Jobs list by state", labels=["state"])
-        for state in _STATES:
-            jobs.add_metric([state], counts.get(state, 0))
-        yield jobs
-        relay = manager.get("counters", {})
-        for name, help_text in (
-            ("received_remote", "Workload events received from peers"),
-            ("received_local", "Workload events received from the broker"),
-            ("accepted", "Workload events that were new"),
-            ("duplicates", "Duplicate workload events dropped"),
-            ("stale", "Stale workload events dropped"),
-        ):
-            gauge = GaugeMetricFamily(f"nvpair_relay_{name}", help_text)
-            gauge.add_metric([], relay.get(name, 0))
-            yield gauge
-        retries = GaugeMetricFamily(
-            "nvpair_broadcast_retried", "Broadcast batches retried", labels=["peer"]
-        )
-        depth = GaugeMetricFamily(
-            "nvpair_broadcast_queue_depth", "Events waiting for a peer", labels=["peer"]
-        )
-        for peer in manager.get("broadcast", []):
-            retries.add_metric([peer["nodeId"]], peer.get("retried", 0))
-            depth.add_metric([peer["nodeId"]], peer.get("queued", 0))
-        yield retries
-        yield depth
-        memory_total = GaugeMetricFamily(
-            "nvpair_gpu_memory_total_bytes", "GPU memory", labels=["device", "class"]
-        )
-        memory_used = GaugeMetricFamily(
-            "nvpair_gpu_memory_used_bytes", "GPU memory in use", labels=["device", "class"]
-        )
-        utilization = GaugeMetricFamily(
-            "nvpair_gpu_utilization_percent", "GPU utilisation", labels=["device", "class"]
-        )
-        for device in self.agent.gpus.devices:
-            labels = [device.id, device.deviceClass]
-            memory_total.add_metric(labels, device.memoryTotal)
-            memory_used.add_metric(labels, device.memoryUsed)
-            utilization.add_metric(labels, device.utilization or 0)
-        yield memory_total
-        yield memory_used
-        yield utilization
-        restarts = GaugeMetricFamily("nvpair_manager_restarts", "Workload manager restarts")
-        restarts.add_metric([], self.agent.supervisor.restarts)
-        yield restarts

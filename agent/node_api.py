@@ -32,6 +32,9 @@ from certs import (
     admit,
 )
 from workload_manager.guard import peer_node_id, pinned
+from workload_manager.sites import start_site
+
+from .lifetime import SHUTDOWN_S
 
 __all__ = ["JoinAnswer", "NodeApi"]
 
@@ -73,13 +76,15 @@ class NodeApi:
         host: str | None,
         port: int,
         on_push: Callable[[RecordsPush, str], RecordsPush],
-        on_admitted: Callable[[], Awaitable[None]],
+        on_admitted: Callable[[], None],
         records: Callable[[], list[NodeRecord]],
         run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
+        on_cordon: Callable[[bool], None] = lambda cordoned: None,
+        on_cancel: Callable[[str], int] = lambda target: 0,
     ) -> None:
         self.run_here = run_here
-        self.on_cordon: Callable[[bool], None] = lambda cordoned: None
-        self.on_cancel: Callable[[str], int] = lambda target: 0
+        self.on_cordon = on_cordon
+        self.on_cancel = on_cancel
         self.cluster = cluster
         self.contexts = ServerContexts(cluster, client_certificate="optional")
         self.host = host
@@ -94,14 +99,15 @@ class NodeApi:
         app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
         app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._cordon))
         app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
+        )
 
     async def start(self) -> int:
-        """Bind and serve; returns the port."""
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.contexts.listening)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        """Bind and serve; returns the port (OSError when it is in use)."""
+        self.port = await start_site(
+            self._runner, self.host, self.port, ssl_context=self.contexts.listening
+        )
         return self.port
 
     async def aclose(self) -> None:
@@ -129,7 +135,7 @@ class NodeApi:
         except InviteRefused as exc:
             log.warning("refused a join: %s", exc)
             raise web.HTTPForbidden(text=f"{exc}\n") from None
-        await self.on_admitted()
+        self.on_admitted()
         body = JoinAnswer(cert=answer.cert, ca=answer.ca, pins=answer.pins, records=self.records())
         return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
 

@@ -11,23 +11,25 @@ Retries back off exponentially with full jitter up to 5 s.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
-import tomllib
-from pathlib import Path
-from typing import TYPE_CHECKING, Final
+import sqlite3
+from collections.abc import Callable
+from typing import Final
 
 import aiohttp
 import msgspec
 
-from plane.store import NodeSummary, SyncBatch
+from broker.errors import BrokerError
+from broker.jobs import JobsStore, JobsWriter
+from broker.records import NodeRecord
+from plane.wire import NodeSummary, SyncBatch
 from workload_manager.outbox import Backoff
 
-if TYPE_CHECKING:
-    from .daemon import Agent
+from .config import PlaneSettings, plane_settings
+from .errors import AgentError
 
-__all__ = ["PlaneSync", "plane_settings"]
+__all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -35,36 +37,28 @@ BATCH: Final = 5000  # jobs per sync request: the plane's merge costs less per r
 INTERVAL_S: Final = 2.0
 
 
-def plane_settings(home: Path) -> tuple[str, str] | None:
-    """(url, token): `[plane] url, token` in `nvpair.toml`, else `$NVPAIR_HOME/plane.json`
-    (written by `nvpair plane join`); None when neither says."""
-    toml = home / "nvpair.toml"
-    if toml.exists():
-        try:
-            section = tomllib.loads(toml.read_text()).get("plane")
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            log.warning("ignoring %s: %s", toml, exc)
-            section = None
-        if isinstance(section, dict) and "url" in section and "token" in section:
-            return str(section["url"]).rstrip("/"), str(section["token"])
-    path = home / "plane.json"
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        return str(data["url"]).rstrip("/"), str(data["token"])
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("ignoring %s: %s", path, exc)
-        return None
+class PlaneRefused(AgentError):
+    """The plane answered with an error status (its words, cut short, in the message)."""
 
 
 class PlaneSync:
-    """The background sync task of one agent."""
+    """The background sync of one agent: `run()` until cancelled."""
 
-    def __init__(self, agent: Agent, url: str, token: str) -> None:
-        self.agent = agent
-        self.url = url + "/v1/sync"
-        self.token = token
+    def __init__(
+        self,
+        settings: PlaneSettings,
+        *,
+        node_id: str,
+        store: JobsStore,
+        writer: JobsWriter,
+        record: Callable[[], NodeRecord],
+    ) -> None:
+        self.url = settings.url + "/v1/sync"
+        self._token = settings.token
+        self._node_id = node_id
+        self._store = store
+        self._writer = writer
+        self._record = record
         # Capped at 5 s: one small request per node while the plane is down, and a plane
         # that comes back is caught up within seconds.
         self.backoff = Backoff(base_s=0.5, cap_s=5.0)
@@ -73,6 +67,7 @@ class PlaneSync:
         self.last_error: str | None = None
 
     async def run(self) -> None:
+        """Sync, then again every `INTERVAL_S` (at once while batches come back full)."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             while True:
                 try:
@@ -82,7 +77,14 @@ class PlaneSync:
                     if more:
                         continue  # a full batch: there is more to send right away
                     delay = INTERVAL_S
-                except (aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:
+                except (
+                    aiohttp.ClientError,
+                    TimeoutError,
+                    OSError,
+                    PlaneRefused,
+                    BrokerError,
+                    sqlite3.Error,
+                ) as exc:
                     self.failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"[:200]
                     delay = max(0.2, self.backoff.delay(self.failures, random.random))
@@ -90,12 +92,11 @@ class PlaneSync:
                 await asyncio.sleep(delay)
 
     async def _once(self, session: aiohttp.ClientSession) -> bool:
-        agent = self.agent
-        await agent.writer.flush()
-        jobs = await agent.store.unsynced(agent.node_id, BATCH)
-        record = agent.record
+        await self._writer.flush()
+        jobs = await self._store.unsynced(self._node_id, BATCH)
+        record = self._record()
         batch = SyncBatch(
-            nodeId=agent.node_id,
+            nodeId=self._node_id,
             generation=record.generation,
             node=NodeSummary(name=record.name, version=record.version, cordoned=record.cordoned),
             devices=record.devices,
@@ -105,11 +106,11 @@ class PlaneSync:
         async with session.post(
             self.url,
             data=msgspec.json.encode(batch),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
         ) as response:
             body = await response.read()
             if response.status != 200:
-                raise RuntimeError(f"plane answered {response.status}: {body[:200]!r}")
-        await agent.store.mark_synced(jobs)
+                raise PlaneRefused(f"plane answered {response.status}: {body[:200]!r}")
+        await self._store.mark_synced(jobs)
         self.synced += len(jobs)
         return len(jobs) == BATCH

@@ -1,0 +1,144 @@
+"""This node's side of membership: carrying out what `broker.membership` decides.
+
+`Members` holds the node records (`broker.records.Membership`), applies records pushes
+(tombstones unpin, new members' certificates are pinned, members' records offered), answers
+with this node's own push, and tells the workload manager whenever its peers change.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import msgspec
+from cryptography import x509
+
+from broker.membership import manager_peers, plan_push
+from broker.records import Membership, NodeRecord, RecordsPush, Removal
+from certs import ClusterDir, PinRefused
+from workload_manager.manager import Peer
+
+__all__ = ["Members"]
+
+log = logging.getLogger(__name__)
+
+
+class Members:
+    """Records, reachability, pins and tombstones of this node's cluster."""
+
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        *,
+        self_id: str,
+        ca: x509.Certificate,
+        unreachable_after_s: float,
+        set_peers: Callable[[Sequence[Peer]], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.self_id = self_id
+        self._cluster = cluster
+        self._ca = ca
+        self._set_peers = set_peers
+        self._clock = clock
+        self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def is_member(self, node_id: str) -> bool:
+        """Whether `node_id` is pinned here (this node always is)."""
+        return node_id == self.self_id or self._cluster.pins.is_member(node_id)
+
+    def records(self) -> list[NodeRecord]:
+        """Every record held, ours included."""
+        return self.membership.records()
+
+    def record(self, node_id: str) -> NodeRecord | None:
+        """One member's record."""
+        return self.membership.record(node_id)
+
+    def reachable(self, node_id: str, now: float) -> bool:
+        """Whether the member was heard from recently."""
+        return self.membership.reachable(node_id, now)
+
+    def peers(self) -> list[NodeRecord]:
+        """Every other pinned member's record."""
+        return [r for r in self.membership.peers() if self._cluster.pins.is_member(r.nodeId)]
+
+    def manager_peers(self) -> list[Peer]:
+        """The workload manager's peers."""
+        return manager_peers(self.membership.peers(), self._cluster.pins.is_member)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every member's record with its reachability (for the local API)."""
+        now = self._clock()
+        return [
+            {**msgspec.to_builtins(r), "reachable": self.membership.reachable(r.nodeId, now)}
+            for r in self.membership.records()
+        ]
+
+    def push_body(self) -> RecordsPush:
+        """What this node tells a member: records, tombstones, members' certificates."""
+        return RecordsPush(
+            records=self.membership.records(),
+            removals=self.membership.removals(),
+            certificates=[pem.decode() for pem in self._cluster.pins.pems()],
+        )
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def offer(self, records: Iterable[NodeRecord]) -> None:
+        """Take records this node vouches for itself (its own, the seeds it joined with)."""
+        now = self._clock()
+        for record in records:
+            self.membership.offer(record, now)
+
+    def heard_from(self, node_id: str) -> None:
+        """A direct contact: the member is reachable now."""
+        self.membership.heard_from(node_id, self._clock())
+
+    def on_push(self, push: RecordsPush, sender: str) -> RecordsPush:
+        """A member pushed its view (node API): merge it and answer with ours."""
+        self.merge(push)
+        self.heard_from(sender)
+        return self.push_body()
+
+    def merge(self, push: RecordsPush) -> None:
+        """Carry out what `plan_push` decides for `push`."""
+        before = self.manager_peers()
+        plan = plan_push(
+            push,
+            self_id=self.self_id,
+            ca=self._ca,
+            is_member=self._cluster.pins.is_member,
+            is_removed=self.membership.is_removed,
+        )
+        self._tombstone(plan.tombstones)
+        for pin in plan.pins:
+            try:
+                self._cluster.pins.pin(pin.cert, ca=self._ca)
+                log.info("pinned new member %s (%s)", pin.node_id, pin.name)
+            except PinRefused as exc:
+                log.info("not pinning %s: %s", pin.node_id, exc)
+        for reason in plan.refused:
+            log.warning("ignoring %s", reason)
+        self.offer(r for r in plan.offers if self._cluster.pins.is_member(r.nodeId))
+        if self.manager_peers() != before:
+            self._set_peers(self.manager_peers())
+
+    def remove(self, node_id: str) -> None:
+        """`nvpair cluster remove`: tombstone, unpin here; members learn with the push."""
+        if node_id == self.self_id:
+            raise PinRefused("a node cannot remove itself; run the removal on another member")
+        before = self.manager_peers()
+        self._tombstone([Removal(nodeId=node_id, removedAt=int(time.time() * 1000))])
+        if self.manager_peers() != before:
+            self._set_peers(self.manager_peers())
+
+    def _tombstone(self, removals: Iterable[Removal]) -> None:
+        for removal in removals:
+            if self.membership.remove(removal) and self._cluster.pins.is_member(removal.nodeId):
+                self._cluster.pins.unpin(removal.nodeId)
+                log.info("member %s removed", removal.nodeId)

@@ -1,0 +1,74 @@
+"""Prometheus metrics of the local API: counts and gauges only, never a prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from broker.inventory import GpuInventory
+
+__all__ = ["STATES", "AgentMetrics"]
+
+STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
+
+
+class AgentMetrics(Collector):
+    """Gauges read from the agent at scrape time; never a prompt, only counts."""
+
+    def __init__(self, gpus: Callable[[], GpuInventory], restarts: Callable[[], int]) -> None:
+        self._gpus = gpus
+        self._restarts = restarts
+        # The manager's status and the job counts, read (async) just before each scrape.
+        self.snapshot: tuple[dict[str, Any], dict[str, int]] = ({}, {})
+
+    def collect(self) -> Any:
+        manager, counts = self.snapshot
+        jobs = GaugeMetricFamily("nvpair_jobs", "Jobs in the Jobs list by state", labels=["state"])
+        for state in STATES:
+            jobs.add_metric([state], counts.get(state, 0))
+        yield jobs
+        relay = manager.get("counters", {})
+        for name, help_text in (
+            ("received_remote", "Workload events received from peers"),
+            ("received_local", "Workload events received from the broker"),
+            ("accepted", "Workload events that were new"),
+            ("duplicates", "Duplicate workload events dropped"),
+            ("stale", "Stale workload events dropped"),
+        ):
+            gauge = GaugeMetricFamily(f"nvpair_relay_{name}", help_text)
+            gauge.add_metric([], relay.get(name, 0))
+            yield gauge
+        retries = GaugeMetricFamily(
+            "nvpair_broadcast_retried", "Broadcast batches retried", labels=["peer"]
+        )
+        depth = GaugeMetricFamily(
+            "nvpair_broadcast_queue_depth", "Events waiting for a peer", labels=["peer"]
+        )
+        for peer in manager.get("broadcast", []):
+            retries.add_metric([peer["nodeId"]], peer.get("retried", 0))
+            depth.add_metric([peer["nodeId"]], peer.get("queued", 0))
+        yield retries
+        yield depth
+        memory_total = GaugeMetricFamily(
+            "nvpair_gpu_memory_total_bytes", "GPU memory", labels=["device", "class"]
+        )
+        memory_used = GaugeMetricFamily(
+            "nvpair_gpu_memory_used_bytes", "GPU memory in use", labels=["device", "class"]
+        )
+        utilization = GaugeMetricFamily(
+            "nvpair_gpu_utilization_percent", "GPU utilisation", labels=["device", "class"]
+        )
+        for device in self._gpus().devices:
+            labels = [device.id, device.deviceClass]
+            memory_total.add_metric(labels, device.memoryTotal)
+            memory_used.add_metric(labels, device.memoryUsed)
+            utilization.add_metric(labels, device.utilization or 0)
+        yield memory_total
+        yield memory_used
+        yield utilization
+        restarts = GaugeMetricFamily("nvpair_manager_restarts", "Workload manager restarts")
+        restarts.add_metric([], self._restarts())
+        yield restarts

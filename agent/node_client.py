@@ -1,0 +1,107 @@
+"""`NodeClient`: every call this node makes to a member's node API, over cluster mTLS.
+
+The one place that builds member URLs and client contexts: record pushes, forwarded
+inference, cordon and cancel. The server's certificate is checked against the cluster CA
+and the member's node id (`server_hostname_for`), so connecting by IP address still names
+who must answer. Two sessions: short calls time out after 5 s; forwarded inference has no
+total timeout (a generation may be long) but a connect timeout and a read timeout between
+chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+
+from broker.records import NodeRecord, RecordsPush, push_decoder
+from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+
+from .errors import MemberRefused, MemberUnreachable
+
+__all__ = ["NodeClient"]
+
+SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
+LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
+_JSON: Final = {"Content-Type": "application/json"}
+_NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
+
+
+class NodeClient:
+    """Calls to members by node id; `record_of` says where a member is."""
+
+    def __init__(self, cluster: ClusterDir, record_of: Callable[[str], NodeRecord | None]) -> None:
+        self._contexts = ClientContexts(cluster)
+        self._record_of = record_of
+        self._short: aiohttp.ClientSession | None = None
+        self._long: aiohttp.ClientSession | None = None
+
+    async def aclose(self) -> None:
+        """Close both sessions and their connections."""
+        for session in (self._short, self._long):
+            if session is not None:
+                await session.close()
+
+    def _base(self, node_id: str) -> str:
+        record = self._record_of(node_id)
+        if record is None or not record.addresses:
+            raise MemberUnreachable(f"no address known for {node_id}")
+        host = record.addresses[0]
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 literal
+        return f"https://{host}:{record.nodePort}"
+
+    def _session(self, long: bool = False) -> aiohttp.ClientSession:
+        if long:
+            if self._long is None:
+                self._long = aiohttp.ClientSession(timeout=LONG_TIMEOUT)
+            return self._long
+        if self._short is None:
+            self._short = aiohttp.ClientSession(timeout=SHORT_TIMEOUT)
+        return self._short
+
+    async def _post(self, node_id: str, path: str, body: bytes) -> bytes:
+        url = self._base(node_id) + path
+        try:
+            async with self._session().post(
+                url,
+                data=body,
+                headers=_JSON,
+                ssl=self._contexts.current(),
+                server_hostname=server_hostname_for(node_id),
+            ) as response:
+                answer = await response.read()
+                status = response.status
+        except _NETWORK_ERRORS as exc:
+            raise MemberUnreachable(f"{node_id}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise MemberRefused(node_id, status)
+        return answer
+
+    async def push_records(self, node_id: str, push: RecordsPush) -> RecordsPush:
+        """Send our records; the member answers with its own (one round trip each way)."""
+        body = await self._post(node_id, "/v1/records", msgspec.json.encode(push))
+        try:
+            return push_decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise MemberUnreachable(f"{node_id} answered a malformed push: {exc}") from exc
+
+    async def cordon(self, node_id: str, cordoned: bool) -> None:
+        """Ask a member to cordon (or uncordon) itself: only it speaks for itself."""
+        await self._post(node_id, "/v1/cordon", msgspec.json.encode({"cordoned": cordoned}))
+
+    async def cancel(self, node_id: str, target: str) -> None:
+        """Ask a member's facade to cancel what it placed on `target` (a forced drain)."""
+        await self._post(node_id, "/v1/cancel", msgspec.json.encode({"target": target}))
+
+    def forward(self, node_id: str, path: str, body: bytes) -> Any:
+        """POST a request to run on `node_id`; an aiohttp request context (streamed back)."""
+        return self._session(long=True).post(
+            self._base(node_id) + "/v1/forward",
+            data=body,
+            headers={**_JSON, "X-Nvpair-Path": path},
+            ssl=self._contexts.current(),
+            server_hostname=server_hostname_for(node_id),
+        )

@@ -1,0 +1,99 @@
+"""Membership and pin policy, sans-I/O: what a records push changes, decided in one place.
+
+`plan_push()` takes a push from a member and what this node holds (who is pinned, who is
+tombstoned, the cluster CA) and returns a `PushPlan`: the new tombstones (a removed member
+is unpinned), the certificates of new members to pin (each must chain to the CA, and a
+tombstoned node is never pinned), and the records to offer to `Membership` (only pinned
+members' records, and never one about this node: only a node speaks for itself). The
+agent carries the plan out; `manager_peers()` says which peers the workload manager should
+relay to, so the caller can tell whether they changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cryptography import x509
+
+from certs import CertsError
+from certs.identity import describe, load_cert, verify_issued_by
+from workload_manager.manager import Peer
+
+from .records import NodeRecord, RecordsPush, Removal
+
+__all__ = ["NewPin", "PushPlan", "manager_peers", "plan_push"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewPin:
+    """A new member's certificate, checked against the cluster CA, to pin."""
+
+    node_id: str
+    name: str
+    cert: x509.Certificate
+
+
+@dataclass(frozen=True, slots=True)
+class PushPlan:
+    """What one records push changes here."""
+
+    tombstones: tuple[Removal, ...]  # new removals: record them, unpin those nodes
+    pins: tuple[NewPin, ...]  # new members to pin
+    offers: tuple[NodeRecord, ...]  # members' records to offer (newer generation wins)
+    refused: tuple[str, ...]  # why a certificate was not pinned, for the log
+
+
+def plan_push(
+    push: RecordsPush,
+    *,
+    self_id: str,
+    ca: x509.Certificate,
+    is_member: Callable[[str], bool],
+    is_removed: Callable[[str], bool],
+) -> PushPlan:
+    """Decide what `push` changes; pure (time and files stay with the caller)."""
+    tombstones: dict[str, Removal] = {}
+    for removal in push.removals:
+        # A removed node keeps its own view; the others stop talking to it.
+        if removal.nodeId != self_id and not is_removed(removal.nodeId):
+            tombstones.setdefault(removal.nodeId, removal)
+
+    def removed(node_id: str) -> bool:
+        return node_id in tombstones or is_removed(node_id)
+
+    pins: dict[str, NewPin] = {}
+    refused: list[str] = []
+    for pem in push.certificates:
+        try:
+            cert = load_cert(pem.encode())
+            info = describe(cert)
+        except (ValueError, CertsError):
+            refused.append("a certificate that is not a node certificate")
+            continue
+        if info.node_id in pins or is_member(info.node_id) or removed(info.node_id):
+            continue
+        if info.node_id == self_id:
+            continue
+        if not verify_issued_by(cert, ca):
+            refused.append(f"a certificate for {info.node_id} not signed by our CA")
+            continue
+        pins[info.node_id] = NewPin(info.node_id, info.name, cert)
+
+    offers = tuple(
+        record
+        for record in push.records
+        if record.nodeId != self_id
+        and not removed(record.nodeId)
+        and (record.nodeId in pins or is_member(record.nodeId))
+    )
+    return PushPlan(tuple(tombstones.values()), tuple(pins.values()), offers, tuple(refused))
+
+
+def manager_peers(records: Iterable[NodeRecord], is_member: Callable[[str], bool]) -> list[Peer]:
+    """The workload manager's peers: every pinned member with an address."""
+    return [
+        Peer(nodeId=r.nodeId, host=r.addresses[0], port=r.managerPort)
+        for r in records
+        if r.addresses and is_member(r.nodeId)
+    ]
