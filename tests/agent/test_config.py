@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agent.config import ConfigError, load_config
 from agent.plane_sync import plane_settings
+from tests.workload_manager.cluster_harness import free_port
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
@@ -41,3 +45,99 @@ def test_plane_settings_from_toml_or_join(tmp_path: Path) -> None:
     assert plane_settings(tmp_path) == ("http://plane:14330", "hgro1.x")
     (tmp_path / "nvpair.toml").write_text('[plane]\nurl = "http://other"\ntoken = "hgro1.y"\n')
     assert plane_settings(tmp_path) == ("http://other", "hgro1.y")
+
+
+# -- parsed once, typed, bounded, frozen (issue 10) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[agent]\nnode_port = "x"\n', "agent.node_port"),
+        ('[agent]\nheartbeat_s = "fast"\n', "agent.heartbeat_s"),
+        ("[agent]\nqueue_limit = 0\n", "agent.queue_limit"),
+        ("[agent]\nbogus = 1\n", "agent.bogus"),
+        ("[nope]\nx = 1\n", "nope"),
+        ('[plane]\nurl = 5\ntoken = "hgro1.x"\n', "plane.url"),
+        ('[plane]\nurl = "http://plane:14330"\ntoken = "hgro1.x"\nbogus = 1\n', "plane.bogus"),
+    ],
+    ids=["port", "number", "bounds", "agent-key", "table", "plane-type", "plane-key"],
+)
+def test_a_wrong_value_or_unknown_key_names_the_key_and_the_file(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    path = tmp_path / "nvpair.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path, {})
+    assert key in str(refused.value)
+    assert str(path) in str(refused.value)
+
+
+def test_the_control_a_good_file_loads(tmp_path: Path) -> None:
+    (tmp_path / "nvpair.toml").write_text(
+        "[agent]\nnode_port = 15000\nheartbeat_s = 0.5\nqueue_limit = 1\n"
+        '[plane]\nurl = "http://plane:14330"\ntoken = "hgro1.x"\n'
+    )
+    config = load_config(tmp_path, {})
+    assert (config.node_port, config.heartbeat_s, config.queue_limit) == (15000, 0.5, 1)
+    assert config.plane is not None
+    assert (config.plane.url, config.plane.token) == ("http://plane:14330", "hgro1.x")
+
+
+def test_the_configuration_is_frozen_and_plane_is_optional(tmp_path: Path) -> None:
+    config = load_config(tmp_path, {})
+    assert config.plane is None
+    with pytest.raises(AttributeError):
+        config.node_port = 1  # type: ignore[misc]  # the point: it cannot be assigned
+
+
+def _agent_run(home: Path, *flags: str) -> tuple[int, str]:
+    """`nvpair agent run` on `home` with free ports; its exit status and stderr. One that
+    keeps running past 10 s is stopped and fails the test."""
+    ports = [f"--{kind}-port={free_port()}" for kind in ("manager", "node", "api", "facade")]
+    env = {**os.environ, "NVPAIR_HOME": str(home), "NVPAIR_BIND": "127.0.0.1"}
+    command = [sys.executable, "-m", "agent", "agent", "run", *ports, *flags]
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            _, err = proc.communicate(timeout=20)
+            raise AssertionError(f"agent run was still running after 10 s:\n{err}") from None
+    return proc.returncode, err
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An initialised NVPAIR_HOME, so that only the configuration can be wrong."""
+    home = tmp_path / "home"
+    env = {**os.environ, "NVPAIR_HOME": str(home)}
+    init = ["cluster", "init", "--name", "lab", "--node-name", "a"]
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", *init], env=env, capture_output=True, timeout=20
+    )
+    assert done.returncode == 0, done.stderr
+    return home
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "named"),
+    [
+        # heartbeat_s, not a port: the ports come from flags here, which override the file.
+        ('[agent]\nheartbeat_s = "fast"\n', (), "agent.heartbeat_s"),
+        ("[nope]\nx = 1\n", (), "nope"),
+        ("", ("--simulate-gpus", "bogus:2"), "bogus"),
+    ],
+    ids=["wrong-type", "unknown-table", "device-class"],
+)
+def test_agent_run_refuses_a_bad_setting_in_one_line(
+    home: Path, text: str, flags: tuple[str, ...], named: str
+) -> None:
+    (home / "nvpair.toml").write_text(text)
+    code, err = _agent_run(home, *flags)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("nvpair: ")
+    assert named in lines[0]
