@@ -1,0 +1,23 @@
+"""Fixtures every test package shares.
+
+The helpers themselves live in `tests/fixtures/` so harness modules can import them
+(a conftest is not for importing): `eventually` (wait for an observable condition, with a
+deadline and a description -- never a sleep), `FakeClock`, and the workload record
+builders. Tests take the fake clock as the `fake_clock` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures.clock import FakeClock
+from tests.fixtures.records import lifecycle_event, workload, workload_record
+from tests.fixtures.waiting import eventually
+
+__all__ = ["FakeClock", "eventually", "lifecycle_event", "workload", "workload_record"]
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A clock at a fixed instant that moves only by `advance()`."""
+    return FakeClock()
