@@ -86,9 +86,9 @@ class Agents:
         self.procs: list[asyncio.subprocess.Process] = []
         self.homes: list[Path] = []
 
-    async def run(self, node: Node, *extra: str, **ports: int) -> Run:
-        """`agent run` on `node`'s home, with `ports` instead of the node's own."""
-        chosen = {**node.ports, **ports}
+    async def run(self, node: Node, *extra: str, ports: dict[str, int] | None = None) -> Run:
+        """`agent run` on `node`'s home, with `ports` (by kind) instead of the node's own."""
+        chosen = {**node.ports, **(ports or {})}
         flags = [f"{FLAGS[kind]}={port}" for kind, port in chosen.items()]
         stderr = self.logs / f"{node.name}-{len(self.procs)}.stderr"
         with stderr.open("wb") as sink:
@@ -172,7 +172,7 @@ async def test_a_port_in_use_ends_the_agent_with_one_line(
 async def test_a_second_agent_on_the_same_home_is_refused(tmp_path: Path, agents: Agents) -> None:
     node = await initialised(tmp_path)
     first = await agents.start(node)
-    second = await agents.run(node, **{kind: free_port() for kind in FLAGS})
+    second = await agents.run(node, ports={kind: free_port() for kind in FLAGS})
     code = await second.exited(within=5)
     err = second.stderr()
     assert code == 2, err
