@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerError",
+    "InvalidCursor",
     "ManagerPortInUse",
     "ManagerRefused",
     "ManagerStartFailed",
@@ -27,6 +28,14 @@ class StoreUnavailable(BrokerError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"the Jobs store is unavailable: {reason}")
+
+
+class InvalidCursor(BrokerError):
+    """A `workloads:snapshot` cursor that this store never gave out: the caller's fault."""
+
+    def __init__(self, cursor: str) -> None:
+        self.cursor = cursor
+        super().__init__(f"not a snapshot cursor of this store: {cursor[:80]!r}")
 
 
 class ManagerUnavailable(BrokerError):

@@ -5,29 +5,34 @@ One row per job, keyed by `(originatedFrom, runId, id)`, holding the latest reco
 read back re-encodes to what was stored (absent stays absent, null stays null). Removals
 delete the job and leave a row in `removed`, so a late upsert cannot bring it back.
 
-Writes are group-committed: `JobsWriter` takes upserts and removals without waiting, and a
-single task writes whatever has gathered in one transaction (up to `max_batch` rows, or every
-`interval_s`) -- never a transaction per row on the hot path. `flush()` waits until
-everything handed in so far is on disk.
+Writes are group-committed by `JobsWriter` (`broker/writer.py`, re-exported here). A write
+the database refuses -- locked past the short busy timeout, read-only, full, failing -- raises
+`StoreUnavailable`, which the writer retries; anything else is a bug and propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import aiosqlite
 import msgspec
 
+from workload_manager.manager import View
+from workload_manager.tasks import describe
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
-__all__ = ["JobsStore", "JobsWriter", "StoredView"]
+from .errors import InvalidCursor, StoreUnavailable
+from .writer import JobsWriter
+
+__all__ = ["BUSY_TIMEOUT_S", "JobsStore", "JobsWriter"]
+
+# A locked database fails fast, so the writer retries (with backoff) instead of stalling.
+BUSY_TIMEOUT_S: Final = 1.0
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -72,15 +77,7 @@ _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 
 _encode: Final = msgspec.json.Encoder().encode
 _decode: Final = msgspec.json.Decoder(Workload).decode
-
-
-@dataclass(frozen=True, slots=True)
-class StoredView:
-    """One page of the store's view, for `workloads:snapshot`."""
-
-    workloads: list[Workload]
-    removed: list[WorkloadRemoval]
-    next: str | None
+_cursor: Final = msgspec.json.Decoder(tuple[str, str, str])
 
 
 def _row(record: Workload) -> tuple[Any, ...]:
@@ -108,12 +105,15 @@ class JobsStore:
         self.db = db
         # (originatedFrom, id) of removed jobs, as in the `removed` table (pruned with it).
         self._removed = removed
+        # One connection: two coroutines' transactions must not interleave on it (the
+        # writer's batch and a prune would otherwise share one BEGIN ... COMMIT).
+        self._one_transaction = asyncio.Lock()
 
     @classmethod
     async def open(cls, path: Path) -> JobsStore:
         """Open (creating if needed) the store at `path`, in WAL mode."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = await aiosqlite.connect(path)
+        db = await aiosqlite.connect(path, timeout=BUSY_TIMEOUT_S)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL-safe
@@ -138,12 +138,17 @@ class JobsStore:
     async def write(
         self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
     ) -> None:
-        """Apply a batch in one transaction: removals first, then upserts."""
+        """Apply a batch in one transaction: removals first, then upserts.
+
+        Raises `StoreUnavailable` when the database refuses the write; nothing of the batch
+        is applied then, and the same batch may be written again.
+        """
         removal_rows = [(r.originatedFrom, r.workloadId, now) for r in removals]
         gone = self._removed
-        gone.update((origin, wid) for origin, wid, _ in removal_rows)
+        if removal_rows:  # a copy, kept only once committed: a refused batch leaves no trace
+            gone = gone | {(origin, wid) for origin, wid, _ in removal_rows}
         upsert_rows = [_row(r) for r in upserts if (r.originatedFrom, r.id) not in gone]
-        async with self._transaction():
+        async with self._refused_as_unavailable(), self._transaction():
             if removal_rows:
                 await self.db.executemany(
                     "INSERT OR IGNORE INTO removed (origin, id, removed_at) VALUES (?, ?, ?)",
@@ -155,16 +160,34 @@ class JobsStore:
                 )
             if upsert_rows:
                 await self.db.executemany(_UPSERT, upsert_rows)
+        self._removed = gone
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> Any:
-        await self.db.execute("BEGIN")
+    async def _transaction(self) -> AsyncIterator[None]:
+        async with self._one_transaction:
+            await self.db.execute("BEGIN")
+            try:
+                yield
+                await self.db.commit()  # inside: a commit that fails (disk full) rolls back
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    await self.db.rollback()
+                raise
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _refused_as_unavailable() -> AsyncIterator[None]:
+        # The database's refusals (locked, read-only, full, I/O error, not a database):
+        # the store is unavailable, and the same write may succeed later. Constraint and
+        # programming errors are bugs and pass through.
         try:
             yield
-        except BaseException:
-            await self.db.rollback()
-            raise
-        await self.db.commit()
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(describe(exc)) from exc
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            raise StoreUnavailable(describe(exc)) from exc
 
     async def jobs(
         self,
@@ -216,7 +239,7 @@ class JobsStore:
     async def mark_synced(self, records: Iterable[Workload]) -> None:
         """The plane acknowledged these records (at these seqs) in one transaction."""
         rows = [(r.seq, r.originatedFrom, r.runId, r.id, r.seq) for r in records]
-        async with self._transaction():
+        async with self._refused_as_unavailable(), self._transaction():
             await self.db.executemany(
                 "UPDATE jobs SET plane_seq = ? WHERE origin = ? AND run_id = ? AND id = ? "
                 "AND plane_seq < ?",
@@ -228,9 +251,15 @@ class JobsStore:
         async with self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state") as cursor:
             return {str(state): int(count) for state, count in await cursor.fetchall()}
 
-    async def view(self, *, cursor: str | None = None, limit: int = 2000) -> StoredView:
-        """A page of every job record, plus (on the first page) every removal."""
-        after = tuple(msgspec.json.decode(cursor)) if cursor else ("", "", "")
+    async def view(self, *, cursor: str | None = None, limit: int = 2000) -> View:
+        """A page of every job record, plus (on the first page) every removal.
+
+        `cursor` is a page's `next`; one this store did not give out is `InvalidCursor`.
+        """
+        try:
+            after = _cursor.decode(cursor) if cursor else ("", "", "")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise InvalidCursor(cursor or "") from None
         async with self.db.execute(
             "SELECT origin, run_id, id, record FROM jobs WHERE (origin, run_id, id) > (?, ?, ?) "
             "ORDER BY origin, run_id, id LIMIT ?",
@@ -247,11 +276,11 @@ class JobsStore:
         next_cursor = (
             msgspec.json.encode(list(page[-1][:3])).decode() if len(page) == limit else None
         )
-        return StoredView([_decode(row[3]) for row in page], removed, next_cursor)
+        return View(workloads=[_decode(row[3]) for row in page], removed=removed, next=next_cursor)
 
     async def prune(self, *, older_than_ms: int, removed_before: float) -> int:
         """Delete finished jobs completed before `older_than_ms` and old tombstones."""
-        async with self._transaction():
+        async with self._refused_as_unavailable(), self._transaction():
             marks = ",".join("?" * len(_TERMINAL))
             cursor = await self.db.execute(
                 f"DELETE FROM jobs WHERE state IN ({marks}) "
@@ -263,87 +292,3 @@ class JobsStore:
             async with self.db.execute("SELECT origin, id FROM removed") as rows:
                 self._removed = {(str(o), str(w)) for o, w in await rows.fetchall()}
         return pruned
-
-
-class JobsWriter:
-    """Group commit in front of a `JobsStore`: callers hand in, one task writes."""
-
-    def __init__(
-        self,
-        store: JobsStore,
-        *,
-        max_batch: int = 1000,
-        interval_s: float = 0.05,
-        max_pending: int = 100_000,
-    ) -> None:
-        self.store = store
-        self.max_batch = max_batch
-        self.interval_s = interval_s
-        self.max_pending = max_pending
-        self._upserts: dict[tuple[str, str, str], Workload] = {}  # coalesced per job
-        self._removals: list[WorkloadRemoval] = []
-        self._wake = asyncio.Event()
-        self._written = asyncio.Condition()
-        self._writing = False
-        self._task: asyncio.Task[None] | None = None
-        self.commits = 0
-        self.rows = 0
-
-    async def __aenter__(self) -> JobsWriter:
-        self._task = asyncio.create_task(self._run(), name="jobs-writer")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.flush()
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-    @property
-    def pending(self) -> int:
-        """Records and removals handed in and not yet written."""
-        return len(self._upserts) + len(self._removals)
-
-    def has_room(self) -> bool:
-        """Whether more can be handed in without passing the bound."""
-        return self.pending < self.max_pending
-
-    def upsert(self, record: Workload) -> None:
-        """Hand in a record; the newest `seq` per job wins before it reaches the disk."""
-        key = (record.originatedFrom, record.runId, record.id)
-        held = self._upserts.get(key)
-        if held is None or held.seq < record.seq:
-            self._upserts[key] = record
-        self._wake.set()
-
-    def remove(self, removal: WorkloadRemoval) -> None:
-        """Hand in a removal."""
-        self._removals.append(removal)
-        self._wake.set()
-
-    async def flush(self) -> None:
-        """Wait until everything handed in so far is committed."""
-        self._wake.set()
-        async with self._written:
-            await self._written.wait_for(lambda: not self.pending and not self._writing)
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if len(self._upserts) < self.max_batch and not self._removals:
-                await asyncio.sleep(self.interval_s)  # let a group gather
-            while self.pending:
-                removals, self._removals = self._removals, []
-                keys = list(itertools.islice(self._upserts, self.max_batch))
-                upserts = [self._upserts.pop(key) for key in keys]
-                self._writing = True
-                try:
-                    await self.store.write(upserts, removals, now=time.time())
-                finally:
-                    self._writing = False
-                self.commits += 1
-                self.rows += len(upserts) + len(removals)
-            async with self._written:
-                self._written.notify_all()

@@ -246,7 +246,7 @@ class ManagerSupervisor:
                 if isinstance(frame, bytes):
                     await self._on_frame(frame)
             if not self.writer.has_room():
-                await self.writer.flush()  # backpressure: stop reading until written
+                await self.writer.wait_for_room()  # backpressure: stop reading until written
 
     async def _on_frame(self, frame: bytes) -> None:
         message = parse_payload(frame)

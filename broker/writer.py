@@ -1,0 +1,241 @@
+"""Group commit in front of the Jobs store: callers hand in, one owned task writes.
+
+`JobsWriter` takes upserts and removals without waiting, and its task writes whatever has
+gathered in one transaction (up to `max_batch` rows, or every `interval_s`) -- never a
+transaction per row on the hot path. Upserts coalesce per job, the newest `seq` winning.
+
+It never loses a batch and never hangs:
+
+- a write the store refuses (`StoreUnavailable`: locked, read-only, full, failing) is kept
+  and retried with backoff (0.1 s doubling to 5 s, for as long as the writer runs); what is
+  handed in meanwhile coalesces with it. While it fails, `healthy` is False and `last_error`
+  says why (the cause only, never a record);
+- `flush(timeout_s=...)` raises `StoreUnavailable` after its bound instead of waiting;
+- leaving `async with` makes one last bounded attempt, logs how many rows it could not
+  write, and stops.
+
+Any other exception is a bug: the task's traceback is logged, `failure` names it, and
+`on_failure("jobs-writer", exc)` tells the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol
+
+from workload_manager.tasks import FailureHandler, describe, reporting
+from workload_manager.workload import Workload, WorkloadRemoval
+
+from .errors import StoreUnavailable
+
+__all__ = ["BatchStore", "JobsWriter"]
+
+log = logging.getLogger(__name__)
+
+PART: Final = "jobs-writer"
+FLUSH_TIMEOUT_S: Final = 5.0
+CLOSE_TIMEOUT_S: Final = 3.0
+
+
+class BatchStore(Protocol):
+    """What the writer needs of a store: one transaction per batch, or `StoreUnavailable`."""
+
+    async def write(
+        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
+    ) -> None:
+        """Apply a batch in one transaction: removals first, then upserts."""
+
+
+class JobsWriter:
+    """Group commit in front of a store; `async with` owns its task."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        *,
+        max_batch: int = 1000,
+        interval_s: float = 0.05,
+        max_pending: int = 100_000,
+        retry_base_s: float = 0.1,
+        retry_cap_s: float = 5.0,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+        on_failure: FailureHandler | None = None,
+    ) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.interval_s = interval_s
+        self.max_pending = max_pending
+        self.retry_base_s = retry_base_s
+        self.retry_cap_s = retry_cap_s
+        self.close_timeout_s = close_timeout_s
+        self.clock = clock
+        self.on_failure = on_failure
+        # Coalesced per job. An entry leaves only once written: a batch that fails stays.
+        self._upserts: dict[tuple[str, str, str], Workload] = {}
+        self._removals: list[WorkloadRemoval] = []
+        self._wake = asyncio.Event()
+        self._hurry = asyncio.Event()  # closing: retry now instead of at the next backoff
+        self._written = asyncio.Condition()
+        self._writing = False
+        self._tasks: asyncio.TaskGroup | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.commits = 0
+        self.rows = 0
+        self.failed_writes = 0
+        self.last_error: str | None = None  # why the store refuses writes, while it does
+        self.failure: str | None = None  # why the task died, if it did
+
+    async def __aenter__(self) -> JobsWriter:
+        self._tasks = asyncio.TaskGroup()
+        await self._tasks.__aenter__()
+        self._task = self._tasks.create_task(self._main(), name=PART)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._hurry.set()
+        try:
+            await self.flush(timeout_s=self.close_timeout_s)
+        except StoreUnavailable as unavailable:
+            log.error(
+                "stopping with %d records and removals not written to the Jobs store (%s)",
+                self.pending,
+                unavailable.reason,
+            )
+        finally:
+            tasks, self._tasks = self._tasks, None
+            if self._task is not None:
+                self._task.cancel()
+            if tasks is not None:
+                await tasks.__aexit__(None, None, None)
+
+    @property
+    def pending(self) -> int:
+        """Records and removals handed in and not yet written (a failing batch included)."""
+        return len(self._upserts) + len(self._removals)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the last write went through and the task runs."""
+        return self.last_error is None and self.failure is None
+
+    def problem(self) -> str | None:
+        """Why the writer is not healthy, for a health report; None when it is."""
+        return self.failure or self.last_error
+
+    def has_room(self) -> bool:
+        """Whether more can be handed in without passing the bound."""
+        return self.pending < self.max_pending
+
+    def upsert(self, record: Workload) -> None:
+        """Hand in a record; the newest `seq` per job wins before it reaches the disk."""
+        key = (record.originatedFrom, record.runId, record.id)
+        held = self._upserts.get(key)
+        if held is None or held.seq < record.seq:
+            self._upserts[key] = record
+        self._wake.set()
+
+    def remove(self, removal: WorkloadRemoval) -> None:
+        """Hand in a removal."""
+        self._removals.append(removal)
+        self._wake.set()
+
+    async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Wait until everything handed in so far is committed.
+
+        Raises `StoreUnavailable` when that has not happened within `timeout_s` (the store
+        refuses writes; nothing is lost, it is still retried) or when the task died.
+        """
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout_s), self._written:
+                await self._written.wait_for(self._settled)
+        except TimeoutError:
+            reason = self.last_error or f"nothing written within {timeout_s:g}s"
+            raise StoreUnavailable(reason) from None
+        if self.failure is not None:
+            raise StoreUnavailable(self.failure)
+
+    async def wait_for_room(self) -> None:
+        """Wait (without a bound: this is backpressure) until `has_room()`."""
+        self._wake.set()
+        async with self._written:
+            await self._written.wait_for(lambda: self.has_room() or self.failure is not None)
+
+    def _settled(self) -> bool:
+        return self.failure is not None or (not self.pending and not self._writing)
+
+    # -- the task -------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        await reporting(PART, self._run(), self._died)
+        # The task died (reporting() returned): wake every flush() so it raises at once
+        # instead of waiting out its bound.
+        async with self._written:
+            self._written.notify_all()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if len(self._upserts) < self.max_batch and not self._removals:
+                await asyncio.sleep(self.interval_s)  # let a group gather
+            while self.pending:
+                await self._write_batch()
+                async with self._written:
+                    self._written.notify_all()
+
+    async def _write_batch(self) -> None:
+        delay = self.retry_base_s
+        while True:
+            # Taken afresh on every attempt: what arrived since coalesces into the batch.
+            keys = list(itertools.islice(self._upserts, self.max_batch))
+            upserts = [self._upserts[key] for key in keys]
+            removals = list(self._removals)
+            self._writing = True
+            try:
+                await self.store.write(upserts, removals, now=self.clock())
+            except StoreUnavailable as exc:
+                self._writing = False
+                self._failed(exc.reason, delay)
+                async with self._written:
+                    self._written.notify_all()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._hurry.wait()
+                delay = min(self.retry_cap_s, delay * 2)
+                continue
+            finally:
+                self._writing = False
+            break
+        for key, record in zip(keys, upserts, strict=True):
+            if self._upserts.get(key) is record:  # not replaced by a newer one meanwhile
+                del self._upserts[key]
+        del self._removals[: len(removals)]
+        if self.last_error is not None:
+            log.warning("the Jobs store takes writes again; %d pending", self.pending)
+            self.last_error = None
+        self.commits += 1
+        self.rows += len(upserts) + len(removals)
+
+    def _failed(self, reason: str, delay: float) -> None:
+        self.failed_writes += 1
+        if self.last_error is None:
+            log.error(
+                "the Jobs store refuses writes (%s); keeping %d rows and retrying",
+                reason,
+                self.pending,
+            )
+        else:
+            log.debug("the Jobs store still refuses writes (%s); retry in %.1fs", reason, delay)
+        self.last_error = reason
+
+    def _died(self, part: str, exc: BaseException) -> None:
+        self.failure = describe(exc)
+        if self.on_failure is not None:
+            self.on_failure(part, exc)

@@ -1,0 +1,153 @@
+"""The Jobs writer against a real SQLite file that another connection locks.
+
+A second `sqlite3` connection holding `BEGIN EXCLUSIVE` on the WAL database is what a
+stuck backup or a second writer looks like: every write fails after the busy timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.errors import StoreUnavailable
+from broker.jobs import BUSY_TIMEOUT_S, JobsStore, JobsWriter
+from tests.fixtures.records import workload
+from tests.fixtures.waiting import eventually
+from workload_manager.workload import Workload, WorkloadRemoval
+
+
+def rec(wid: str, seq: int) -> Workload:
+    return workload(wid, seq, **({"completedAt": 5000} if seq == 3 else {}))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[JobsStore]:
+    jobs = await JobsStore.open(tmp_path / "jobs.db")
+    yield jobs
+    await jobs.close()
+
+
+class Lock:
+    """Another connection holding the database's write lock until released."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("BEGIN EXCLUSIVE")
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.db.execute("COMMIT")
+            self.db.close()
+
+
+@pytest.fixture
+def lock(tmp_path: Path, store: JobsStore) -> Iterator[Lock]:
+    held = Lock(tmp_path / "jobs.db")
+    yield held
+    held.release()
+
+
+async def test_a_write_under_a_held_lock_is_store_unavailable(store: JobsStore, lock: Lock) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="database is locked"):
+        await store.write(
+            [rec("1", 1)], [WorkloadRemoval(workloadId="9", originatedFrom="x")], now=0
+        )
+    assert time.monotonic() - started < BUSY_TIMEOUT_S + 2  # the short busy timeout
+    lock.release()
+    # Nothing of the refused batch stuck, the removal's in-memory trace included.
+    await store.write([rec("9", 1)], [], now=0)
+    assert [job.id for job in await store.jobs()] == ["9"]
+
+
+async def test_a_locked_store_keeps_every_batch_and_says_so(store: JobsStore, lock: Lock) -> None:
+    async with JobsWriter(store, interval_s=0.01, retry_cap_s=0.2) as writer:
+        assert writer.healthy
+        writer.upsert(rec("1", 1))
+        await eventually(lambda: not writer.healthy, "the writer reports the store failing")
+        assert writer.last_error is not None
+        assert "database is locked" in writer.last_error
+        assert "nod_a" not in writer.last_error  # the cause, never a record
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await writer.flush(timeout_s=0.5)
+        # What arrives while it fails coalesces with the kept batch, newest seq winning.
+        writer.upsert(rec("1", 3))
+        writer.upsert(rec("1", 2))
+        for i in range(2, 6):
+            writer.upsert(rec(str(i), 1))
+        writer.remove(WorkloadRemoval(workloadId="5", originatedFrom="nod_a"))
+        assert writer.pending == 6  # five jobs and one removal
+        lock.release()
+        await writer.flush(timeout_s=10)
+        assert writer.healthy
+        assert writer.last_error is None
+        assert writer.failed_writes >= 1
+    jobs = {job.id: job.seq for job in await store.jobs()}
+    assert jobs == {"1": 3, "2": 1, "3": 1, "4": 1}  # nothing lost; 5 removed
+
+
+async def test_closing_under_a_held_lock_returns_within_its_bound(
+    store: JobsStore, lock: Lock, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = JobsWriter(store, interval_s=0.01, close_timeout_s=1.0)
+    async with writer:
+        for i in range(10):
+            writer.upsert(rec(str(i), 1))
+        await eventually(lambda: not writer.healthy, "the writer reports the store failing")
+        started = time.monotonic()
+    took = time.monotonic() - started
+    # The final attempt's bound, plus at most one write in flight finishing its busy wait.
+    assert took < 1.0 + BUSY_TIMEOUT_S + 1.5, took
+    assert "10 records and removals not written" in caplog.text
+
+
+class Broken:
+    """A store with a bug: its write raises something that is not StoreUnavailable."""
+
+    async def write(
+        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
+    ) -> None:
+        raise TypeError("a bug in the store")
+
+
+async def test_a_dead_task_is_reported_and_flush_does_not_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failed: list[tuple[str, BaseException]] = []
+    async with JobsWriter(
+        Broken(), interval_s=0, on_failure=lambda part, exc: failed.append((part, exc))
+    ) as writer:
+        writer.upsert(rec("1", 1))
+        await eventually(lambda: writer.failure is not None, "the writer reports its death")
+        assert writer.failure == "TypeError: a bug in the store"
+        assert not writer.healthy
+        assert writer.problem() == writer.failure
+        [(part, exc)] = failed
+        assert part == "jobs-writer"
+        assert isinstance(exc, TypeError)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="a bug in the store"):
+            await writer.flush(timeout_s=30)
+        assert time.monotonic() - started < 5  # at once, not after the bound
+    assert "Traceback" in caplog.text
+    assert "jobs-writer failed" in caplog.text
+
+
+async def test_backpressure_waits_for_room(store: JobsStore, lock: Lock) -> None:
+    async with JobsWriter(store, interval_s=0.01, max_pending=3, retry_cap_s=0.2) as writer:
+        for i in range(3):
+            writer.upsert(rec(str(i), 1))
+        assert not writer.has_room()
+        room = asyncio.create_task(writer.wait_for_room())
+        await eventually(lambda: not writer.healthy, "the writer reports the store failing")
+        assert not room.done()  # the control: the store is still locked
+        lock.release()
+        await asyncio.wait_for(room, 10)
+        assert writer.has_room()
