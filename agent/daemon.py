@@ -88,7 +88,7 @@ class Agent:
         self.store = store = await JobsStore.open(config.jobs_db)
         stack.push_async_callback(store.close)
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
-        health.watch("jobs-store", lambda: None if writer.healthy else writer.last_error)
+        health.watch("jobs-store", writer.problem)
 
         gpus = simulate(config.simulate_gpus, node_id) if config.simulate_gpus else None
         gpus = gpus or discover(node_id)
