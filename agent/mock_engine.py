@@ -52,7 +52,10 @@ class MockEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
 
     @property
     def url(self) -> str:
