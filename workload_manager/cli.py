@@ -1,6 +1,10 @@
 """`python -m workload_manager`: the seed's command line, exactly its flags.
 
-Logs go to stderr; stdout carries nothing but frames when the channel is stdio.
+Logs go to stderr; stdout carries nothing but frames when the channel is stdio. Exit status:
+0 when the channel closed or a signal stopped it; 2 for the operator's mistakes restarting
+cannot fix -- a bad flag or setting, a port or socket path in use -- with one line on stderr
+naming it and no traceback (the broker reads that line: `errors.port_in_use_from`); 1 when
+the channel broke under us.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from certs import CertsError, ClusterDir
 
 from ._version import VERSION
 from .broadcaster import Broadcaster
+from .errors import (
+    CannotListen,
+    ChannelFailed,
+    ConfigurationError,
+    IpcPathInUse,
+    WorkloadManagerError,
+)
 from .local import serve_stdio, serve_unix
 from .manager import Manager
 from .relay import RelayCore
@@ -99,12 +110,30 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "workload_manager") -
         return 2
     try:
         relay = relay_from_env(os.environ)
-    except ValueError as exc:
+    except ConfigurationError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(args, relay))
-    return 0
+    failure: WorkloadManagerError | None = None
+    status = 0
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_run(args, relay))
+    except* (CannotListen, IpcPathInUse, ConfigurationError) as group:
+        failure, status = _first(group), 2  # the operator's to fix: restarting cannot help
+    except* ChannelFailed as group:
+        failure, status = _first(group), 1
+    if failure is not None:
+        print(f"{prog}: {failure}", file=sys.stderr)
+    return status
+
+
+def _first(group: BaseExceptionGroup[WorkloadManagerError]) -> WorkloadManagerError:
+    # Raised from a task of a task group, the error comes wrapped, maybe more than once.
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, WorkloadManagerError)
+    return first
 
 
 def relay_from_env(environ: Mapping[str, str]) -> RelayCore:
@@ -116,8 +145,8 @@ def relay_from_env(environ: Mapping[str, str]) -> RelayCore:
         retention = float(environ.get("NVPAIR_WM_RETENTION_S", "3600"))
         cap = int(environ.get("NVPAIR_WM_MAX_WORKLOADS", "100000"))
         return RelayCore(retention_s=retention, max_workloads=cap)
-    except ValueError as exc:
-        raise ValueError(
+    except ValueError as exc:  # a number that does not parse, or a ConfigurationError
+        raise ConfigurationError(
             "NVPAIR_WM_RETENTION_S must be seconds >= 0 and NVPAIR_WM_MAX_WORKLOADS "
             f"an integer >= 1 ({exc})"
         ) from None

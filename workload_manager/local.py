@@ -21,15 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from .errors import ChannelFailed, IpcPathInUse
 from .framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
 from .jsonrpc import INVALID_REQUEST, ErrorObject, encode_error
 from .manager import Manager
+from .tasks import describe, reporting
 
 __all__ = ["FrameWriter", "open_stdio", "serve_connection", "serve_stdio", "serve_unix"]
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 64 * 1024
+STDIN_PART: Final = "stdin-pump"
 DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
 
 
@@ -159,14 +162,17 @@ async def serve_connection(
                 await out.drain()
 
 
-async def open_stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def open_stdio(
+    tasks: asyncio.TaskGroup, on_failure: Callable[[str, BaseException], object] | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Streams over this process's stdin and stdout, with stdout kept for frames alone.
 
     File descriptor 1 is duplicated for the channel and then pointed at stderr, so a stray
     `print` or a library's output can never corrupt the frame stream. Pipes, sockets and
     terminals are driven by the event loop; anything else (`< requests.ndjson`,
     `> replies.ndjson`, `/dev/null`) is read in a thread and written directly, which for
-    files and devices never blocks long.
+    files and devices never blocks long. That reading thread's pump is a task of `tasks`
+    (the caller's): a read that fails is logged, ends the stream and goes to `on_failure`.
     """
     loop = asyncio.get_running_loop()
     channel_fd = os.dup(sys.stdout.fileno())
@@ -176,7 +182,8 @@ async def open_stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     stdin_fd = os.dup(sys.stdin.fileno())
     if not _pollable(stdin_fd):
-        _feed_from_file(loop, reader, stdin_fd)
+        pump = _pump_from_file(reader, stdin_fd)
+        tasks.create_task(reporting(STDIN_PART, pump, on_failure), name=STDIN_PART)
     else:
         await loop.connect_read_pipe(lambda: protocol, os.fdopen(stdin_fd, "rb", buffering=0))
     # A reader-less StreamReaderProtocol gives the writer flow control and a close waiter.
@@ -198,18 +205,15 @@ def _pollable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
-def _feed_from_file(
-    loop: asyncio.AbstractEventLoop, reader: asyncio.StreamReader, fd: int
-) -> asyncio.Task[None]:
-    async def pump() -> None:
-        try:
-            while chunk := await asyncio.to_thread(os.read, fd, READ_CHUNK):
-                reader.feed_data(chunk)
-        finally:
-            os.close(fd)
-            reader.feed_eof()
-
-    return loop.create_task(pump())
+async def _pump_from_file(reader: asyncio.StreamReader, fd: int) -> None:
+    # A read of a file or a device returns at once, so a cancelled pump's last read in its
+    # thread finishes promptly; the stream ends however the pump does.
+    try:
+        while chunk := await asyncio.to_thread(os.read, fd, READ_CHUNK):
+            reader.feed_data(chunk)
+    finally:
+        os.close(fd)
+        reader.feed_eof()
 
 
 class _FileWriteTransport(asyncio.WriteTransport):
@@ -243,16 +247,24 @@ class _FileWriteTransport(asyncio.WriteTransport):
 
 
 async def serve_stdio(manager: Manager, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-    """Serve the broker over stdin/stdout until stdin closes."""
-    reader, writer = await open_stdio()
-    counters = WriterCounters()
-    out = FrameWriter(writer, counters=counters)
-    manager.send_to_broker = out.send
-    manager.broker_ready = out.has_room
-    try:
-        await serve_connection(manager, reader, out, max_frame=max_frame)
-    finally:
-        await out.aclose()
+    """Serve the broker over stdin/stdout until stdin closes.
+
+    Raises `ChannelFailed` when reading stdin failed (the traceback is logged): the channel
+    ended, but not because the broker closed it.
+    """
+    failures: list[BaseException] = []
+    async with asyncio.TaskGroup() as tasks:
+        reader, writer = await open_stdio(tasks, lambda part, exc: failures.append(exc))
+        counters = WriterCounters()
+        out = FrameWriter(writer, counters=counters)
+        manager.send_to_broker = out.send
+        manager.broker_ready = out.has_room
+        try:
+            await serve_connection(manager, reader, out, max_frame=max_frame)
+        finally:
+            await out.aclose()
+    if failures:
+        raise ChannelFailed(f"reading stdin failed: {describe(failures[0])}") from failures[0]
 
 
 async def serve_unix(
@@ -334,7 +346,7 @@ def _clear_stale_socket(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
-        raise SystemExit(f"workload_manager: {path} exists and is not a socket; remove it first")
+        raise IpcPathInUse(path, "exists and is not a socket; remove it first")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))
@@ -343,4 +355,4 @@ def _clear_stale_socket(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise SystemExit(f"workload_manager: another process is listening on {path}")
+    raise IpcPathInUse(path, "is another process's socket: it is listening there")

@@ -14,6 +14,7 @@ is not keeping up: try again after `Retry-After`; nothing was taken).
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from certs import ClusterDir, ServerContexts
 
+from .errors import CannotListen, PortInUse
 from .guard import peer_node_id, pinned
 from .jsonrpc import INVALID_PARAMS, RpcError, encode_error
 from .manager import Manager
@@ -62,10 +64,19 @@ class InterNodeServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start(self) -> int:
-        """Bind and serve; returns the bound port (useful with port 0)."""
-        self.port = await start_site(
-            self._runner, self.host, self.port, ssl_context=self.contexts.listening
-        )
+        """Bind and serve; returns the bound port (useful with port 0).
+
+        A port in use is `PortInUse`; any other bind failure `CannotListen`.
+        """
+        try:
+            self.port = await start_site(
+                self._runner, self.host, self.port, ssl_context=self.contexts.listening
+            )
+        except OSError as exc:
+            await self._runner.cleanup()
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(self.port, self.host) from exc
+            raise CannotListen(self.port, self.host, exc.strerror or str(exc)) from exc
         log.info("inter-node server listening on %s:%d", self.host, self.port)
         return self.port
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from certs import ClusterDir
 from workload_manager import VERSION
 from workload_manager.cli import build_parser, relay_from_env
+from workload_manager.errors import PortInUse, port_in_use_from
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -120,3 +124,67 @@ def test_stdin_from_dev_null_ends_cleanly() -> None:
     done = run("--log-level", "error")
     assert done.returncode == 0
     assert done.stdout.splitlines()[0].startswith('{"jsonrpc":"2.0","method":"ready"')
+
+
+def test_a_port_in_use_is_one_line_and_status_2(tmp_path: Path) -> None:
+    cluster = ClusterDir(tmp_path / "cluster")
+    cluster.init("t", "a", ["127.0.0.1"])
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "workload_manager",
+                "--port",
+                str(port),
+                "--cluster-dir",
+                cluster.path,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "NVPAIR_WM_BIND": "127.0.0.1"},
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()  # one line: no traceback, no log noise
+    assert line == (
+        f"workload_manager: cannot listen on port {port} on 127.0.0.1: it is in use "
+        "(another agent may be running; --port changes it)"
+    )
+    assert port_in_use_from(line) == port
+    assert "ready" not in done.stdout  # it never said ready: nothing to supervise
+
+
+def test_port_in_use_lines_are_read_back() -> None:
+    assert port_in_use_from(str(PortInUse(14320))) == 14320
+    assert port_in_use_from(str(PortInUse(1, "::1"))) == 1
+    assert port_in_use_from("workload_manager: cannot listen on port 80 on x: permission") is None
+
+
+def test_a_stdin_that_cannot_be_read_is_reported_not_hidden(tmp_path: Path) -> None:
+    # A file opened for writing only is a stdin every read of fails (EBADF): the pump that
+    # reads it dies, its traceback is logged, and the manager says why it stopped instead
+    # of exiting 0 as if the broker had closed the channel.
+    fd = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "workload_manager"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=fd,
+            check=False,
+        )
+    finally:
+        os.close(fd)
+    assert done.returncode == 1
+    assert "stdin-pump failed" in done.stderr
+    assert "Traceback" in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "workload_manager: reading stdin failed: OSError: [Errno 9] Bad file descriptor"
+    )
