@@ -1,0 +1,158 @@
+"""The node API and `NodeClient` in one process, over real cluster mTLS on 127.0.0.1:
+records pushed both ways, cordon and cancel reach the callables they are wired to, an
+unpinned caller and bad bodies are refused and change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agent.errors import MemberRefused, MemberUnreachable
+from agent.node_api import NodeApi
+from agent.node_client import NodeClient
+from broker.records import NodeRecord, RecordsPush
+from certs import ClientContexts, ClusterDir, server_hostname_for
+
+
+def record(node_id: str, port: int, generation: int = 1) -> NodeRecord:
+    return NodeRecord(
+        nodeId=node_id,
+        name=node_id[-4:],
+        addresses=["127.0.0.1"],
+        managerPort=1,
+        nodePort=port,
+        facadePort=3,
+        version="t",
+        updatedAt=generation,
+        generation=generation,
+    )
+
+
+@dataclass
+class Rig:
+    a: ClusterDir
+    b: ClusterDir
+    c: ClusterDir
+    a_id: str
+    api: NodeApi
+    pushes: list[tuple[str, RecordsPush]] = field(default_factory=list)
+    cordons: list[bool] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+
+    def client(self, member: ClusterDir) -> NodeClient:
+        a_record = record(self.a_id, self.api.port)
+        return NodeClient(member, lambda node: a_record if node == self.a_id else None)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    a = ClusterDir(tmp_path / "a")
+    a.init("lab", "gpu-a", ["127.0.0.1"])
+    a.issue("gpu-b", tmp_path / "b")
+    a.issue("gpu-c", tmp_path / "c")
+    a_id = a.node_id()
+    assert a_id is not None
+    pushes: list[tuple[str, RecordsPush]] = []
+    cordons: list[bool] = []
+    cancels: list[str] = []
+
+    def on_push(push: RecordsPush, sender: str) -> RecordsPush:
+        pushes.append((sender, push))
+        return RecordsPush(records=[record(a_id, api.port, generation=7)])
+
+    def on_cancel(target: str) -> int:
+        cancels.append(target)
+        return 2
+
+    api = NodeApi(
+        a,
+        host="127.0.0.1",
+        port=0,
+        on_push=on_push,
+        on_admitted=lambda: None,
+        records=list,
+        on_cordon=cordons.append,
+        on_cancel=on_cancel,
+    )
+    await api.start()
+    yield Rig(a, ClusterDir(tmp_path / "b"), ClusterDir(tmp_path / "c"), a_id, api, pushes,
+              cordons, cancels)  # fmt: skip
+    await api.aclose()
+
+
+async def test_records_cordon_and_cancel_through_the_client(rig: Rig) -> None:
+    client = rig.client(rig.b)
+    try:
+        b_id = rig.b.node_id()
+        answer = await client.push_records(rig.a_id, RecordsPush(records=[record("nod_x", 1)]))
+        assert [r.generation for r in answer.records] == [7]
+        ((sender, push),) = rig.pushes
+        assert sender == b_id  # the caller is named by its certificate, not by its words
+        assert [r.nodeId for r in push.records] == ["nod_x"]
+        await client.cordon(rig.a_id, True)
+        await client.cancel(rig.a_id, "nod_target")
+        assert rig.cordons == [True]
+        assert rig.cancels == ["nod_target"]
+    finally:
+        await client.aclose()
+
+
+async def test_an_unpinned_caller_is_refused_and_changes_nothing(rig: Rig) -> None:
+    b_id = rig.b.node_id()
+    assert b_id is not None
+    rig.a.pins.unpin(b_id)
+    refused, control = rig.client(rig.b), rig.client(rig.c)
+    try:
+        with pytest.raises(MemberRefused) as caught:
+            await refused.push_records(rig.a_id, RecordsPush())
+        assert caught.value.status == 403
+        with pytest.raises(MemberRefused):
+            await refused.cordon(rig.a_id, True)
+        await control.cordon(rig.a_id, False)  # the control: a pinned member gets through
+        assert rig.cordons == [False]
+        assert [sender for sender, _ in rig.pushes] == []
+    finally:
+        await refused.aclose()
+        await control.aclose()
+
+
+async def test_a_member_nobody_knows_the_address_of_is_unreachable(rig: Rig) -> None:
+    client = rig.client(rig.b)
+    try:
+        with pytest.raises(MemberUnreachable):
+            await client.push_records("nod_nowhere", RecordsPush())
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type", "status"),
+    [
+        ("/v1/records", b"{not json", "application/json", 400),
+        ("/v1/records", b'{"records": 5}', "application/json", 400),
+        ("/v1/records", b"{}", "text/plain", 415),
+        ("/v1/cordon", b'{"cordoned": "yes"}', "application/json", 400),
+        ("/v1/cancel", b"[]", "application/json", 400),
+        ("/v1/forward", b"{}", "application/json", 400),  # no X-Nvpair-Path
+    ],
+)
+async def test_bad_bodies_are_refused(
+    rig: Rig, path: str, body: bytes, content_type: str, status: int
+) -> None:
+    url = f"https://127.0.0.1:{rig.api.port}{path}"
+    connector = aiohttp.TCPConnector(ssl=ClientContexts(rig.b).current())
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(
+            url,
+            data=body,
+            headers={"Content-Type": content_type},
+            server_hostname=server_hostname_for(rig.a_id),
+        ) as response,
+    ):
+        assert response.status == status
+    assert (rig.pushes, rig.cordons, rig.cancels) == ([], [], [])
