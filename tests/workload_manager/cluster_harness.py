@@ -14,18 +14,30 @@ import json
 import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from certs import ClusterDir
 from certs.identity import load_cert
+from tests.fixtures.records import METHODS, STATES, workload_record
+from tests.fixtures.waiting import TIMEOUT_S, eventually
 
-TIMEOUT = 20.0
-STATES = {1: "queued", 2: "running", 3: "completed"}
-METHODS = {1: "workload:submitted", 2: "workload:started", 3: "workload:completed"}
+__all__ = [
+    "METHODS",
+    "STATES",
+    "TIMEOUT",
+    "Member",
+    "eventually",
+    "eventually_async",
+    "free_port",
+    "make_cluster",
+    "record",
+]
+
+TIMEOUT = TIMEOUT_S
+# One `eventually` takes plain and async checks alike; the old name stays for its callers.
+eventually_async = eventually
 
 
 def free_port() -> int:
@@ -36,20 +48,10 @@ def free_port() -> int:
 
 
 def record(origin: str, wid: str, seq: int, *, run: str = "run-1") -> dict[str, Any]:
-    """A lifecycle record: seq 1 queued, 2 running, 3 completed."""
-    rec: dict[str, Any] = {
-        "id": wid,
-        "model": "llama",
-        "engine": "vllm",
-        "runId": f"{origin}-{run}",
-        "state": STATES[seq],
-        "originatedFrom": origin,
-        "createdAt": 1_764_000_000_000,
-        "seq": seq,
-    }
-    if seq >= 2:
-        rec["scheduledOn"] = origin
-    return rec
+    """A lifecycle record: seq 1 queued, 2 running, 3 completed (placed on its origin)."""
+    return workload_record(
+        wid, seq, origin=origin, run=f"{origin}-{run}", scheduled_on=origin if seq >= 2 else None
+    )
 
 
 @dataclass
@@ -221,21 +223,3 @@ def make_cluster(root: Path, names: list[str]) -> list[Member]:
         for pem in pems:
             member.pins.pin(load_cert(pem))
     return [Member(name, ClusterDir(root / name), free_port()) for name in names]
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait until `check()` holds, polling; fail with `what` after TIMEOUT seconds."""
-    deadline = time.monotonic() + TIMEOUT
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.05)
-
-
-async def eventually_async(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """`eventually` for a check that must await (a status request, say)."""
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.05)

@@ -90,7 +90,7 @@ async def test_every_event_reaches_every_other_broker_once_in_order(trio: list[M
                 await member.enter(wid, seq)
                 # paced: each event is sent before the next, so none is coalesced away
                 await eventually(
-                    lambda m=member, w=wid, s=seq: all(  # type: ignore[misc]
+                    lambda m=member, w=wid, s=seq: all(
                         (f"{m.node_id}-run-1", w, s) in seen_keys(o) for o in trio if o is not m
                     ),
                     f"{member.name} {wid}/{seq} everywhere",
@@ -166,7 +166,7 @@ async def test_blocked_link_converges_through_a_third_member(trio: list[Member])
     for seq in (1, 2, 3):
         await a.enter("1", seq)
         await eventually(
-            lambda s=seq: (f"{a.node_id}-run-1", "1", s) in seen_keys(c),  # type: ignore[misc]
+            lambda s=seq: (f"{a.node_id}-run-1", "1", s) in seen_keys(c),
             f"c gets a's event {seq} through b",
         )
     assert_exactly_once_in_order(c)
