@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from certs import (
 )
 from certs.identity import describe, load_cert, verify_issued_by
 from certs.invites import check_admitter, parse_token
+from tests.fixtures.clock import FakeClock
 
 
 @pytest.fixture
@@ -63,10 +63,14 @@ def test_admitter_mints_the_node_id_and_keeps_only_dns_and_ip_sans(admitter: Clu
     assert describe(cert).node_id != admitter.node_id()
 
 
-def test_expired_invite_is_refused(admitter: ClusterDir, tmp_path: Path) -> None:
-    token = create_invite(admitter, ttl=datetime.timedelta(minutes=1)).token()
+def test_expired_invite_is_refused(
+    admitter: ClusterDir, tmp_path: Path, fake_clock: FakeClock
+) -> None:
+    # Both ends take the clock, so two minutes pass without waiting for them.
+    ttl = datetime.timedelta(minutes=1)
+    token = create_invite(admitter, ttl=ttl, now=fake_clock()).token()
     with pytest.raises(InviteRefused, match=r"invite expired at .*ask for a new one"):
-        join(admitter, tmp_path / "b", token, now=time.time() + 120)
+        join(admitter, tmp_path / "b", token, now=fake_clock.advance(120))
 
 
 def test_reused_invite_is_refused(admitter: ClusterDir, tmp_path: Path) -> None:

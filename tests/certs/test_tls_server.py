@@ -24,6 +24,7 @@ from certs import (
     server_hostname_for,
 )
 from certs.identity import cert_pem, key_pem, new_key
+from tests.fixtures.waiting import eventually
 
 from .conftest import Cluster, Server, client_session, get, start_server
 
@@ -217,7 +218,8 @@ async def test_rotation_during_a_stream_of_requests_fails_none(
 
     builds_before = server.contexts.builds
     workers = [asyncio.create_task(stream(force_close)) for force_close in (True, True, False)]
-    for _ in range(3):
+    for rotation in range(3):
+        builds, answered = server.contexts.builds, len(statuses)
         done = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -230,7 +232,13 @@ async def test_rotation_during_a_stream_of_requests_fails_none(
             env={**os.environ},
         )
         assert await done.wait() == 0
-        await asyncio.sleep(0.05)
+
+        # Each rotation is seen: the server loads the new certificate and goes on answering
+        # the stream before the next one.
+        def rotated_and_serving(builds: int = builds, answered: int = answered) -> bool:
+            return server.contexts.builds > builds and len(statuses) > answered + 5
+
+        await eventually(rotated_and_serving, f"requests served across rotation {rotation + 1}")
     stop.set()
     await asyncio.gather(*workers)
     assert errors == []
