@@ -7,21 +7,44 @@ import asyncio
 import os
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.records import lifecycle_event, workload_record
+from tests.fixtures.waiting import TIMEOUT_S, eventually
 from tests.workload_manager.cluster_harness import free_port
 
-TIMEOUT = 20.0
+__all__ = [
+    "TIMEOUT",
+    "Engine",
+    "JobKey",
+    "Node",
+    "eventually",
+    "make_node",
+    "start_cluster",
+    "start_engine",
+]
+
+TIMEOUT = TIMEOUT_S
+FINAL = ("completed", "failed", "cancelled")
+
+JobKey = tuple[str, str, str]  # (originatedFrom, runId, id): one job, across members
+
+
+def job_key(job: dict[str, Any]) -> JobKey:
+    """The identity of a job in a member's Jobs list."""
+    return (job["originatedFrom"], job["runId"], job["id"])
 
 
 @dataclass
 class Node:
+    """One agent: its home, its ports and, once started, its process and log."""
+
     name: str
     home: Path
     ports: dict[str, int]
@@ -39,6 +62,7 @@ class Node:
         return f"http://127.0.0.1:{self.ports['api']}"
 
     async def cli(self, *args: str) -> tuple[int, str, str]:
+        """Run `nvpair ARGS` as this member; (exit status, stdout, stderr)."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", *args, env=self.env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -48,6 +72,7 @@ class Node:
         return proc.returncode, out.decode(), err.decode()
 
     async def start(self) -> None:
+        """Start `agent run` and wait until its /healthz says ok."""
         args = [
             "agent", "run", "--name", self.name, "--log-level", "debug",
             "--manager-port", str(self.ports["manager"]), "--node-port", str(self.ports["node"]),
@@ -61,37 +86,57 @@ class Node:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent", *args, env=self.env, stdout=log, stderr=log
             )
-        await eventually(self.healthy, f"{self.name} is up")
+
+        async def up() -> bool:
+            if self.proc is not None and self.proc.returncode is not None:
+                raise AssertionError(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
+            return await self.healthy()
+
+        await eventually(up, f"{self.name} is up")
 
     async def stop(self) -> None:
+        """SIGTERM, and wait for the agent to exit."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(self.proc.wait(), TIMEOUT)
 
     async def get(self, path: str) -> Any:
+        """GET the local API; the decoded JSON of a 200."""
         async with aiohttp.ClientSession() as session, session.get(self.api + path) as response:
             assert response.status == 200, await response.text()
             return await response.json()
 
     async def get_facade(self, path: str) -> Any:
+        """GET the inference facade; the decoded JSON of a 200."""
         url = f"http://127.0.0.1:{self.ports['facade']}{path}"
         async with aiohttp.ClientSession() as session, session.get(url) as response:
             assert response.status == 200, await response.text()
             return await response.json()
 
-    async def get_settled_jobs(self, count: int) -> list[Any]:
-        """Wait until this member's Jobs list has `count` jobs, all finished."""
+    async def jobs(self) -> list[Any]:
+        """This member's whole Jobs list."""
+        jobs: list[Any] = await self.get("/v1/jobs?limit=10000")
+        return jobs
+
+    async def job_keys(self) -> set[JobKey]:
+        """Every job this member lists now: a baseline for `get_settled_jobs(since=...)`."""
+        return {job_key(j) for j in await self.jobs()}
+
+    async def get_settled_jobs(self, count: int, *, since: Collection[JobKey] = ()) -> list[Any]:
+        """Wait until this member lists exactly `count` jobs besides those in `since` (what a
+        shared cluster held before the test), all finished; those jobs."""
         jobs: list[Any] = []
 
         async def settled() -> bool:
             nonlocal jobs
-            jobs = await self.get("/v1/jobs?limit=10000")
-            return len(jobs) == count and all(j["state"] not in ("queued", "running") for j in jobs)
+            jobs = [j for j in await self.jobs() if job_key(j) not in since]
+            return len(jobs) == count and all(j["state"] in FINAL for j in jobs)
 
         await eventually(settled, f"{count} finished jobs on {self.name}")
         return jobs
 
     async def healthy(self) -> bool:
+        """Whether /healthz answers and says ok (false while it cannot be reached)."""
         try:
             health = await self.get("/healthz")
         except (aiohttp.ClientError, AssertionError):
@@ -101,28 +146,36 @@ class Node:
     async def node_id(self) -> str:
         return str((await self.get("/healthz"))["nodeId"])
 
+    async def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample of the Prometheus endpoint (0 when it is not there)."""
+        async with aiohttp.ClientSession() as session, session.get(self.api + "/metrics") as r:
+            text = await r.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return 0.0
+
+    def log_count(self, text: str) -> int:
+        """How many times `text` is in this agent's log so far."""
+        assert self.log is not None
+        return self.log.read_bytes().count(text.encode())
+
     async def enter(self, wid: str, seq: int, origin: str) -> None:
-        record = {
-            "id": wid, "model": "llama", "engine": "vllm", "runId": f"{origin}-run",
-            "state": {1: "queued", 2: "running", 3: "completed"}[seq],
-            "originatedFrom": origin, "createdAt": 1_764_000_000_000, "seq": seq,
-        }  # fmt: skip
-        method = {1: "workload:submitted", 2: "workload:started", 3: "workload:completed"}[seq]
-        body = {"method": method, "params": {"workloadInfo": record}}
+        """Enter a local lifecycle event (seq 1 queued, 2 running, 3 completed) on this member."""
+        record = workload_record(wid, seq, origin=origin, run=f"{origin}-run")
         url = self.api + "/v1/jobs/events"
-        async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=lifecycle_event(record)) as response,
+        ):
             assert response.status == 202, await response.text()
 
 
-async def eventually(check: Any, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.1)
-
-
 def make_node(root: Path, name: str, gpus: str | None) -> Node:
+    """A member with free ports under `root`; not started."""
     return Node(
         name,
         root / name,
@@ -176,6 +229,7 @@ class Engine:
 
 
 async def start_engine(model: str, *flags: str) -> Engine:
+    """Start a mock engine serving `model` (comma-separated names) and wait until it serves."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agent", "mock-engine", "--port", str(port), "--model", model, *flags,

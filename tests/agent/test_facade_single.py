@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from .harness import Engine, Node, make_node, start_cluster, start_engine
+from .harness import Engine, Node, eventually, make_node, start_cluster, start_engine
 
 
 @pytest.fixture
@@ -48,17 +47,18 @@ async def test_keys_requester_and_queue_full(single: tuple[Node, Engine]) -> Non
     for key in (None, "sk-wrong"):
         response = await post(node, key)
         assert response.status == 401
-    first, second = await asyncio.gather(
-        post(node, "sk-test-123"), _later(post(node, "sk-test-123"))
-    )
+    in_flight = asyncio.create_task(post(node, "sk-test-123"))
+
+    async def first_is_running() -> bool:
+        return any(j["state"] == "running" for j in await node.jobs())
+
+    # The second request comes once the first is placed and running, so the queue is full.
+    await eventually(first_is_running, "the first request runs")
+    second = await post(node, "sk-test-123")
+    first = await in_flight
     assert first.status == 200
     assert second.status == 429
     assert second.headers["Retry-After"] == "1"
     [job] = await node.get_settled_jobs(1)
     assert job["requesterId"] == "team-a"
     assert job["state"] == "completed"
-
-
-async def _later(request: Coroutine[Any, Any, aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
-    await asyncio.sleep(0.5)  # the first request is placed and running by then
-    return await request
