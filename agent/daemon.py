@@ -27,24 +27,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-import msgspec
-
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
-from broker.records import NodeRecord
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
-from workload_manager.workload import Workload, WorkloadRemoval
+from workload_manager.workload import Workload
 
 from .config import PORTS, AgentConfig
 from .engines import Engines
-from .errors import MemberRefused, MemberUnreachable, PortInUse
+from .errors import PortInUse
 from .facade import Facade
 from .gpus import discover, simulate
 from .heartbeat import Heartbeat, OwnRecord
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
-from .members import Members
+from .members import SEEDS_FILE, Members, read_seeds
 from .node_api import NodeApi
 from .node_client import NodeClient
 from .operations import Operations
@@ -56,7 +53,6 @@ __all__ = ["Agent"]
 
 log = logging.getLogger(__name__)
 
-SEEDS_FILE: Final = "seeds.json"  # records learnt when joining, read at the next start
 CLOSE_BOUND_S: Final = 8.0  # `aclose()` gives up waiting after this, whatever failed
 
 
@@ -120,7 +116,7 @@ class Agent:
         engines = Engines(config.engines, on_change=lambda: heartbeat.push_now())
         stack.push_async_callback(engines.aclose)
         self.own = own = OwnRecord(config, node_id, gpus, lambda: engines.current)
-        members.offer([own.current, *self._read_seeds()])
+        members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
         read_gpus = None if config.simulate_gpus else self._gpu_reader(node_id)
         heartbeat = Heartbeat(
             own=own,
@@ -157,7 +153,9 @@ class Agent:
             cordon_here=heartbeat.set_cordon,
             cordon_member=client.cordon,
             active_on=self._active_on,
-            cancel_everywhere=self._cancel_everywhere(client, facade),
+            cancel_here=facade.cancel_on,
+            cancel_member=client.cancel,
+            peers=lambda: [r.nodeId for r in members.peers()],
             spawn=tasks.spawn,
         )
 
@@ -250,11 +248,6 @@ class Agent:
         self.writer.upsert(record)
         self.supervisor.send_event(method, record)
 
-    def remove_job(self, removal: WorkloadRemoval) -> None:
-        """A local job removal."""
-        self.writer.remove(removal)
-        self.supervisor.send_removal(removal)
-
     async def _remote_load(self) -> dict[str, int]:
         # Others' queued and running jobs by node, from the shared Jobs view.
         await self.writer.flush()
@@ -263,17 +256,6 @@ class Agent:
     async def _active_on(self, target: str) -> list[str]:
         await self.writer.flush()
         return await self.store.active_on(target)
-
-    def _cancel_everywhere(
-        self, client: NodeClient, facade: Facade
-    ) -> Callable[[str], Awaitable[None]]:
-        async def cancel(target: str) -> None:
-            facade.cancel_on(target)
-            for peer in self.members.peers():
-                with contextlib.suppress(MemberUnreachable, MemberRefused):
-                    await client.cancel(peer.nodeId, target)
-
-        return cancel
 
     @staticmethod
     def _gpu_reader(node_id: str) -> Callable[[], Awaitable[Any]]:
@@ -287,16 +269,6 @@ class Agent:
         state = self.config.state_file
         state.write_text(json.dumps({"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}))
         self._stack.callback(lambda: state.unlink(missing_ok=True))
-
-    def _read_seeds(self) -> list[NodeRecord]:
-        path = self.config.home / SEEDS_FILE
-        if not path.exists():
-            return []
-        try:
-            return msgspec.json.decode(path.read_bytes(), type=list[NodeRecord])
-        except msgspec.DecodeError as exc:
-            log.warning("ignoring %s: %s", path, exc)
-            return []
 
 
 def _port_in_use(setting: str, port: int) -> PortInUse:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import msgspec
 from cryptography import x509
@@ -20,9 +21,23 @@ from broker.records import Membership, NodeRecord, RecordsPush, Removal
 from certs import ClusterDir, PinRefused
 from workload_manager.manager import Peer
 
-__all__ = ["Members"]
+__all__ = ["SEEDS_FILE", "Members", "read_seeds"]
 
 log = logging.getLogger(__name__)
+
+SEEDS_FILE: Final = "seeds.json"  # in NVPAIR_HOME: the records learnt when joining
+
+
+def read_seeds(path: Path) -> list[NodeRecord]:
+    """The records `nvpair cluster join` saved, so a new member knows where its peers are
+    before any of them has pushed; a missing or unreadable file is no seeds."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=list[NodeRecord])
+    except FileNotFoundError:
+        return []
+    except (OSError, msgspec.DecodeError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return []
 
 
 class Members:

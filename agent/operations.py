@@ -151,7 +151,9 @@ class Operations:
         cordon_here: Callable[[bool], None],
         cordon_member: Callable[[str, bool], Awaitable[None]],
         active_on: Callable[[str], Awaitable[list[str]]],
-        cancel_everywhere: Callable[[str], Awaitable[None]],
+        cancel_here: Callable[[str], object],
+        cancel_member: Callable[[str, str], Awaitable[None]],
+        peers: Callable[[], list[str]],
         spawn: Callable[[str, Coroutine[Any, Any, None]], object],
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
@@ -162,7 +164,9 @@ class Operations:
         self._cordon_here = cordon_here
         self._cordon_member = cordon_member
         self._active_on = active_on
-        self._cancel_everywhere = cancel_everywhere
+        self._cancel_here = cancel_here
+        self._cancel_member = cancel_member
+        self._peers = peers
         self._spawn = spawn
         self._clock = clock
         self._poll_s = poll_s
@@ -194,6 +198,16 @@ class Operations:
             self._cordon_here(cordoned)
         else:
             await self._cordon_member(target, cordoned)
+
+    async def _cancel_everywhere(self, target: str) -> None:
+        # Every member's facade cancels what it placed on the target; one that cannot be
+        # reached has its jobs there end with the target's own engines.
+        self._cancel_here(target)
+        for node_id in self._peers():
+            try:
+                await self._cancel_member(node_id, target)
+            except (MemberUnreachable, MemberRefused) as exc:
+                log.info("could not ask %s to cancel its jobs on %s: %s", node_id, target, exc)
 
     async def _run(self, op: Operation) -> None:
         op.move(Phase.RUNNING)

@@ -75,9 +75,15 @@ class World:
                 self.looped.set()
             return list(self.active.get(node, []))
 
-        async def cancel(node: str) -> None:
+        def cancel_here(node: str) -> int:
             self.cancelled.append(node)
             self.active[node] = []  # the cancelled jobs end
+            return 1
+
+        async def cancel_member(member: str, node: str) -> None:
+            if member == "nod_down":
+                raise MemberUnreachable(member)
+            self.cancelled.append(f"{member} cancels on {node}")
 
         def spawn(part: str, coro: Coroutine[Any, Any, None]) -> object:
             self.tasks.append(asyncio.create_task(coro))
@@ -90,7 +96,9 @@ class World:
             cordon_here=lambda on: self.cordons.append(("nod_me", on)),
             cordon_member=cordon_member,
             active_on=active_on,
-            cancel_everywhere=cancel,
+            cancel_here=cancel_here,
+            cancel_member=cancel_member,
+            peers=lambda: ["nod_down", "nod_b"],
             spawn=spawn,
             clock=lambda: self.now,
             poll_s=0,
@@ -150,7 +158,8 @@ async def test_a_drain_past_its_timeout_fails_or_with_force_cancels() -> None:
     assert nothing_cancelled == []
     forced, cancelled = ops_by_force[True]
     assert forced["phase"] == "succeeded"
-    assert cancelled == ["nod_b"]
+    # Here, and every member's facade that can be reached (one is down: no failure).
+    assert cancelled == ["nod_b", "nod_b cancels on nod_b"]
 
 
 async def test_an_unreachable_member_fails_the_operation_with_why() -> None:
