@@ -1,5 +1,10 @@
 """The inference facade on three real agents with real mock engines, through the real
-`openai` package and plain HTTP."""
+`openai` package and plain HTTP.
+
+One cluster (and its engines) serves the whole module. Each test takes `before`, the jobs
+the cluster already held once they had all settled everywhere, and counts only the jobs it
+made; the cordon test uncordons again, and the drain test, which leaves c cordoned, is last.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,29 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
+import pytest_asyncio
 
-from .harness import Engine, Node, eventually, make_node, start_cluster, start_engine
+from .harness import (
+    Engine,
+    JobKey,
+    Node,
+    eventually,
+    job_key,
+    make_node,
+    start_cluster,
+    start_engine,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MARKER = "PROMPT-MARKER-c0ffee"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engines() -> AsyncIterator[dict[str, Engine]]:
     started = {
         # a's engine is slow: 4 requests keep it busy, and its queue limit is 2
@@ -31,17 +47,20 @@ async def engines() -> AsyncIterator[dict[str, Engine]]:
         await engine.stop()
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path, engines: dict[str, Engine]) -> AsyncIterator[list[Node]]:
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(
+    tmp_path_factory: pytest.TempPathFactory, engines: dict[str, Engine]
+) -> AsyncIterator[list[Node]]:
+    root = tmp_path_factory.mktemp("facade")
     nodes = [
-        make_node(tmp_path, "a", "h100-80gb-sxm:8"),
-        make_node(tmp_path, "b", "l4:2"),
-        make_node(tmp_path, "c", "l4:2"),
+        make_node(root, "a", "h100-80gb-sxm:8"),
+        make_node(root, "b", "l4:2"),
+        make_node(root, "c", "l4:2"),
     ]
     for node in nodes:
         node.extra = ["--engine", f"vllm={engines[node.name].url}"]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "nvpair.toml").write_text("[agent]\nqueue_limit = 2\n")
+    (root / "a").mkdir()
+    (root / "a" / "nvpair.toml").write_text("[agent]\nqueue_limit = 2\n")
     async for started in start_cluster(nodes):
 
         async def ready(started: list[Node] = started) -> bool:
@@ -55,6 +74,24 @@ async def cluster(tmp_path: Path, engines: dict[str, Engine]) -> AsyncIterator[l
 
         await eventually(ready, "every facade sees every engine")
         yield started
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def before(cluster: list[Node]) -> set[JobKey]:
+    """The jobs earlier tests left, once every member lists the same ones, all finished:
+    what this test's counts leave out."""
+    keys: set[JobKey] = set()
+
+    async def settled_everywhere() -> bool:
+        nonlocal keys
+        views = [await node.jobs() for node in cluster]
+        if any(j["state"] in ("queued", "running") for view in views for j in view):
+            return False
+        keys = {job_key(j) for j in views[0]}
+        return all({job_key(j) for j in view} == keys for view in views[1:])
+
+    await eventually(settled_everywhere, "earlier tests' jobs final and the same everywhere")
+    return keys
 
 
 def client(node: Node) -> openai.AsyncOpenAI:
@@ -89,17 +126,21 @@ async def test_openai_client_chat_stream_and_models(cluster: list[Node]) -> None
             )
 
 
-async def test_a_model_only_c_serves_always_runs_on_c(cluster: list[Node]) -> None:
+async def test_a_model_only_c_serves_always_runs_on_c(
+    cluster: list[Node], before: set[JobKey]
+) -> None:
     a, b, c = cluster
     c_id = await c.node_id()
     for node in (a, b, a, b):
         async with client(node) as oa:
             await oa.completions.create(model="only-c", prompt=MARKER, max_tokens=2)
-    jobs = await a.get_settled_jobs(4)
+    jobs = await a.get_settled_jobs(4, since=before)
     assert {j["scheduledOn"] for j in jobs} == {c_id}
 
 
-async def test_a_saturated_node_sends_new_work_elsewhere(cluster: list[Node]) -> None:
+async def test_a_saturated_node_sends_new_work_elsewhere(
+    cluster: list[Node], before: set[JobKey]
+) -> None:
     a = cluster[0]
     a_id = await a.node_id()
 
@@ -111,13 +152,15 @@ async def test_a_saturated_node_sends_new_work_elsewhere(cluster: list[Node]) ->
                 )
 
     await asyncio.gather(*(one() for _ in range(8)))
-    jobs = await a.get_settled_jobs(8)
+    jobs = await a.get_settled_jobs(8, since=before)
     placed = [j["scheduledOn"] for j in jobs]
     assert placed.count(a_id) <= 2  # a's queue limit; the rest went to b and c
     assert set(placed) - {a_id}
 
 
-async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> None:
+async def test_burst_of_300_ends_the_same_everywhere(
+    cluster: list[Node], before: set[JobKey]
+) -> None:
     refused = 0
     dropped = 6
 
@@ -146,8 +189,17 @@ async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> Non
             await response.read()
             refused += response.status == 429  # refused before it became a job
 
+    async def hung_up_ones_started() -> bool:
+        started: set[JobKey] = set()
+        for node in cluster:
+            for j in await node.jobs():
+                if j["model"] == "only-c" and j["state"] != "queued" and job_key(j) not in before:
+                    started.add(job_key(j))
+        return len(started) >= dropped
+
     hang_ups = [asyncio.create_task(hang_up(n)) for n in range(dropped)]
-    await asyncio.sleep(0.3)  # they are placed and running when the burst starts
+    # They are placed and running when the burst starts (or already cancelled).
+    await eventually(hung_up_ones_started, f"the {dropped} hang-ups placed on c")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=60)) as session:
         await asyncio.gather(*(one(n, cluster[n % 3], session) for n in range(300 - dropped)))
     await asyncio.gather(*hang_ups)
@@ -155,7 +207,7 @@ async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> Non
     async def same_everywhere() -> bool:
         views = []
         for node in cluster:
-            jobs = await node.get("/v1/jobs?limit=10000")
+            jobs = [j for j in await node.jobs() if job_key(j) not in before]
             if len(jobs) != 300 - refused or any(j["state"] in ("queued", "running") for j in jobs):
                 return False
             views.append(
@@ -164,7 +216,7 @@ async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> Non
         return views[0] == views[1] == views[2]
 
     await eventually(same_everywhere, "every job final and identical on every member")
-    jobs = await cluster[0].get("/v1/jobs?limit=10000")
+    jobs = [j for j in await cluster[0].jobs() if job_key(j) not in before]
     states = [j["state"] for j in jobs]
     assert states.count("cancelled") == dropped
     assert {"completed", "failed"} <= set(states)  # b's engine fails a fifth of its requests
@@ -173,14 +225,14 @@ async def test_burst_of_300_ends_the_same_everywhere(cluster: list[Node]) -> Non
     assert refused < 150
 
 
-async def test_no_prompt_anywhere(cluster: list[Node], tmp_path: Path) -> None:
+async def test_no_prompt_anywhere(cluster: list[Node], before: set[JobKey]) -> None:
     a = cluster[0]
     async with client(a) as oa:
         for model in ("llama", "only-c", "llama"):
             await oa.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": MARKER}]
             )
-    await a.get_settled_jobs(3)
+    await a.get_settled_jobs(3, since=before)
     for node in cluster:
         jobs_text = str(await node.get("/v1/jobs"))
         async with aiohttp.ClientSession() as session, session.get(node.api + "/metrics") as r:
@@ -193,33 +245,45 @@ async def test_no_prompt_anywhere(cluster: list[Node], tmp_path: Path) -> None:
             assert MARKER.encode() not in db.read_bytes()
 
 
-async def placements(node: Node, count: int) -> list[str]:
-    return [j["scheduledOn"] for j in await node.get_settled_jobs(count)]
+async def placements(node: Node, count: int, since: set[JobKey]) -> list[str]:
+    return [j["scheduledOn"] for j in await node.get_settled_jobs(count, since=since)]
 
 
-async def test_a_cordoned_node_gets_nothing_new(cluster: list[Node]) -> None:
+async def cordoned_on(node: Node, target: str, cordoned: bool) -> bool:
+    nodes = {n["nodeId"]: n for n in await node.get("/v1/nodes")}
+    return bool(nodes[target]["cordoned"]) is cordoned
+
+
+async def test_a_cordoned_node_gets_nothing_new(cluster: list[Node], before: set[JobKey]) -> None:
     a, b, c = cluster
     b_id = await b.node_id()
     code, out, err = await a.cli("node", "cordon", b_id)
     assert code == 0, err
     assert "succeeded" in out
-
-    async def everyone_knows() -> bool:
-        nodes = {n["nodeId"]: n for n in await c.get("/v1/nodes")}
-        return bool(nodes[b_id]["cordoned"])
-
-    await eventually(everyone_knows, "c sees b cordoned")
-    async with client(c) as oa:
-        for _ in range(6):
-            await oa.chat.completions.create(
-                model="llama", messages=[{"role": "user", "content": "x"}]
+    try:
+        await eventually(lambda: cordoned_on(c, b_id, True), "c sees b cordoned")
+        async with client(c) as oa:
+            for _ in range(6):
+                await oa.chat.completions.create(
+                    model="llama", messages=[{"role": "user", "content": "x"}]
+                )
+        assert b_id not in await placements(c, 6, before)
+        explained = await c.get("/v1/explain?model=llama")
+        assert {"nodeId": b_id, "reason": "cordoned"} in explained["refused"]
+    finally:
+        # The cluster is shared: give b back to the tests after this one.
+        code, _, err = await a.cli("node", "uncordon", b_id)
+        assert code == 0, err
+        for node in cluster:
+            await eventually(
+                lambda node=node: cordoned_on(node, b_id, False), f"{node.name} sees b back"
             )
-    assert b_id not in await placements(c, 6)
-    explained = await c.get("/v1/explain?model=llama")
-    assert {"nodeId": b_id, "reason": "cordoned"} in explained["refused"]
 
 
-async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[Node]) -> None:
+async def test_drain_waits_for_in_flight_jobs_then_force_cancels(
+    cluster: list[Node], before: set[JobKey]
+) -> None:
+    # Last in the module: it leaves c drained (cordoned).
     a, b, c = cluster
     c_id = await c.node_id()
     # A long request on c (only c serves only-c: 40 tokens at 20/s = 2 s).
@@ -227,7 +291,7 @@ async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[N
     url = f"http://127.0.0.1:{a.ports['facade']}/v1/chat/completions"
     async with aiohttp.ClientSession() as session:
         finishing = asyncio.create_task(session.post(url, json=body))
-        await eventually(lambda: _running_on(a, c_id), "the job runs on c")
+        await eventually(lambda: _running_on(a, c_id, before), "the job runs on c")
         code, out, _ = await b.cli("node", "drain", c_id, "--timeout", "30s")
         assert code == 0
         assert "drained" in out
@@ -238,7 +302,7 @@ async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[N
         await b.cli("node", "uncordon", c_id)
         body["max_tokens"] = 400  # 20 s
         stuck = asyncio.create_task(session.post(url, json=body))
-        await eventually(lambda: _running_on(a, c_id), "a long job runs on c")
+        await eventually(lambda: _running_on(a, c_id, before), "a long job runs on c")
         code, out, _ = await b.cli("node", "drain", c_id, "--timeout", "1s")
         assert code == 1
         assert "timed out; still waiting for 1 job(s)" in out
@@ -247,7 +311,7 @@ async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[N
         assert code == 0, out
         with contextlib.suppress(aiohttp.ClientError):
             (await stuck).release()
-    states = {j["id"]: j["state"] for j in await a.get("/v1/jobs")}
+    states = {j["id"]: j["state"] for j in await a.jobs() if job_key(j) not in before}
     assert sorted(states.values()) == ["cancelled", "completed"]
     code, out, _ = await b.cli("ops", "--json")
     assert [op["phase"] for op in json.loads(out) if op["kind"] == "drain"] == [
@@ -257,6 +321,6 @@ async def test_drain_waits_for_in_flight_jobs_then_force_cancels(cluster: list[N
     ][::-1]
 
 
-async def _running_on(node: Node, target: str) -> bool:
-    jobs = await node.get("/v1/jobs")
+async def _running_on(node: Node, target: str, before: set[JobKey]) -> bool:
+    jobs = [j for j in await node.jobs() if job_key(j) not in before]
     return any(j["state"] == "running" and j.get("scheduledOn") == target for j in jobs)
