@@ -1,17 +1,24 @@
 """Supervising the workload manager child process.
 
-The broker starts `python -m workload_manager` with the node's port and cluster dir, talks
-to it over stdio (newline-delimited JSON-RPC), and:
+The broker starts `python -m workload_manager` with the node's port and cluster dir and talks
+to it over stdio (newline-delimited JSON-RPC). What each frame means is the `BrokerChannel`'s
+business (`broker/channel.py`); this module only moves bytes and carries out its actions:
 
-- waits for `ready {version}`, then sends `peers:set` from the node records (and again on
-  every change);
-- answers `workloads:snapshot` from the Jobs store, page by page;
-- hands every `workloads:upsert` / `workloads:remove` to the Jobs writer (group commit);
+- on `ready {version}` it sends `peers:set` from the node records (and again on every
+  change);
+- it answers `workloads:snapshot` from the Jobs store, page by page;
+- it hands every `workloads:upsert` / `workloads:remove` to the Jobs writer (group commit);
   while the writer is full it stops reading, so the manager's buffer fills and it answers
   its peers 503 instead of dropping anything;
-- restarts the child when it exits, with exponential backoff (0.5 s doubling to 30 s); five
-  exits within a minute is a crash loop, reported in `status()` and logged, not hidden;
-- on `aclose()`, sends SIGTERM and, after a grace period, SIGKILL.
+- it passes the child's stderr through to ours, keeping the last lines;
+- it restarts the child when it exits, with backoff (`broker/restarts.py`); five exits
+  within a minute is a crash loop, reported in `status()` and logged, not hidden;
+- a first child that exits with status 2 (a port in use, a bad flag) is not restarted:
+  `start()` raises `ManagerPortInUse` / `ManagerStartFailed` instead of a crash loop;
+- on `aclose()`, it sends SIGTERM and, after a grace period, SIGKILL.
+
+Its tasks (the loop, the stderr pump) belong to its own task group; a loop that dies is
+logged with its traceback and reported (`failure`, `on_failure`).
 """
 
 from __future__ import annotations
@@ -23,40 +30,50 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
+from workload_manager.errors import port_in_use_from
 from workload_manager.framing import LineFramer
-from workload_manager.jsonrpc import (
-    ErrorObject,
-    Notification,
-    Request,
-    Response,
-    encode_error,
-    encode_notification,
-    encode_result,
-    parse_payload,
-)
 from workload_manager.manager import Peer
-from workload_manager.workload import LifecycleParams, Workload, WorkloadRemoval
+from workload_manager.tasks import FailureHandler, describe, reporting
+from workload_manager.workload import Workload, WorkloadRemoval
 
+from .channel import (
+    Answered,
+    BrokerChannel,
+    ChannelAction,
+    ManagerReady,
+    Refused,
+    SendToManager,
+    SnapshotWanted,
+    StoreRemove,
+    StoreUpsert,
+)
+from .errors import (
+    BrokerError,
+    ManagerPortInUse,
+    ManagerRefused,
+    ManagerStartFailed,
+    ManagerUnavailable,
+)
 from .jobs import JobsStore, JobsWriter
+from .process import pass_stderr, stop_process
+from .restarts import RestartPolicy
 
 __all__ = ["ManagerSupervisor"]
 
 log = logging.getLogger(__name__)
 
+PART: Final = "workload-manager"
 MAX_UNREAD: Final = 16 * 1024 * 1024
+MAX_FRAME: Final = 16 * 1024 * 1024
 REQUEST_TIMEOUT_S: Final = 5.0
-CRASH_WINDOW_S: Final = 60.0
-CRASH_LOOP_EXITS: Final = 5
-
-_upsert_params: Final = msgspec.json.Decoder(LifecycleParams)
-_remove_params: Final = msgspec.json.Decoder(WorkloadRemoval)
-_snapshot_params: Final = msgspec.json.Decoder(dict[str, Any])
+STDERR_DRAIN_S: Final = 1.0  # a grandchild may hold the pipe open after the child exits
+USAGE_EXIT: Final = 2  # the manager's status for what restarting cannot fix (its cli.py)
 
 
 class ManagerSupervisor:
@@ -75,6 +92,7 @@ class ManagerSupervisor:
         backoff_base_s: float = 0.5,
         backoff_cap_s: float = 30.0,
         grace_s: float = 5.0,
+        on_failure: FailureHandler | None = None,
     ) -> None:
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
@@ -86,45 +104,67 @@ class ManagerSupervisor:
         self.log_level = log_level
         self.extra_env = extra_env or {}
         self.argv = list(argv) if argv else [sys.executable, "-m", "workload_manager"]
+        self.on_failure = on_failure
         self.peers: tuple[Peer, ...] = ()
         self.version: str | None = None
         self.restarts = 0
         self.last_exit: int | None = None
         self.state = "starting"
-        self._exits: deque[float] = deque(maxlen=CRASH_LOOP_EXITS)
+        self.failure: str | None = None  # why the supervising loop died, if it did
+        self.stderr_tail: deque[str] = deque(maxlen=8)  # the child's last lines on stderr
+        self.dropped = 0  # frames not sent because the child was not reading
+        self._policy = RestartPolicy()
         self._proc: asyncio.subprocess.Process | None = None
+        self._channel: BrokerChannel | None = None
         self._ready = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._requests = 0
+        self._started: asyncio.Future[None] | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+        self._running: set[asyncio.Task[None]] = set()  # ours, in `_tasks`, until done
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._stopping = False
-        self.dropped = 0  # frames not sent because the child was not reading
 
     # -- lifetime ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the child and keep it running; returns once it said `ready`."""
-        self._task = asyncio.create_task(self._supervise(), name="workload-manager")
-        ready = asyncio.create_task(self._ready.wait())
-        done, _ = await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        if self._task in done:
-            ready.cancel()
-            self._task.result()  # raises what stopped the supervisor
+        """Start the child and keep it running; returns once it said `ready`.
+
+        Raises `ManagerPortInUse` (its port is taken) or `ManagerStartFailed` (another exit
+        with status 2) when the first child ends that way, and leaves nothing running.
+        """
+        self._started = asyncio.get_running_loop().create_future()
+        self._tasks = asyncio.TaskGroup()
+        await self._tasks.__aenter__()
+        self._spawn(PART, reporting(PART, self._supervise(), self._died))
+        try:
+            await self._started
+        except BrokerError:
+            await self.aclose()
+            raise
 
     async def aclose(self) -> None:
-        """Stop the child: SIGTERM, then SIGKILL after the grace period."""
+        """Stop the child: SIGTERM, then SIGKILL after the grace period; end every task."""
         self._stopping = True
         await self._stop_child()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        tasks, self._tasks = self._tasks, None
+        if tasks is not None:
+            for task in self._running:
+                task.cancel()
+            await tasks.__aexit__(None, None, None)
         self.state = "stopped"
 
     @property
     def pid(self) -> int | None:
         """The child's pid while it runs."""
         return self._proc.pid if self._proc and self._proc.returncode is None else None
+
+    def problem(self) -> str | None:
+        """Why the manager is not serving, for a health report; None while it runs."""
+        if self.failure is not None:
+            return self.failure
+        if self.state == "running":
+            return None
+        last = f"; it said: {self.stderr_tail[-1]}" if self.stderr_tail else ""
+        return f"the workload manager is {self.state} (last exit {self.last_exit}){last}"
 
     def status(self) -> dict[str, Any]:
         """For the local API and metrics."""
@@ -142,42 +182,52 @@ class ManagerSupervisor:
         """Replace the peer list, now if the child is up, else at its next `ready`."""
         self.peers = tuple(peers)
         if self._ready.is_set():
-            self._send(encode_notification("peers:set", {"peers": list(self.peers)}))
+            self._send(BrokerChannel.peers_frame(self.peers))
 
     def send_event(self, method: str, record: Workload) -> None:
         """A local lifecycle event (from the facade) for the manager to broadcast."""
-        self._send(encode_notification(method, LifecycleParams(workloadInfo=record)))
+        self._send(BrokerChannel.event_frame(method, record))
 
     def send_removal(self, removal: WorkloadRemoval) -> None:
         """A local removal for the manager to broadcast."""
-        self._send(encode_notification("workloads:remove", removal))
+        self._send(BrokerChannel.removal_frame(removal))
 
     async def request(self, method: str, params: Any = None) -> Any:
-        """Call a manager method (e.g. `manager:status`) and return its result."""
-        self._requests += 1
-        request_id = f"b{self._requests}"
+        """Call a manager method (e.g. `manager:status`) and return its decoded result.
+
+        Raises `ManagerRefused` when it answers with an error and `ManagerUnavailable` when
+        it is not running, exits meanwhile or does not answer within 5 s.
+        """
+        channel = self._channel
+        if channel is None or not self._ready.is_set():
+            raise ManagerUnavailable(f"the workload manager is {self.state}")
+        request_id, frame = channel.request(method, msgspec.UNSET if params is None else params)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        frame: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": request_id}
-        if params is not None:
-            frame["params"] = params
-        self._send(msgspec.json.encode(frame))
         try:
+            if not self._send(frame):
+                raise ManagerUnavailable("the workload manager is not reading its input")
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 return await future
+        except TimeoutError:
+            raise ManagerUnavailable(
+                f"the workload manager did not answer {method[:64]} within {REQUEST_TIMEOUT_S:g}s"
+            ) from None
         finally:
             self._pending.pop(request_id, None)
+            channel.forget(request_id)
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: bytes) -> bool:
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None:
-            return  # the child is restarting; it catches up through its snapshot and peers
+            return False  # the child is restarting; it catches up through its snapshot and peers
         if proc.stdin.transport.get_write_buffer_size() > MAX_UNREAD:
             # A child that does not read is stuck; what it misses it gets back from the
             # Jobs store (its snapshot) after the restart that follows.
             self.dropped += 1
-            return
+            return False
         proc.stdin.write(frame + b"\n")
+        return True
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -188,35 +238,40 @@ class ManagerSupervisor:
             self.last_exit = code
             if self._stopping:
                 return
-            now = time.monotonic()
-            self._exits.append(now)
+            if code == USAGE_EXIT and self._first_start_failed(code):
+                return
             self.restarts += 1
-            crash_loop = (
-                len(self._exits) == CRASH_LOOP_EXITS and now - self._exits[0] < CRASH_WINDOW_S
-            )
-            healthy_for = now - started
-            failures = (
-                0
-                if healthy_for > CRASH_WINDOW_S
-                else sum(1 for t in self._exits if now - t < CRASH_WINDOW_S)
-            )
-            delay = min(self.backoff_cap_s, self.backoff_base_s * 2 ** max(0, failures - 1))
-            self.state = "crash-loop" if crash_loop else "restarting"
-            level = logging.ERROR if crash_loop else logging.WARNING
+            policy = self._policy
+            policy.base_s, policy.cap_s = self.backoff_base_s, self.backoff_cap_s
+            step = policy.exited(started=started, now=time.monotonic())
+            self.state = "crash-loop" if step.crash_loop else "restarting"
             log.log(
-                level,
+                logging.ERROR if step.crash_loop else logging.WARNING,
                 "workload manager exited with %s%s; restarting in %.1fs",
                 code,
-                f" ({CRASH_LOOP_EXITS} exits within {CRASH_WINDOW_S:.0f}s: crash loop)"
-                if crash_loop
-                else "",
-                delay,
+                " (5 exits within 60s: crash loop)" if step.crash_loop else "",
+                step.delay_s,
             )
-            await asyncio.sleep(delay)
+            await asyncio.sleep(step.delay_s)
+
+    def _first_start_failed(self, code: int) -> bool:
+        # Status 2 before any `ready`: the port is taken or the flags are wrong, and starting
+        # the same command again cannot help; start() says why instead of a crash loop.
+        started = self._started
+        if started is None or started.done():
+            return False
+        line = self.stderr_tail[-1] if self.stderr_tail else ""
+        port = next(filter(None, map(port_in_use_from, reversed(self.stderr_tail))), None)
+        self.state = "failed"
+        started.set_exception(
+            ManagerPortInUse(port, line) if port is not None else ManagerStartFailed(code, line)
+        )
+        return True
 
     async def _run_child(self) -> int:
         self._ready.clear()
-        self._proc = await asyncio.create_subprocess_exec(
+        self._channel = BrokerChannel()
+        self._proc = proc = await asyncio.create_subprocess_exec(
             *self.argv,
             "--port",
             str(self.port),
@@ -226,103 +281,97 @@ class ManagerSupervisor:
             self.log_level,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **self.extra_env},
         )
-        log.info("workload manager started (pid %d)", self._proc.pid)
+        log.info("workload manager started (pid %d)", proc.pid)
+        stderr = self._spawn(
+            f"{PART}-stderr", reporting(f"{PART}-stderr", pass_stderr(proc, self.stderr_tail))
+        )
         try:
-            await self._read(self._proc)
+            await self._read(proc, self._channel)
         finally:
-            code = await self._proc.wait()
+            code = await proc.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(stderr), STDERR_DRAIN_S)
+            stderr.cancel()
+            self._channel.abandon()
             for future in self._pending.values():
                 if not future.done():
-                    future.set_exception(ConnectionError("the workload manager exited"))
+                    future.set_exception(
+                        ManagerUnavailable(f"the workload manager exited with status {code}")
+                    )
         return code
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+    def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        assert self._tasks is not None, "the supervisor is not started"
+        task = self._tasks.create_task(work, name=name)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return task
+
+    async def _read(self, proc: asyncio.subprocess.Process, channel: BrokerChannel) -> None:
         assert proc.stdout is not None
-        framer = LineFramer(16 * 1024 * 1024)
+        framer = LineFramer(MAX_FRAME)
         while chunk := await proc.stdout.read(65536):
             for frame in framer.feed(chunk):
                 if isinstance(frame, bytes):
-                    await self._on_frame(frame)
+                    for action in channel.receive(frame):
+                        await self._carry_out(action, channel)
+                else:
+                    log.warning(
+                        "skipped a frame over %d bytes from the workload manager", frame.limit
+                    )
             if not self.writer.has_room():
                 await self.writer.wait_for_room()  # backpressure: stop reading until written
 
-    async def _on_frame(self, frame: bytes) -> None:
-        message = parse_payload(frame)
-        if isinstance(message, Notification):
-            self._on_notification(message)
-        elif isinstance(message, Request):
-            await self._on_request(message)
-        elif isinstance(message, Response):
-            future = self._pending.get(str(message.id))
-            if future is None or future.done():
-                return
-            if isinstance(message.result, msgspec.Raw):
-                future.set_result(msgspec.json.decode(message.result))
-            else:
-                future.set_exception(RuntimeError(f"the workload manager refused: {message.error}"))
-        else:
-            log.warning("ignoring a frame from the workload manager that is not one message")
-
-    def _on_notification(self, message: Notification) -> None:
-        if message.params is msgspec.UNSET:
-            params: Any = b"null"
-        else:
-            params = message.params
-        try:
-            if message.method == "workloads:upsert":
-                self.writer.upsert(_upsert_params.decode(params).workloadInfo)
-            elif message.method == "workloads:remove":
-                self.writer.remove(_remove_params.decode(params))
-            elif message.method == "ready":
-                self.version = msgspec.json.decode(params).get("version")
+    async def _carry_out(self, action: ChannelAction, channel: BrokerChannel) -> None:
+        match action:
+            case StoreUpsert(record):
+                self.writer.upsert(record)
+            case StoreRemove(removal):
+                self.writer.remove(removal)
+            case SendToManager(frame):
+                self._send(frame)
+            case ManagerReady(version):
+                self.version = version
                 self.state = "running"
                 self._ready.set()
-                self._send(encode_notification("peers:set", {"peers": list(self.peers)}))
-            else:
-                log.debug("ignoring %s from the workload manager", message.method[:64])
-        except (msgspec.ValidationError, msgspec.DecodeError, AttributeError) as exc:
-            log.warning("bad %s from the workload manager: %s", message.method[:64], exc)
+                self._send(BrokerChannel.peers_frame(self.peers))
+                if self._started is not None and not self._started.done():
+                    self._started.set_result(None)
+            case SnapshotWanted():
+                self._send(await self._snapshot_page(action, channel))
+            case Answered(request_id, result):
+                future = self._pending.get(request_id)
+                if future is not None and not future.done():
+                    future.set_result(msgspec.json.decode(result))
+            case Refused(request_id, method, error):
+                future = self._pending.get(request_id)
+                if future is not None and not future.done():
+                    refused = ManagerRefused(method, error.code, error.message, error.data or None)
+                    future.set_exception(refused)
 
-    async def _on_request(self, message: Request) -> None:
-        if message.method != "workloads:snapshot":
-            self._send(
-                encode_error(message.id, ErrorObject(code=-32601, message="Method not found"))
-            )
-            return
+    async def _snapshot_page(self, wanted: SnapshotWanted, channel: BrokerChannel) -> bytes:
         try:
-            params = (
-                _snapshot_params.decode(message.params)
-                if message.params is not msgspec.UNSET
-                else {}
-            )
-            limit = max(1, min(int(params.get("limit", 2000)), 10_000))
             await self.writer.flush()  # the view includes everything written so far
-            page = await self.store.view(cursor=params.get("cursor"), limit=limit)
+            page = await self.store.view(cursor=wanted.cursor, limit=wanted.limit)
+        except BrokerError as exc:
+            log.warning("cannot answer workloads:snapshot: %s", exc)
+            return channel.snapshot_failed(wanted.request_id, exc)
         except Exception as exc:
-            log.warning("workloads:snapshot failed: %s", exc)
-            self._send(encode_error(message.id, ErrorObject(code=-32603, message="Internal error")))
-            return
-        result: dict[str, Any] = {
-            "workloads": page.workloads,
-            "removed": page.removed,
-        }
-        if page.next is not None:
-            result["next"] = page.next
-        self._send(encode_result(message.id, result))
+            log.exception("workloads:snapshot failed")
+            return channel.snapshot_failed(wanted.request_id, exc)
+        return channel.snapshot_reply(wanted.request_id, page)
+
+    def _died(self, part: str, exc: BaseException) -> None:
+        self.failure = describe(exc)
+        self.state = "failed"
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(ManagerUnavailable(f"{part} failed: {self.failure}"))
+        if self.on_failure is not None:
+            self.on_failure(part, exc)
 
     async def _stop_child(self) -> None:
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            async with asyncio.timeout(self.grace_s):
-                await proc.wait()
-        except TimeoutError:
-            log.warning("workload manager ignored SIGTERM for %.1fs; killing it", self.grace_s)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        if self._proc is not None:
+            await stop_process(self._proc, self.grace_s)

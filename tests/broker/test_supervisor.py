@@ -6,15 +6,19 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from broker.errors import ManagerPortInUse, ManagerRefused, ManagerStartFailed, ManagerUnavailable
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
 from tests.workload_manager.cluster_harness import eventually, eventually_async, free_port
+from workload_manager.jsonrpc import METHOD_NOT_FOUND
 from workload_manager.manager import Peer
 from workload_manager.workload import WorkloadRemoval, decode_workload
 
@@ -137,3 +141,82 @@ async def test_stop_escalates_to_sigkill(parts: tuple[JobsStore, JobsWriter, Clu
     assert pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+async def test_a_manager_port_in_use_is_said_at_start_not_crash_looped(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir],
+) -> None:
+    store, writer, cluster = parts
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        sup = supervisor(store, writer, cluster)
+        sup.port = port
+        started = time.monotonic()
+        with pytest.raises(ManagerPortInUse) as refused:
+            await sup.start()
+        assert time.monotonic() - started < 10  # one child's start-up, not a backoff
+    assert refused.value.port == port
+    assert f"port {port}" in str(refused.value)
+    assert "another agent may be running" in str(refused.value)
+    assert sup.restarts == 0
+    assert sup.last_exit == 2
+    assert sup.pid is None  # no child left
+    assert sup.state == "stopped"
+
+
+async def test_another_exit_2_at_start_says_what_the_child_said(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, writer, cluster = parts
+    sup = supervisor(store, writer, cluster)
+    sup.argv = ["/bin/sh", "-c", "echo 'some log line' >&2; echo 'sh: bad flag' >&2; exit 2", "sh"]
+    with pytest.raises(ManagerStartFailed, match="status 2: sh: bad flag") as failed:
+        await sup.start()
+    assert failed.value.line == "sh: bad flag"
+    assert sup.restarts == 0
+    # The child's stderr went through to ours, as it came.
+    assert "some log line\nsh: bad flag\n" in capsys.readouterr().err
+
+
+async def test_requests_refused_or_unanswerable_are_typed(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir],
+) -> None:
+    store, writer, cluster = parts
+    sup = supervisor(store, writer, cluster)
+    with pytest.raises(ManagerUnavailable, match="starting"):
+        await sup.request("manager:status")  # not started yet
+    await sup.start()
+    try:
+        with pytest.raises(ManagerRefused) as refused:
+            await sup.request("no:such")
+        assert refused.value.code == METHOD_NOT_FOUND
+        assert refused.value.method == "no:such"
+        assert "held" in (await sup.request("manager:status"))["workloads"]  # the control
+    finally:
+        await sup.aclose()
+    with pytest.raises(ManagerUnavailable):
+        await sup.request("manager:status")
+
+
+async def test_a_supervisor_that_cannot_start_a_child_reports_it(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, writer, cluster = parts
+    failed: list[str] = []
+    sup = ManagerSupervisor(
+        store=store,
+        writer=writer,
+        port=free_port(),
+        cluster_dir=cluster.path,
+        argv=[str(cluster.path / "no-such-program")],
+        on_failure=lambda part, exc: failed.append(part),
+    )
+    with pytest.raises(ManagerUnavailable, match="FileNotFoundError"):
+        await sup.start()
+    assert failed == ["workload-manager"]
+    assert sup.failure is not None
+    assert "FileNotFoundError" in sup.failure
+    assert sup.problem() == sup.failure
+    assert "Traceback" in caplog.text

@@ -1,0 +1,48 @@
+"""The plumbing of a supervised child process: its stderr passed through, and stopping it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections import deque
+
+__all__ = ["pass_stderr", "stop_process"]
+
+log = logging.getLogger(__name__)
+
+
+async def pass_stderr(proc: asyncio.subprocess.Process, tail: deque[str]) -> None:
+    """Copy the child's stderr to ours as it comes, keeping its last lines in `tail`.
+
+    Chunks, not lines: a line of any length must not stop the copy, or the child would
+    block on a full pipe. The last lines say why it exited (the one line of a port in use).
+    """
+    assert proc.stderr is not None
+    partial = ""
+    while chunk := await proc.stderr.read(65536):
+        text = chunk.decode(errors="replace")
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        *lines, partial = (partial + text).split("\n")
+        partial = partial[-500:]
+        tail.extend(line.strip()[:500] for line in lines if line.strip())
+    if partial.strip():
+        tail.append(partial.strip())
+
+
+async def stop_process(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `grace_s`; returns once it is gone."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        async with asyncio.timeout(grace_s):
+            await proc.wait()
+    except TimeoutError:
+        log.warning("pid %d ignored SIGTERM for %.1fs; killing it", proc.pid, grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
