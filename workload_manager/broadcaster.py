@@ -33,6 +33,7 @@ from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
 from .relay import Event
 from .server import EVENTS_PATH
+from .tasks import describe, reporting
 from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
 
 __all__ = ["Broadcaster", "encode_batch"]
@@ -118,7 +119,11 @@ class Broadcaster:
             if existing is None:
                 assert self._tasks is not None, "set_peers() before the broadcaster started"
                 sender = _Sender(self, peer)
-                sender.task = self._tasks.create_task(sender.run(), name=f"send-{node_id}")
+                name = f"send-{node_id}"
+                # A sender that dies is logged with its traceback and shows as failed in
+                # manager:status, instead of tearing down every other peer's sender.
+                work = reporting(name, sender.run(), sender.died)
+                sender.task = self._tasks.create_task(work, name=name)
                 self._senders[node_id] = sender
             elif existing.peer != peer:
                 existing.peer = peer  # moved: the next batch goes to the new address
@@ -165,6 +170,9 @@ class _Sender:
         self.needs_sync = True
         self.state = "starting"
         self.task: asyncio.Task[None]
+
+    def died(self, part: str, exc: BaseException) -> None:
+        self.state = f"failed: {describe(exc)}"
 
     def queue_view(self) -> int:
         workloads, removals = self.owner.view()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from broker.errors import InvalidCursor
 from broker.jobs import JobsStore, JobsWriter
 from workload_manager.workload import (
     Workload,
@@ -94,6 +95,16 @@ async def test_view_pages_cover_everything_once(store: JobsStore) -> None:
             break
         cursor = page.next
     assert sorted(seen) == sorted(str(i) for i in range(25))
+
+
+async def test_a_cursor_the_store_did_not_give_out_is_refused(store: JobsStore) -> None:
+    await store.write([rec("1", 1), rec("2", 1)], [], now=0)
+    page = await store.view(limit=1)
+    assert page.next is not None
+    assert [w.id for w in (await store.view(cursor=page.next, limit=1)).workloads] == ["2"]
+    for foreign in ("page-2", "[1, 2, 3]", '["a", "b"]', "{}"):
+        with pytest.raises(InvalidCursor):
+            await store.view(cursor=foreign)
 
 
 async def test_prune_keeps_live_jobs(store: JobsStore) -> None:
