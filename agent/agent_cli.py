@@ -14,9 +14,7 @@ import logging
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from certs import CertsError, ClusterDir, complete_join, prepare_join
 from certs.identity import ca_fingerprint, load_cert
 from certs.invites import parse_token
 
+from . import cli_http
 from .config import ConfigError, load_config, nvpair_home
 from .node_api import JoinAnswer
 from .run import run_agent
@@ -142,23 +141,8 @@ def _agent_run(args: argparse.Namespace) -> int:
 # -- commands that talk to the running agent ----------------------------------------------------
 
 
-def _api() -> str:
-    state = nvpair_home() / "agent.json"
-    try:
-        return str(json.loads(state.read_text())["api"])
-    except (OSError, ValueError, KeyError):
-        raise SystemExit(
-            f"nvpair: no agent is running for NVPAIR_HOME={nvpair_home()} "
-            "(start one with `nvpair agent run`)"
-        ) from None
-
-
 def _get(path: str) -> Any:
-    try:
-        with urllib.request.urlopen(_api() + path, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.URLError as exc:
-        raise SystemExit(f"nvpair: the agent does not answer ({exc.reason})") from None
+    return cli_http.get(path)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -222,19 +206,7 @@ def _seconds(text: str) -> float:
 
 
 def _post(path: str, body: Any) -> Any:
-    request = urllib.request.Request(
-        _api() + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise SystemExit(f"nvpair: {exc.read().decode().strip()}") from None
-    except urllib.error.URLError as exc:
-        raise SystemExit(f"nvpair: the agent does not answer ({exc.reason})") from None
+    return cli_http.post(path, body)
 
 
 def _operation(args: argparse.Namespace) -> int:
@@ -291,13 +263,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    request = urllib.request.Request(_api() + f"/v1/members/{args.node_id}/remove", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        print(f"nvpair: {exc.read().decode().strip()}", file=sys.stderr)
-        return 1
+    node_id = urllib.parse.quote(args.node_id, safe="")
+    cli_http.post(f"/v1/members/{node_id}/remove")  # CliError: `main` prints it, exit 1
     print(f"removed {args.node_id}: every member unpins it within a heartbeat")
     return 0
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import agent_cli, cluster_cli, demo, mock_engine, plane_cli
+from .cli_http import CliError
 
 __all__ = ["build_parser", "main"]
 
@@ -50,5 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    result: int = args.run(args)
+    try:
+        result: int = args.run(args)
+    except CliError as exc:
+        # One line saying what is wrong, no traceback: the commands' library code raises
+        # CliError instead of exiting.
+        print(f"nvpair: {exc}", file=sys.stderr)
+        return 1
     return result
