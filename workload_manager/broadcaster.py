@@ -28,7 +28,7 @@ from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
-from .jsonrpc import Batch, Response, encode_notification, encode_request, parse_payload
+from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
 from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
 from .relay import Event
@@ -36,7 +36,7 @@ from .server import EVENTS_PATH
 from .tasks import describe, reporting
 from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
 
-__all__ = ["Broadcaster", "encode_batch"]
+__all__ = ["Broadcaster", "encode_events"]
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +47,18 @@ _SYNC_ID: Final = "sync"
 View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
 
 
-def encode_batch(events: list[Event], *, sync: bool = False) -> bytes:
+def encode_events(events: list[Event], *, sync: bool = False) -> bytes:
     """A JSON-RPC batch of notifications, plus a `workloads:sync` request when asked."""
-    items: list[bytes] = []
+    calls: list[Call] = []
     for event in events:
         if type(event) is Workload:
             method = METHOD_FOR_STATE[event.state]
-            items.append(encode_notification(method, LifecycleParams(workloadInfo=event)))
+            calls.append(notification(method, LifecycleParams(workloadInfo=event)))
         else:
-            items.append(encode_notification(REMOVE_METHOD, event))
+            calls.append(notification(REMOVE_METHOD, event))
     if sync:
-        items.append(encode_request("workloads:sync", UNSET, _SYNC_ID))
-    return b"[" + b",".join(items) + b"]"
+        calls.append(request("workloads:sync", UNSET, _SYNC_ID))
+    return encode_batch(calls)
 
 
 class Broadcaster:
@@ -228,7 +228,7 @@ class _Sender:
         owner = self.owner
         assert owner._session is not None
         url = URL.build(scheme="https", host=self.peer.host, port=self.peer.port, path=EVENTS_PATH)
-        body = encode_batch(batch, sync=sync)
+        body = encode_events(batch, sync=sync)
         self.state = "sending"
         try:
             async with owner._session.post(

@@ -16,6 +16,8 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
+from .errors import UsageError
+
 __all__ = [
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -23,6 +25,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
     "Batch",
+    "Call",
     "ErrorObject",
     "Invalid",
     "Message",
@@ -33,12 +36,15 @@ __all__ = [
     "RequestId",
     "Response",
     "RpcError",
+    "encode_batch",
     "encode_error",
     "encode_message",
     "encode_notification",
     "encode_request",
     "encode_result",
+    "notification",
     "parse_payload",
+    "request",
 ]
 
 PARSE_ERROR: Final = -32700
@@ -250,7 +256,10 @@ def _json_type(value: Any) -> str:
     return "an array"
 
 
-class _Out(Struct, omit_defaults=False):
+class Call(Struct, omit_defaults=False, gc=False):
+    """An outgoing request or notification, built by `notification()` / `request()` to be
+    encoded with others in one batch (`encode_batch`)."""
+
     jsonrpc: str
     method: str
     params: Any = UNSET
@@ -271,12 +280,29 @@ class _OutError(Struct):
 
 def encode_notification(method: str, params: Any = UNSET) -> bytes:
     """One notification frame (no trailing newline)."""
-    return _encoder.encode(_Out(jsonrpc="2.0", method=method, params=params))
+    return _encoder.encode(notification(method, params))
 
 
 def encode_request(method: str, params: Any, request_id: str | int) -> bytes:
     """One request frame (no trailing newline)."""
-    return _encoder.encode(_Out(jsonrpc="2.0", method=method, params=params, id=request_id))
+    return _encoder.encode(request(method, params, request_id))
+
+
+def notification(method: str, params: Any = UNSET) -> Call:
+    """A notification, for `encode_batch`."""
+    return Call(jsonrpc="2.0", method=method, params=params)
+
+
+def request(method: str, params: Any, request_id: str | int) -> Call:
+    """A request, for `encode_batch`."""
+    return Call(jsonrpc="2.0", method=method, params=params, id=request_id)
+
+
+def encode_batch(calls: list[Call]) -> bytes:
+    """One batch array of calls in a single encode (never empty: the spec refuses `[]`)."""
+    if not calls:
+        raise UsageError("a batch holds at least one call")
+    return _encoder.encode(calls)
 
 
 def encode_result(request_id: RequestId, result: Any) -> bytes:

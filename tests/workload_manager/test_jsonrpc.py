@@ -14,8 +14,10 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec import UNSET
 
 from workload_manager.dispatch import Dispatcher, decode_params
+from workload_manager.errors import UsageError
 from workload_manager.jsonrpc import (
     Batch,
     Invalid,
@@ -24,7 +26,10 @@ from workload_manager.jsonrpc import (
     Request,
     Response,
     RpcError,
+    encode_batch,
+    notification,
     parse_payload,
+    request,
 )
 
 notified: list[tuple[str, Any]] = []
@@ -293,3 +298,16 @@ def test_nothing_but_a_reply_escapes_for_arbitrary_json(value: Any) -> None:
 def test_deeply_nested_json_is_a_clean_error() -> None:
     reply = json.loads(spec_dispatcher().handle(b"[" * 100_000) or b"")
     assert reply["error"]["code"] == -32700
+
+
+def test_a_batch_of_calls_is_one_encode_that_parses_back() -> None:
+    body = encode_batch([notification("n", {"a": 1}), request("r", UNSET, "x")])
+    parsed = parse_payload(body)
+    assert isinstance(parsed, Batch)
+    first, second = parsed.messages
+    assert isinstance(first, Notification)
+    assert (first.method, msgspec.json.decode(first.params or b"")) == ("n", {"a": 1})
+    assert isinstance(second, Request)
+    assert (second.method, second.params, second.id) == ("r", UNSET, "x")
+    with pytest.raises(UsageError):
+        encode_batch([])  # `[]` is invalid on the wire: refuse to build it
