@@ -99,10 +99,7 @@ class Agent:
             log_level=config.log_level,
             extra_env={"NVPAIR_WM_BIND": bind or ""},
         )
-        health.watch(
-            "workload-manager",
-            lambda: None if supervisor.state == "running" else f"state {supervisor.state}",
-        )
+        health.watch("workload-manager", supervisor.problem)
         self.members = members = Members(
             self.cluster,
             self_id=node_id,

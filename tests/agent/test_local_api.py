@@ -1,0 +1,151 @@
+"""The local API through its port, on one agent composed in this process (its workload
+manager is the one child process): every route, and every kind of bad input."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import load_config
+from agent.daemon import Agent
+from certs import ClusterDir
+from tests.fixtures.waiting import eventually
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Agent]:
+    monkeypatch.setenv("NVPAIR_BIND", "127.0.0.1")
+    ClusterDir(tmp_path / "cluster").init("lab", "solo", ["127.0.0.1"])
+    config = load_config(
+        tmp_path,
+        {
+            "name": "solo",
+            "manager_port": 0,
+            "node_port": 0,
+            "api_port": 0,
+            "facade_port": 0,
+            "simulate_gpus": "l4:2",
+            "facade_bind": "127.0.0.1",
+        },
+    )
+    node = Agent(config)
+    await node.start()
+    yield node
+    await node.aclose()
+
+
+async def call(agent: Agent, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else None
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method,
+            agent.local_api.url + path,
+            json=None if data is not None else body,
+            data=data,
+        ) as response,
+    ):
+        text = await response.text()
+        is_json = response.content_type == "application/json"
+        return response.status, (await response.json() if is_json else text)
+
+
+def event(agent: Agent, wid: str, seq: int, state: str) -> dict[str, Any]:
+    method = {"queued": "workload:submitted", "running": "workload:started"}.get(
+        state, "workload:completed"
+    )
+    record = {
+        "id": wid, "model": "m", "engine": "vllm", "runId": "run-1", "state": state,
+        "originatedFrom": agent.node_id, "createdAt": 1_764_000_000_000 + seq, "seq": seq,
+        "startedAt": None, "completedAt": None, "error": None, "requesterId": None,
+    }  # fmt: skip
+    return {"method": method, "params": {"workloadInfo": record}}
+
+
+async def test_health_nodes_members_and_metrics(agent: Agent) -> None:
+    status, health = await call(agent, "GET", "/healthz")
+    assert status == 200
+    assert (health["ok"], health["failing"], health["nodeId"]) == (True, [], agent.node_id)
+    status, nodes = await call(agent, "GET", "/v1/nodes")
+    assert [(n["nodeId"], n["reachable"], len(n["devices"])) for n in nodes] == [
+        (agent.node_id, True, 2)
+    ]
+    status, members = await call(agent, "GET", "/v1/members")
+    assert [m["nodeId"] for m in members] == [agent.node_id]
+    status, text = await call(agent, "GET", "/metrics")
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert {"nvpair_jobs", "nvpair_gpu_memory_total_bytes", "nvpair_manager_restarts"} <= names
+
+
+async def test_events_in_and_the_jobs_list_out(agent: Agent) -> None:
+    for wid, seq, state in (("1", 1, "queued"), ("1", 2, "running"), ("2", 1, "queued")):
+        status, _ = await call(agent, "POST", "/v1/jobs/events", event(agent, wid, seq, state))
+        assert status == 202
+    status, jobs = await call(agent, "GET", "/v1/jobs")
+    assert status == 200
+    assert sorted((j["id"], j["state"]) for j in jobs) == [("1", "running"), ("2", "queued")]
+    status, running = await call(agent, "GET", "/v1/jobs?state=running")
+    assert [j["id"] for j in running] == ["1"]
+    status, limited = await call(agent, "GET", "/v1/jobs?limit=1")
+    assert len(limited) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/jobs/events", b"{not json"),
+        ("POST", "/v1/jobs/events", {"method": "workload:exploded", "params": {}}),
+        ("POST", "/v1/jobs/events", {"method": "workload:submitted", "params": {"x": 1}}),
+        ("GET", "/v1/jobs?state=lost", None),
+        ("GET", "/v1/jobs?limit=many", None),
+        ("GET", "/v1/explain", None),
+        ("POST", "/v1/ops", b"[]"),
+        ("POST", "/v1/ops", {"kind": "reboot", "target": "x"}),
+        ("POST", "/v1/ops", {"kind": "drain", "target": "nod_nobody"}),
+    ],
+)
+async def test_bad_input_is_400_and_changes_nothing(
+    agent: Agent, method: str, path: str, body: Any
+) -> None:
+    status, answer = await call(agent, method, path, body)
+    assert status == 400, answer
+    # The control: the agent still takes a good event and lists it.
+    status, _ = await call(agent, "POST", "/v1/jobs/events", event(agent, "ok", 1, "queued"))
+    assert status == 202
+    status, jobs = await call(agent, "GET", "/v1/jobs")
+    assert [j["id"] for j in jobs] == ["ok"]
+    assert (await call(agent, "GET", "/v1/ops"))[1] == []
+
+
+async def test_a_mismatched_state_is_refused(agent: Agent) -> None:
+    bad = event(agent, "1", 1, "queued")
+    bad["method"] = "workload:completed"  # a completed event cannot carry "queued"
+    status, _ = await call(agent, "POST", "/v1/jobs/events", bad)
+    assert status == 400
+
+
+async def test_cordon_through_ops_and_explain_says_why(agent: Agent) -> None:
+    status, op = await call(agent, "POST", "/v1/ops", {"kind": "cordon", "target": agent.node_id})
+    assert (status, op["kind"], op["target"]) == (200, "cordon", agent.node_id)
+
+    async def succeeded() -> bool:
+        ops = (await call(agent, "GET", "/v1/ops"))[1]
+        return bool(ops) and ops[0]["phase"] == "succeeded"
+
+    await eventually(succeeded, "the cordon to succeed")
+    nodes = (await call(agent, "GET", "/v1/nodes"))[1]
+    assert nodes[0]["cordoned"] is True
+    status, explained = await call(agent, "GET", "/v1/explain?model=m")
+    assert explained["refused"] == [{"nodeId": agent.node_id, "reason": "cordoned"}]
+
+
+async def test_a_node_cannot_remove_itself(agent: Agent) -> None:
+    status, text = await call(agent, "POST", f"/v1/members/{agent.node_id}/remove")
+    assert status == 400
+    assert "cannot remove itself" in text
+    assert [m["nodeId"] for m in (await call(agent, "GET", "/v1/members"))[1]] == [agent.node_id]
