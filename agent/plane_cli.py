@@ -1,4 +1,4 @@
-"""`nvpair plane serve | enrol-cluster | fleet | join`."""
+"""`nvpair plane serve | enrol-cluster | revoke | fleet | join`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
-import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any
 
+from .cli_http import CliError, request
 from .config import nvpair_home
 
 __all__ = ["add_commands"]
@@ -44,63 +45,80 @@ def add_commands(commands: Any) -> None:
     join.set_defaults(run=_join)
 
 
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise CliError(f"--listen is HOST:PORT with a port from 0 to 65535, not {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from psycopg_pool import AsyncConnectionPool
-
-    from plane.migrate import migrate
-    from plane.server import PlaneServer
-    from plane.store import PlaneStore
-
-    host, _, port = args.listen.rpartition(":")
-
-    async def run() -> None:
-        async with AsyncConnectionPool(args.dsn, min_size=1, max_size=10, open=False) as pool:
-            async with pool.connection() as conn:
-                applied = await migrate(conn)
-            if applied:
-                print(f"applied migrations {applied}", file=sys.stderr)
-            store = PlaneStore(pool)
-            fresh = await store.ensure_admin(os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN"))
-            if fresh is not None:
-                print(f"admin token (shown once, stored hashed): {fresh}", file=sys.stderr)
-            server = PlaneServer(store, host=host or "127.0.0.1", port=int(port))
-            bound = await server.start()
-            print(
-                f"plane listening on http://{host or '127.0.0.1'}:{bound}",
-                file=sys.stderr,
-                flush=True,
-            )
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, stop.set)
-            try:
-                await stop.wait()
-            finally:
-                await server.aclose()
-
+    host, port = _listen(args.listen)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+        return asyncio.run(_run_plane(args.dsn, host, port))
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _run_plane(dsn: str, host: str, port: int) -> int:
+    """Serve until SIGTERM/SIGINT; 2 when the port cannot be bound, 1 when the plane cannot
+    start for a reason retrying does not fix (a failing migration, a malformed DSN)."""
+    from plane.service import PlaneService
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)  # before binding: a signal then stops too
+    service = PlaneService(
+        dsn,
+        host=host,
+        port=port,
+        admin_token=os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN"),
+        on_admin_token=lambda fresh: _say(f"admin token (shown once, stored hashed): {fresh}"),
+        on_migrated=lambda applied: _say(f"applied migrations {applied}"),
+    )
+    try:
+        bound = await service.start()
+    except OSError as exc:
+        await service.aclose()
+        _say(
+            f"nvpair: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "choose another address with --listen HOST:PORT"
+        )
+        return 2
+    url = f"http://{host}:{bound}"
+    _say(f"plane bound to {url}; waiting for its database (calls get 503 until it answers)")
+    stopping = asyncio.ensure_future(stop.wait())
+    serving = asyncio.ensure_future(service.serving.wait())
+    try:
+        waits: set[asyncio.Future[Any]] = {stopping, serving, service.failed}
+        await asyncio.wait(waits, return_when="FIRST_COMPLETED")
+        if serving.done():
+            # "listening" once it serves: scripts (and tests) wait for this line.
+            _say(f"plane listening on {url}")
+            await stopping
+    finally:
+        stopping.cancel()
+        serving.cancel()
+        failure = service.failed.result() if service.failed.done() else None
+        await service.aclose()
+    if failure is not None:
+        _say(f"nvpair: {failure}")
+        return 1
     return 0
 
 
 def _call(url: str, method: str = "GET", body: Any = None) -> Any:
     token = os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN", "")
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        method=method,
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise SystemExit(
-            f"nvpair: the plane refused ({exc.code}): {exc.read().decode().strip()}"
-        ) from None
-    except urllib.error.URLError as exc:
-        raise SystemExit(f"nvpair: the plane does not answer ({exc.reason})") from None
+    return request(url, method, body, headers={"Authorization": f"Bearer {token}"}, who="the plane")
 
 
 def _enrol(args: argparse.Namespace) -> int:
@@ -111,7 +129,8 @@ def _enrol(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    _call(f"{args.plane.rstrip('/')}/v1/clusters/{args.cluster}/revoke", "POST")
+    cluster = urllib.parse.quote(args.cluster, safe="")
+    _call(f"{args.plane.rstrip('/')}/v1/clusters/{cluster}/revoke", "POST")
     print(f"revoked {args.cluster}: its token is refused from now on")
     return 0
 

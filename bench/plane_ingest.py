@@ -33,7 +33,8 @@ from plane.ids import new_id
 from plane.migrate import migrate
 from plane.rollups import rebuild_rollups
 from plane.server import PlaneServer
-from plane.store import NodeSummary, PlaneStore, SyncBatch
+from plane.store import PlaneStore
+from plane.wire import NodeSummary, SyncBatch
 from workload_manager.workload import Workload, WorkloadState
 
 COLUMNS = (

@@ -1,4 +1,6 @@
 """The Postgres plane (Wingsmith object model): enrolment, sync, fleet views.
 
-Arrives with the plane issue.
+`plane.wire` (what nodes send) and `plane.errors` load no database driver; the store, the
+server and the service do. This package imports none of them, so a node that only builds
+sync batches never loads psycopg.
 """

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["server_binaries", "throwaway_postgres"]
+__all__ = ["free_port", "server_binaries", "throwaway_postgres"]
 
 
 def server_binaries() -> Path | None:
@@ -28,7 +28,8 @@ def server_binaries() -> Path | None:
     return Path(candidates[0]).parent if candidates else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -36,14 +37,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(bindir: Path) -> Iterator[str]:
-    """Start a server on 127.0.0.1; yields an admin DSN; removes everything at exit."""
+def throwaway_postgres(bindir: Path, port: int | None = None) -> Iterator[str]:
+    """Start a server on 127.0.0.1 (on `port`, else a free one); yields an admin DSN;
+    removes everything at exit."""
     root = Path(tempfile.mkdtemp(prefix="nvpair-pg-"))
     as_user: list[str] = []
     if os.geteuid() == 0:
         shutil.chown(root, "nobody")
         as_user = ["runuser", "-u", "nobody", "--"]
-    data, port = root / "data", _free_port()
+    data, port = root / "data", port or free_port()
 
     def run(*args: str) -> None:
         subprocess.run([*as_user, *args], check=True, capture_output=True, timeout=120)

@@ -11,6 +11,8 @@ from typing import Final
 
 from certs.ids import prefixed_ulid
 
+from .errors import InvalidId
+
 __all__ = ["PREFIXES", "InvalidId", "is_id", "new_id", "validate_id"]
 
 PREFIXES: Final = {
@@ -35,10 +37,6 @@ PREFIXES: Final = {
     "evt": "Event",
 }
 _ID: Final = re.compile(r"^([a-z]{3})_([0-9a-hjkmnp-tv-z]{26})$")
-
-
-class InvalidId(ValueError):
-    """Not an id of the expected kind; the message says which and why."""
 
 
 def new_id(prefix: str) -> str:

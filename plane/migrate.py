@@ -15,6 +15,8 @@ from typing import Any, Final
 
 import psycopg
 
+from .errors import MigrationError
+
 __all__ = ["Migration", "migrate", "migrations"]
 
 LOCK_KEY: Final = 0x6E7670_6C616E  # "nvp" "lan": any constant shared by every plane
@@ -40,7 +42,7 @@ def migrations() -> list[Migration]:
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, found {versions}")
+        raise MigrationError(f"migrations must be numbered 1..n without gaps, found {versions}")
     return found
 
 

@@ -1,36 +1,49 @@
-"""The plane's HTTP API (aiohttp + psycopg 3 with a connection pool).
+"""The plane's HTTP API (aiohttp over `PlaneStore`).
 
 Admin calls carry the admin token; cluster calls carry the cluster's `hgro1.` enrolment
-token. A cluster token reads and writes its own cluster only. Bad input is a 400 with a
-clear message and writes nothing; a wrong or revoked token is a 401.
+token. A cluster token reads and writes its own cluster only.
 
-    POST /v1/clusters {name}            admin   -> {id, token} (the token is shown once)
+    GET  /healthz                       anyone  -> {ok} (503 while the database is not ready)
+    POST /v1/clusters {name}            admin   -> {id, name, token} (the token is shown once)
     POST /v1/clusters/{id}/revoke       admin
     GET  /v1/clusters                   admin
     GET  /v1/clusters/{id}              admin, or that cluster
     POST /v1/sync                       cluster -> one node's SyncBatch
     GET  /v1/fleet/summary?window=3600  admin (a cluster sees itself)
     GET  /v1/jobs?cluster=&state=&model=&after=&limit=   admin, or that cluster
+
+Statuses say whose fault: 400 bad input (nothing written), 401 a wrong or revoked token,
+403 the token may not do that, 404, 409 a conflict (a cluster name enrolled twice), 413,
+415; 503 with `Retry-After` when the database is down or not ready yet. Every error body is
+`{"error": "..."}`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from workload_manager.sites import start_site
+
+from .errors import DatabaseUnavailable, PlaneError
 from .ids import is_id
-from .store import PlaneStore, SyncBatch, SyncRefused
+from .store import PlaneStore
+from .wire import JOB_STATES, EnrolRequest, SyncBatch, decode_cursor, encode_cursor
 
-__all__ = ["PlaneServer"]
+__all__ = ["MAX_BODY", "MAX_WINDOW_S", "PlaneServer"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = 32 * 1024 * 1024
+MAX_WINDOW_S: Final = 366 * 86400
+_MAX_MODEL: Final = 256
 _batch_decoder: Final = msgspec.json.Decoder(SyncBatch)
-_STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
+_enrol_decoder: Final = msgspec.json.Decoder(EnrolRequest)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -43,14 +56,37 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
 
 
-class PlaneServer:
-    """`start()` binds, `aclose()` stops."""
+def _unavailable(message: str, retry_after_s: int) -> web.Response:
+    response = _error(503, message)
+    response.headers["Retry-After"] = str(retry_after_s)
+    return response
 
-    def __init__(self, store: PlaneStore, *, host: str, port: int) -> None:
+
+def _always_ready() -> str | None:
+    return None
+
+
+class PlaneServer:
+    """The HTTP API over a store; `start()` binds, `aclose()` stops.
+
+    `not_ready` says why the plane cannot serve yet (its database not reachable at start,
+    say), or None once it can; until then every call but `/healthz` is a 503.
+    """
+
+    def __init__(
+        self,
+        store: PlaneStore,
+        *,
+        host: str | None,
+        port: int,
+        not_ready: Callable[[], str | None] = _always_ready,
+    ) -> None:
         self.store = store
         self.host = host
         self.port = port
-        app = web.Application(client_max_size=MAX_BODY)
+        self.not_ready = not_ready
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._faults])
+        app.router.add_get("/healthz", self._healthz)
         app.router.add_post("/v1/clusters", self._enrol)
         app.router.add_post("/v1/clusters/{id}/revoke", self._revoke)
         app.router.add_get("/v1/clusters", self._clusters)
@@ -61,13 +97,27 @@ class PlaneServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     async def start(self) -> int:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = int(self._runner.addresses[0][1])
+        """Bind and serve; returns the bound port (useful with port 0)."""
+        self.port = await start_site(self._runner, self.host, self.port)
         return self.port
 
     async def aclose(self) -> None:
+        """Stop serving and close connections."""
         await self._runner.cleanup()
+
+    @web.middleware
+    async def _faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The one place a `PlaneError` becomes its status: the caller's faults are 4xx, a
+        database that is down is 503 with `Retry-After`."""
+        if request.path != "/healthz" and (why := self.not_ready()) is not None:
+            return _unavailable(why, 1)
+        try:
+            return await handler(request)
+        except DatabaseUnavailable as exc:
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            return _unavailable(str(exc), exc.retry_after_s)
+        except PlaneError as exc:
+            return _error(exc.status, str(exc))
 
     # -- who is calling -------------------------------------------------------------------
 
@@ -96,24 +146,27 @@ class PlaneServer:
 
     # -- routes -------------------------------------------------------------------------------
 
+    async def _healthz(self, request: web.Request) -> web.Response:
+        why = self.not_ready()
+        if why is not None:
+            response = _json({"ok": False, "error": why}, 503)
+            response.headers["Retry-After"] = "1"
+            return response
+        return _json({"ok": True})
+
     async def _enrol(self, request: web.Request) -> web.Response:
         await self._admin(request)
         try:
-            name = (await request.json())["name"]
-            if not isinstance(name, str) or not 1 <= len(name) <= 128:
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
+            name = _enrol_decoder.decode(await request.read()).name
+        except msgspec.DecodeError:
             return _error(400, 'the body is {"name": "1 to 128 characters"}')
-        try:
-            cluster_id, token = await self.store.enrol(name)
-        except Exception as exc:  # a duplicate name, say
-            return _error(400, f"cannot enrol {name!r}: {type(exc).__name__}")
+        cluster_id, token = await self.store.enrol(name)  # 409 when the name is taken
         return _json({"id": cluster_id, "name": name, "token": token}, 201)
 
     async def _revoke(self, request: web.Request) -> web.Response:
         await self._admin(request)
         cluster_id = request.match_info["id"]
-        if not await self.store.revoke(cluster_id):
+        if not is_id(cluster_id, "clu") or not await self.store.revoke(cluster_id):
             return _error(404, f"no active cluster {cluster_id[:40]!r}")
         return _json({"revoked": cluster_id})
 
@@ -126,6 +179,8 @@ class PlaneServer:
         cluster_id = request.match_info["id"]
         if role == "cluster" and own != cluster_id:
             return _error(403, "a cluster token reads its own cluster only")
+        if not is_id(cluster_id, "clu"):
+            return _error(404, f"no cluster {cluster_id[:40]!r}")
         summary = await self.store.fleet_summary(cluster_id=cluster_id)
         if not summary["clusters"]:
             return _error(404, f"no cluster {cluster_id[:40]!r}")
@@ -139,19 +194,16 @@ class PlaneServer:
             return _error(415, "use Content-Type: application/json")
         try:
             batch = _batch_decoder.decode(await request.read())
-            written = await self.store.sync(cluster_id, batch)
         except msgspec.DecodeError as exc:
             return _error(400, f"malformed sync batch: {exc}")
-        except SyncRefused as exc:
-            return _error(400, str(exc))
+        written = await self.store.sync(cluster_id, batch)  # SyncRefused: 400
         return _json({"written": written})
 
     async def _summary(self, request: web.Request) -> web.Response:
         _, own = await self._caller(request)
-        try:
-            window = int(request.query.get("window", "3600"))
-        except ValueError:
-            return _error(400, "window is a number of seconds")
+        window = _int_param(request, "window", 3600)
+        if window is None or not 1 <= window <= MAX_WINDOW_S:
+            return _error(400, f"window is a number of seconds from 1 to {MAX_WINDOW_S}")
         return _json(await self.store.fleet_summary(window_s=window, cluster_id=own))
 
     async def _jobs(self, request: web.Request) -> web.Response:
@@ -165,19 +217,36 @@ class PlaneServer:
         if cluster is not None and not is_id(cluster, "clu"):
             return _error(400, "cluster is a clu_ id")
         state = query.get("state")
-        if state is not None and state not in _STATES:
-            return _error(400, f"state is one of {', '.join(_STATES)}")
+        if state is not None and state not in JOB_STATES:
+            return _error(400, f"state is one of {', '.join(JOB_STATES)}")
+        model = query.get("model")
+        if model is not None and (len(model) > _MAX_MODEL or "\x00" in model):
+            return _error(400, f"model is a model name of at most {_MAX_MODEL} characters")
+        limit = _int_param(request, "limit", 100)
+        if limit is None:
+            return _error(400, "limit is a number of jobs (1 to 1000)")
         try:
-            limit = max(1, min(int(query.get("limit", "100")), 1000))
-            after = msgspec.json.decode(query["after"]) if "after" in query else None
-            if after is not None and (not isinstance(after, list) or len(after) != 5):
-                raise ValueError
-        except (ValueError, msgspec.DecodeError):
-            return _error(400, "limit is a number and after is the cursor a previous page gave")
+            after = decode_cursor(query["after"]) if "after" in query else None
+        except msgspec.DecodeError:
+            return _error(400, "after is the `next` cursor a previous page gave")
+        limit = max(1, min(limit, 1000))
         page, next_cursor = await self.store.jobs(
-            cluster_id=cluster, state=state, model=query.get("model"), after=after, limit=limit
+            cluster_id=cluster, state=state, model=model, after=after, limit=limit
         )
         body: dict[str, Any] = {"jobs": page}
         if next_cursor is not None:
-            body["next"] = msgspec.json.encode(next_cursor).decode()
+            body["next"] = encode_cursor(next_cursor)
         return _json(body)
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int | None:
+    """The integer query parameter `name` (`default` when absent), or None when it is not
+    a plain decimal integer of a sane length."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    text = text.strip()
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        return None
+    return int(text)

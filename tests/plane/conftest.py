@@ -14,8 +14,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from plane.devserver import server_binaries, throwaway_postgres
+from plane.migrate import migrate
+from plane.server import PlaneServer
+from plane.store import PlaneStore
+
+from .plane_client import ADMIN, Plane
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +50,17 @@ async def pg_dsn(pg_server: str) -> AsyncIterator[str]:
     yield pg_server.rsplit("/", 1)[0] + "/" + name
     async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as admin:
         await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+async def plane(pg_dsn: str) -> AsyncIterator[Plane]:
+    """A plane HTTP server on a fresh, migrated database, with the admin token `ADMIN`."""
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
+        async with pool.connection() as conn:
+            await migrate(conn)
+        store = PlaneStore(pool)
+        assert await store.ensure_admin(ADMIN) is None
+        server = PlaneServer(store, host="127.0.0.1", port=0)
+        port = await server.start()
+        yield Plane(f"http://127.0.0.1:{port}", store)
+        await server.aclose()

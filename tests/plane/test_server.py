@@ -2,66 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
 import msgspec
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from plane.ids import new_id
-from plane.migrate import migrate
-from plane.server import PlaneServer
-from plane.store import PlaneStore
 
+from .plane_client import ADMIN, Plane, enrol
 from .test_store import batch, job
-
-ADMIN = "nvpadm1.test-admin-token"
-
-
-@dataclass
-class Plane:
-    url: str
-    store: PlaneStore
-
-    async def call(
-        self, method: str, path: str, token: str, body: Any = None, **kw: Any
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(
-                method,
-                self.url + path,
-                headers=headers,
-                data=body if isinstance(body, bytes) else None,
-                json=body if not isinstance(body, bytes) else None,
-                **kw,
-            ) as response,
-        ):
-            text = await response.read()
-            return response.status, msgspec.json.decode(text) if text else None
-
-
-@pytest.fixture
-async def plane(pg_dsn: str) -> AsyncIterator[Plane]:
-    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=4, open=False) as pool:
-        async with pool.connection() as conn:
-            await migrate(conn)
-        store = PlaneStore(pool)
-        assert await store.ensure_admin(ADMIN) is None
-        server = PlaneServer(store, host="127.0.0.1", port=0)
-        port = await server.start()
-        yield Plane(f"http://127.0.0.1:{port}", store)
-        await server.aclose()
-
-
-async def enrol(plane: Plane, name: str) -> tuple[str, str]:
-    status, body = await plane.call("POST", "/v1/clusters", ADMIN, {"name": name})
-    assert status == 201
-    return body["id"], body["token"]
 
 
 async def test_tokens(plane: Plane) -> None:

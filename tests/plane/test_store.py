@@ -12,9 +12,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from agent.gpus import simulate
+from plane.errors import SyncRefused
 from plane.ids import new_id
 from plane.migrate import migrate
-from plane.store import NodeSummary, PlaneStore, SyncBatch, SyncRefused
+from plane.store import PlaneStore
+from plane.wire import NodeSummary, SyncBatch
 from workload_manager.workload import decode_workload
 
 

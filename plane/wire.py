@@ -1,0 +1,76 @@
+"""What crosses the wire to and from the plane's HTTP API, without psycopg.
+
+The agent builds `SyncBatch`es and the plane decodes them; both import this module, so a node
+that syncs into a plane never loads a database driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Final
+
+import msgspec
+from msgspec import Meta, Struct
+
+from broker.inventory import Device, TopologyDomain
+from workload_manager.workload import Workload
+
+__all__ = [
+    "JOB_STATES",
+    "MAX_CLUSTER_NAME",
+    "EnrolRequest",
+    "JobsCursor",
+    "NodeSummary",
+    "SyncBatch",
+    "decode_cursor",
+    "encode_cursor",
+]
+
+MAX_CLUSTER_NAME: Final = 128  # the `clusters.name` CHECK in migration 0001
+JOB_STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
+
+# Text that PostgreSQL stores: no NUL anywhere in it (a NUL is refused as data).
+_Text = Annotated[str, Meta(pattern=r"^[^\x00]*$")]
+_NodeId = Annotated[str, Meta(pattern=r"^nod_[0-9a-hjkmnp-tv-z]{26}$")]
+
+
+class NodeSummary(Struct, kw_only=True, frozen=True):
+    """The node's own row."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]
+    version: Annotated[str, Meta(max_length=64, pattern=r"^[^\x00]*$")]
+    cordoned: bool = False
+
+
+class SyncBatch(Struct, kw_only=True, frozen=True):
+    """What one node pushes (`POST /v1/sync`): its own observed objects at one generation."""
+
+    nodeId: _NodeId
+    generation: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    node: NodeSummary | None = None
+    devices: Annotated[list[Device], Meta(max_length=1024)] = []
+    domains: Annotated[list[TopologyDomain], Meta(max_length=1024)] = []
+    jobs: Annotated[list[Workload], Meta(max_length=50_000)] = []
+
+
+class EnrolRequest(Struct, kw_only=True, frozen=True):
+    """`POST /v1/clusters`: the name of the cluster to enrol."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=MAX_CLUSTER_NAME, pattern=r"^[^\x00]*$")]
+
+
+# The keyset cursor of `GET /v1/jobs`: (createdAt, clusterId, originatedFrom, runId, id) of
+# the last job of the previous page, in the page's sort order.
+JobsCursor = tuple[Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)], _Text, _Text, _Text, _Text]
+_cursor_decoder: Final = msgspec.json.Decoder(JobsCursor)
+
+
+def encode_cursor(cursor: Sequence[Any]) -> str:
+    """The `next` value a page carries; the client passes it back as `after`."""
+    return msgspec.json.encode(cursor).decode()
+
+
+def decode_cursor(text: str) -> JobsCursor:
+    """The cursor in an `after` parameter; `msgspec.ValidationError` or `DecodeError` when it
+    is not one a page gave."""
+    return _cursor_decoder.decode(text)
