@@ -129,7 +129,8 @@ class ManagerSupervisor:
         """Start the child and keep it running; returns once it said `ready`.
 
         Raises `ManagerPortInUse` (its port is taken) or `ManagerStartFailed` (another exit
-        with status 2) when the first child ends that way, and leaves nothing running.
+        with status 2) when the first child ends that way, `ManagerUnavailable` when it is
+        stopped first; then, as when start() is cancelled, nothing is left running.
         """
         self._started = asyncio.get_running_loop().create_future()
         self._tasks = asyncio.TaskGroup()
@@ -137,13 +138,16 @@ class ManagerSupervisor:
         self._spawn(PART, reporting(PART, self._supervise(), self._died))
         try:
             await self._started
-        except BrokerError:
+        except BaseException:  # refused, failed, or cancelled (a signal during start-up)
+            self._started.cancel()  # a no-op when done; else nobody is left to await it
             await self.aclose()
             raise
 
     async def aclose(self) -> None:
         """Stop the child: SIGTERM, then SIGKILL after the grace period; end every task."""
         self._stopping = True
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(ManagerUnavailable("stopped before it was ready"))
         await self._stop_child()
         tasks, self._tasks = self._tasks, None
         if tasks is not None:

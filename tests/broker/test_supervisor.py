@@ -220,3 +220,33 @@ async def test_a_supervisor_that_cannot_start_a_child_reports_it(
     assert "FileNotFoundError" in sup.failure
     assert sup.problem() == sup.failure
     assert "Traceback" in caplog.text
+
+
+async def test_start_cancelled_or_stopped_leaves_no_child(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir],
+) -> None:
+    store, writer, cluster = parts
+    # A child that never says ready: start() waits until it is cancelled (a signal during
+    # the agent's start-up) or the supervisor is stopped from elsewhere.
+    never_ready = ["/bin/sh", "-c", "exec sleep 60", "sh"]
+    sup = supervisor(store, writer, cluster)
+    sup.argv = never_ready
+    starting = asyncio.create_task(sup.start())
+    await eventually(lambda: sup.pid is not None, "the child runs")
+    pid = sup.pid
+    assert pid is not None
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert sup.pid is None
+    assert sup.state == "stopped"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    other = supervisor(store, writer, cluster)
+    other.argv = never_ready
+    starting = asyncio.create_task(other.start())
+    await eventually(lambda: other.pid is not None, "the child runs")
+    await other.aclose()
+    with pytest.raises(ManagerUnavailable, match="stopped before it was ready"):
+        await starting
+    assert other.pid is None
