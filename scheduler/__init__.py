@@ -3,6 +3,7 @@ pending work, with a reason for every refusal. No I/O."""
 
 from .place import Placement, PlacementRequest, rank_placement
 from .rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
+from .refusal import Refusal
 
 __all__ = [
     "Cluster",
@@ -13,6 +14,7 @@ __all__ = [
     "Placement",
     "PlacementRequest",
     "Ranking",
+    "Refusal",
     "Request",
     "rank",
     "rank_placement",

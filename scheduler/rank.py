@@ -23,6 +23,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from .refusal import Refusal
+
 __all__ = [
     "Cluster",
     "DeviceView",
@@ -30,6 +32,7 @@ __all__ = [
     "Load",
     "NodeView",
     "Ranking",
+    "Refusal",
     "Request",
     "rank",
 ]
@@ -40,16 +43,8 @@ W_UTIL: Final = 0.5
 W_FREE: Final = 0.25
 W_LOCAL: Final = 0.1
 
-REASONS: Final = (
-    "not a member",
-    "unreachable",
-    "cordoned",
-    "does not serve the model",
-    "its engines for the model are down",
-    "no healthy GPU",
-    "no single topology domain with enough GPUs and free memory",
-    "queue full",
-)
+# The filters' reasons, in the order `rank` builds its masks (one mask per reason).
+REASONS: Final = tuple(Refusal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,28 +218,57 @@ class Ranking:
         order = candidates[np.argsort(-self.scores[candidates], kind="stable")][:n]
         return [(self.cluster.node_ids[i], float(self.scores[i])) for i in order]
 
-    def refused(self) -> list[tuple[str, str]]:
-        """Every node that cannot serve, with the first reason, by node id."""
-        result = []
+    def refused(self) -> list[tuple[str, Refusal]]:
+        """Every node that cannot serve, with the first filter that refused it, by node id."""
+        first_fail = self._first_fail()
+        return [
+            (self.cluster.node_ids[i], REASONS[first_fail[i]])
+            for i in np.flatnonzero(first_fail >= 0)
+        ]
+
+    def reason(self, node_id: str) -> str | None:
+        """Why `node_id` cannot serve, in words with this request's figures, or None if it can."""
+        i = self.cluster.index.get(node_id)
+        if i is None:
+            return None
+        k = int(self._first_fail()[i])
+        return self.describe(REASONS[k]) if k >= 0 else None
+
+    def describe(self, refusal: Refusal) -> str:
+        """`refusal` in words for this request: the topology reason names the GPUs and memory
+        it needed."""
+        if refusal is Refusal.NO_FITTING_DOMAIN:
+            return (
+                f"no single topology domain with {self.request.gpus} healthy GPU(s) "
+                f"of {self.request.memory_bytes / 1024**3:.1f} GiB free each"
+            )
+        return refusal.value
+
+    def refusal(self) -> Refusal | None:
+        """Why the request as a whole cannot be placed now, or None when some node can.
+
+        A node that could serve but whose queue is full makes it `QUEUE_FULL` (429: retry
+        later); no node serving the model makes it `MODEL_NOT_SERVED` (404); otherwise it is
+        the reason of the node that passed the most filters (503).
+        """
+        if self.eligible.any():
+            return None
+        first_fail = self._first_fail()
+        if (first_fail == REASONS.index(Refusal.QUEUE_FULL)).any():
+            return Refusal.QUEUE_FULL
+        served = self.masks[REASONS.index(Refusal.MODEL_NOT_SERVED)]
+        if len(first_fail) == 0 or not served.any():
+            return Refusal.MODEL_NOT_SERVED
+        return REASONS[int(first_fail.max())]
+
+    def _first_fail(self) -> npt.NDArray[np.int64]:
+        """Per node, the index of the first filter that refused it (-1: none did)."""
         passing = np.ones(len(self.cluster), dtype=np.bool_)
         first_fail = np.full(len(self.cluster), -1, dtype=np.int64)
         for k, mask in enumerate(self.masks):
-            newly = passing & ~mask
-            first_fail[newly] = k
+            first_fail[passing & ~mask] = k
             passing &= mask
-        for i in np.flatnonzero(first_fail >= 0):
-            reason = REASONS[first_fail[i]]
-            if first_fail[i] == len(REASONS) - 2:
-                reason = (
-                    f"no single topology domain with {self.request.gpus} healthy GPU(s) "
-                    f"of {self.request.memory_bytes / 1024**3:.1f} GiB free each"
-                )
-            result.append((self.cluster.node_ids[i], reason))
-        return result
-
-    def reason(self, node_id: str) -> str | None:
-        """Why `node_id` cannot serve, or None if it can."""
-        return dict(self.refused()).get(node_id)
+        return first_fail
 
 
 def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Ranking:

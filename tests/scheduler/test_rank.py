@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler import Cluster, DeviceView, EngineView, Load, NodeView, Request, rank
+from scheduler import Cluster, DeviceView, EngineView, Load, NodeView, Refusal, Request, rank
 
 GIB = 1024**3
 
@@ -44,8 +44,14 @@ def test_every_refusal_has_its_reason() -> None:
         "n4": "does not serve the model",
         "n5": "its engines for the model are down",
         "n6": "no healthy GPU",
-        "n7": "no single topology domain with 1 healthy GPU(s) of 10.0 GiB free each",
+        "n7": Refusal.NO_FITTING_DOMAIN,
     }
+    # The reasons are the enum (equal to their words); the topology one says what it needed.
+    assert all(isinstance(reason, Refusal) for _, reason in ranking.refused())
+    assert ranking.reason("n7") == (
+        "no single topology domain with 1 healthy GPU(s) of 10.0 GiB free each"
+    )
+    assert ranking.reason("n3") == "cordoned"
     assert ranking.reason("n0") is None
 
 
@@ -130,3 +136,30 @@ def test_each_nodes_queue_limit_refuses_it_when_busy() -> None:
     assert ranking.reason("a") == "queue full"
     load.add("b", 1)
     assert rank(Request("llama"), cluster, load).best is None
+
+
+def test_each_refusal_maps_to_its_http_status() -> None:
+    assert Refusal.QUEUE_FULL.status == 429
+    assert Refusal.MODEL_NOT_SERVED.status == 404
+    others = set(Refusal) - {Refusal.QUEUE_FULL, Refusal.MODEL_NOT_SERVED}
+    assert {r.status for r in others} == {503}
+    # The values are today's words: string comparisons elsewhere keep working.
+    assert Refusal("queue full") is Refusal.QUEUE_FULL
+    as_text: str = Refusal.QUEUE_FULL
+    assert as_text == "queue full"
+    assert f"{Refusal.CORDONED}" == "cordoned"
+
+
+def test_the_refusal_of_a_whole_request() -> None:
+    cluster = Cluster.compile(
+        [node("a", queue_limit=1), node("b", cordoned=True), node("c", reachable=False)]
+    )
+    assert rank(Request("llama"), cluster).refusal() is None  # a can take it
+    busy = Load.of(cluster, {"a": 1})
+    assert rank(Request("llama"), cluster, busy).refusal() is Refusal.QUEUE_FULL
+    assert rank(Request("mistral"), cluster).refusal() is Refusal.MODEL_NOT_SERVED
+    assert rank(Request("llama"), Cluster.compile([])).refusal() is Refusal.MODEL_NOT_SERVED
+    down = Cluster.compile([node("b", cordoned=True), node("c", reachable=False)])
+    # The node that got furthest (b passed reachability, failed on cordon) decides: 503.
+    assert rank(Request("llama"), down).refusal() is Refusal.CORDONED
+    assert Refusal.CORDONED.status == 503
