@@ -171,6 +171,15 @@ class Agent:
             on_cordon=heartbeat.set_cordon,
             on_cancel=facade.cancel_on,
         )
+        sync = None
+        if config.plane is not None:
+            sync = PlaneSync(
+                config.plane,
+                node_id=node_id,
+                store=store,
+                writer=writer,
+                record=lambda: own.current,
+            )
         self.local_api = local_api = LocalApi(
             LocalPorts(
                 node_id=node_id,
@@ -187,6 +196,7 @@ class Agent:
                 gpus=lambda: own.gpus,
                 submit=self.submit,
                 remove_member=remove_member,
+                plane=lambda: None if sync is None else (sync.failures, sync.synced),
             ),
             port=config.api_port,
         )
@@ -218,14 +228,7 @@ class Agent:
             retention_h=config.job_retention_h,
         )
         tasks.spawn("prune", pruner.run())
-        if config.plane is not None:
-            sync = PlaneSync(
-                config.plane,
-                node_id=node_id,
-                store=store,
-                writer=writer,
-                record=lambda: own.current,
-            )
+        if sync is not None:
             tasks.spawn("plane-sync", sync.run())
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)

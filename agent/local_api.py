@@ -65,6 +65,7 @@ class LocalPorts:
     gpus: Callable[[], GpuInventory]
     submit: Callable[[str, Any], None]
     remove_member: Callable[[str], None]
+    plane: Callable[[], tuple[int, int] | None] = lambda: None
 
 
 class LocalApi:
@@ -74,7 +75,7 @@ class LocalApi:
         self.ports = ports
         self.port = port
         self.registry = CollectorRegistry()
-        self.collector = AgentMetrics(ports.gpus, lambda: ports.manager.restarts)
+        self.collector = AgentMetrics(ports.gpus, lambda: ports.manager.restarts, ports.plane)
         self.registry.register(self.collector)
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_get("/healthz", self._health)

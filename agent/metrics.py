@@ -18,9 +18,15 @@ STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
 class AgentMetrics(Collector):
     """Gauges read from the agent at scrape time; never a prompt, only counts."""
 
-    def __init__(self, gpus: Callable[[], GpuInventory], restarts: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        gpus: Callable[[], GpuInventory],
+        restarts: Callable[[], int],
+        plane: Callable[[], tuple[int, int] | None] = lambda: None,
+    ) -> None:
         self._gpus = gpus
         self._restarts = restarts
+        self._plane = plane  # (failed attempts in a row, jobs synced) when syncing to a plane
         # The manager's status and the job counts, read (async) just before each scrape.
         self.snapshot: tuple[dict[str, Any], dict[str, int]] = ({}, {})
 
@@ -72,3 +78,15 @@ class AgentMetrics(Collector):
         restarts = GaugeMetricFamily("nvpair_manager_restarts", "Workload manager restarts")
         restarts.add_metric([], self._restarts())
         yield restarts
+        plane = self._plane()
+        if plane is not None:
+            failing = GaugeMetricFamily(
+                "nvpair_plane_sync_failures", "Plane sync attempts failed in a row (0: in sync)"
+            )
+            failing.add_metric([], plane[0])
+            yield failing
+            synced = GaugeMetricFamily(
+                "nvpair_plane_synced_jobs", "Job records the plane acknowledged since start"
+            )
+            synced.add_metric([], plane[1])
+            yield synced

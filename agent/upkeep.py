@@ -71,5 +71,5 @@ class Pruner:
             await asyncio.sleep(PRUNE_EVERY_S)
             try:
                 await self.once()
-            except sqlite3.Error as exc:
+            except (BrokerError, sqlite3.Error) as exc:
                 log.warning("pruning the Jobs store failed, trying again later: %s", exc)
