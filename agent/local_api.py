@@ -1,13 +1,19 @@
 """The local API on 127.0.0.1:14322 (loopback only): what the CLI and the web page read.
 
-- `GET /healthz` -- the node, its workload manager child, uptime.
-- `GET /v1/jobs?state=&node=&limit=` -- the Jobs list, newest first.
+- `GET /healthz` -- the node, its workload manager child, uptime; 200 while every part is
+  well, 503 with `failing: [{part, error}]` naming each part that is not.
+- `GET /v1/jobs?state=&node=&limit=` -- the Jobs list, newest first (503 while the Jobs
+  store cannot take writes: what was handed in is not all on disk yet).
 - `GET /v1/nodes` -- every member's record with `reachable`.
 - `GET /v1/members` -- the pins: node id, name, pin, added, removed.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
 - `POST /v1/jobs/events` -- enter a local lifecycle event (`{method, params: {workloadInfo}}`);
   the facade does this in-process, this route is for operators and tests.
 - `POST /v1/members/{node_id}/remove` -- `nvpair cluster remove`.
+- `GET /v1/explain?model=`, `GET /v1/ops`, `POST /v1/ops` -- the scheduler's ranking, and
+  cordon / uncordon / drain operations.
+
+It reads and asks the node's parts only through `LocalPorts`.
 
 Only the loopback interface is bound: anything that can reach it can already read the
 node's files.
