@@ -5,6 +5,8 @@ the aiohttp pin guard (`workload_manager.guard`), live elsewhere.
 
 from .cluster_dir import ClusterDir, Identity, default_cluster_dir
 from .errors import (
+    BadCertificate,
+    BadInviteLifetime,
     BadJoinResponse,
     CertsError,
     InsecurePermissions,
@@ -21,6 +23,8 @@ from .pins import Member, PinStore
 from .tls import ClientContexts, ServerContexts, server_hostname_for
 
 __all__ = [
+    "BadCertificate",
+    "BadInviteLifetime",
     "BadJoinResponse",
     "CertsError",
     "ClientContexts",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
+    "BadCertificate",
+    "BadInviteLifetime",
     "BadJoinResponse",
     "CertsError",
     "InsecurePermissions",
@@ -39,3 +41,12 @@ class InviteRefused(CertsError):
 
 class BadJoinResponse(CertsError):
     """The admitter's answer does not match the invite (wrong CA, wrong key, bad chain)."""
+
+
+class BadCertificate(CertsError, ValueError):
+    """Bytes that are not a PEM certificate, or a key that is not an EC P-256 private key:
+    the fault of whoever supplied the file."""
+
+
+class BadInviteLifetime(CertsError, ValueError):
+    """An invite lifetime outside what invites allow (the caller's fault)."""

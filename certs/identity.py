@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import PinRefused
+from .errors import BadCertificate, PinRefused
 from .ids import DNS_SUFFIX, node_dns_name, node_id_from_uri, node_uri
 
 __all__ = [
@@ -72,16 +72,22 @@ def cert_pem(cert: x509.Certificate) -> bytes:
 
 
 def load_key(data: bytes) -> PrivateKey:
-    """Parse a PEM private key; only EC P-256 keys are ours."""
-    key = serialization.load_pem_private_key(data, password=None)
+    """Parse a PEM private key; only EC P-256 keys are ours (`BadCertificate` otherwise)."""
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:  # TypeError: a key that wants a password
+        raise BadCertificate(f"not an unencrypted PEM private key ({exc})") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
-        raise ValueError("not an EC P-256 private key")
+        raise BadCertificate("not an EC P-256 private key")
     return key
 
 
 def load_cert(data: bytes) -> x509.Certificate:
-    """Parse one PEM certificate."""
-    return x509.load_pem_x509_certificate(data)
+    """Parse one PEM certificate (`BadCertificate` when it is not one)."""
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError as exc:
+        raise BadCertificate(f"not a PEM certificate ({exc})") from exc
 
 
 def _now() -> datetime.datetime:

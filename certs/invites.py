@@ -39,7 +39,7 @@ from ulid import ULID
 
 from ._files import ensure_private_dir, write_atomic
 from .cluster_dir import ClusterDir
-from .errors import BadJoinResponse, InviteRefused
+from .errors import BadInviteLifetime, BadJoinResponse, InviteRefused
 from .identity import (
     PrivateKey,
     ca_fingerprint,
@@ -118,7 +118,7 @@ def create_invite(
 ) -> Invite:
     """Mint a one-time invite on a CA holder and store the hash of its secret."""
     if not datetime.timedelta(seconds=1) <= ttl <= MAX_TTL:
-        raise ValueError(f"invite lifetime must be between 1 second and {MAX_TTL.days} days")
+        raise BadInviteLifetime(f"invite lifetime must be between 1 second and {MAX_TTL.days} days")
     _, ca_cert = cluster.load_ca()
     now = time.time() if now is None else now
     invite = Invite(

@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from .errors import InvalidServingConfig
+
 __all__ = ["serving_digest"]
 
 
@@ -25,11 +27,11 @@ def serving_digest(config: dict[str, Any]) -> str:
 def _check(value: Any) -> None:
     # Floats that JSON cannot carry, and keys that are not strings, have no canonical form.
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("a serving configuration cannot hold NaN or infinity")
+        raise InvalidServingConfig("a serving configuration cannot hold NaN or infinity")
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ValueError("serving configuration keys must be strings")
+                raise InvalidServingConfig("serving configuration keys must be strings")
             _check(item)
     elif isinstance(value, list):
         for item in value:

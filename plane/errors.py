@@ -16,6 +16,7 @@ __all__ = [
     "Conflict",
     "DatabaseUnavailable",
     "InvalidId",
+    "InvalidServingConfig",
     "MigrationError",
     "PlaneError",
     "SyncRefused",
@@ -30,6 +31,12 @@ class PlaneError(Exception):
 
 class InvalidId(PlaneError, ValueError):
     """Not an id of the expected kind (the caller's fault); the message says which and why."""
+
+    status = 400
+
+
+class InvalidServingConfig(PlaneError, ValueError):
+    """A serving configuration with no canonical form (NaN, non-string keys): the caller's."""
 
     status = 400
 

@@ -134,3 +134,17 @@ def test_issue_writes_a_complete_dir_and_pins_locally(a: ClusterDir, tmp_path: P
     assert {m.node_id for m in b.pins.members()} == {a.node_id(), info.node_id}
     assert a.pins.is_pinned(info.pin)
     assert b.ca_crt.read_bytes() == a.ca_crt.read_bytes()
+
+
+def test_files_that_are_not_ours_are_bad_certificate_errors(a: ClusterDir) -> None:
+    from certs import BadCertificate
+    from certs.identity import load_key
+
+    with pytest.raises(BadCertificate, match="not a PEM certificate"):
+        load_cert(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+    with pytest.raises(BadCertificate, match="private key"):
+        load_key(a.node_crt.read_bytes())  # a certificate where a key belongs
+    # The control: the real files load.
+    assert load_cert(a.node_crt.read_bytes()).subject
+    assert load_key(a.node_key.read_bytes()).curve.name == "secp256r1"
+    assert issubclass(BadCertificate, CertsError)
