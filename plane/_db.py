@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from .errors import BadInput, Conflict, DatabaseUnavailable
 
-__all__ = ["Conn", "Pool", "connection", "first_line"]
+__all__ = ["UNAVAILABLE", "Conn", "Pool", "connection", "first_line"]
 
 Conn: TypeAlias = AsyncConnection[tuple[Any, ...]]
 Pool: TypeAlias = AsyncConnectionPool[Conn]
+
+UNAVAILABLE: Final = "the plane's database is not reachable; try again shortly"
 
 
 @contextlib.asynccontextmanager
@@ -28,13 +30,11 @@ async def connection(pool: Pool) -> AsyncIterator[Conn]:
     try:
         async with pool.connection() as conn:
             yield conn
-    except (PoolTimeout, PoolClosed) as exc:
-        raise DatabaseUnavailable(
-            "the plane's database is not reachable; try again shortly"
-        ) from exc
     except psycopg.OperationalError as exc:
-        # Connection refused or lost, the server shutting down, a statement cancelled.
-        raise DatabaseUnavailable(f"the plane's database failed: {first_line(exc)}") from exc
+        # A pool timeout, a connection refused or lost, the server shutting down. The
+        # message stays general (callers need not learn where the database lives); the
+        # cause, chained, says what happened, for the log.
+        raise DatabaseUnavailable(UNAVAILABLE) from exc
     except psycopg.errors.UniqueViolation as exc:
         raise Conflict(f"already exists ({exc.diag.constraint_name or 'a unique key'})") from exc
     except psycopg.DataError as exc:

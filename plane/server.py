@@ -30,6 +30,7 @@ from aiohttp.typedefs import Handler
 
 from workload_manager.sites import start_site
 
+from ._db import first_line
 from .errors import DatabaseUnavailable, PlaneError
 from .ids import is_id
 from .store import PlaneStore
@@ -114,7 +115,8 @@ class PlaneServer:
         try:
             return await handler(request)
         except DatabaseUnavailable as exc:
-            log.warning("%s %s: %s", request.method, request.path, exc)
+            cause = first_line(exc.__cause__) if exc.__cause__ is not None else ""
+            log.warning("%s %s: %s (%s)", request.method, request.path, exc, cause)
             return _unavailable(str(exc), exc.retry_after_s)
         except PlaneError as exc:
             return _error(exc.status, str(exc))

@@ -74,7 +74,7 @@ class PlaneService:
         self.server = PlaneServer(self.store, host=host, port=port, not_ready=self._not_ready)
         self.serving = asyncio.Event()  # set once the database answered and is migrated
         self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._why: str | None = "the plane's database has not answered yet"
+        self._why: str | None = "the plane's database has not answered yet"  # what callers see
         self._pool_open = False
         self._task: asyncio.Task[None] | None = None
 
@@ -107,34 +107,38 @@ class PlaneService:
     async def _bootstrap(self) -> None:
         """Connect (retrying while the database is unreachable), migrate, store the admin
         token, then open the pool for requests."""
-        failures = 0
+        failures, last = 0, ""
         while True:
             try:
                 await self._prepare()
                 break
             except psycopg.OperationalError as exc:
                 failures += 1
-                why = f"the plane's database is not reachable: {first_line(exc)}"
-                if why != self._why:  # once per distinct reason, not once per retry
-                    log.warning("%s; retrying", why)
-                self._why = why
+                detail = first_line(exc)
+                if detail != last:  # once per distinct reason, not once per retry
+                    log.warning("the plane's database is not reachable (%s); retrying", detail)
+                last = detail
+                # What callers see stays general: they need not learn where it lives.
+                self._why = "the plane's database is not reachable yet"
                 await asyncio.sleep(min(RETRY_CAP_S, 0.1 * 2 ** min(failures, 8)))
             except psycopg.Error as exc:
                 # A malformed DSN, a failing migration: retrying will not fix it.
                 log.error("the plane cannot start: %s", exc)
-                self._why = f"the plane cannot start: {first_line(exc)}"
-                self.failed.set_result(self._why)
+                self._fail(f"the plane cannot start: {first_line(exc)}")
                 return
             except Exception as exc:
                 log.exception("the plane cannot start")  # a bug of ours: the traceback helps
-                self._why = f"the plane cannot start: {first_line(exc)}"
-                self.failed.set_result(self._why)
+                self._fail(f"the plane cannot start: {first_line(exc)}")
                 return
         await self.pool.open(wait=False)
         self._pool_open = True
         self._why = None
         self.serving.set()
         log.info("the plane's database is ready")
+
+    def _fail(self, why: str) -> None:
+        self._why = "the plane cannot start"
+        self.failed.set_result(why)
 
     async def _prepare(self) -> None:
         conn: Conn = await psycopg.AsyncConnection.connect(
