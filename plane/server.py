@@ -127,7 +127,9 @@ class PlaneServer:
         """("admin", None) or ("cluster", id); raises 401 otherwise."""
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.startswith("Bearer ") else ""
-        if token:
+        # Tokens are printable text; a header of raw bytes that are not UTF-8 (kept as lone
+        # surrogates) or control characters is no token at all, not a 500 when hashed.
+        if token and token.isprintable():
             cluster = await self.store.cluster_for(token)
             if cluster is not None:
                 return "cluster", cluster

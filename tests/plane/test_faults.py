@@ -100,6 +100,32 @@ async def test_values_the_database_refuses_are_400_and_write_nothing(plane: Plan
     assert len((await plane.call("GET", "/v1/jobs", ADMIN))[1]["jobs"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [
+        (b"\xff\xfe\xed", b"401"),
+        (b"hgro1.\xc3", b"401"),
+        (b"nvpadm1.\x01", b"400"),  # aiohttp's parser refuses a control character itself
+    ],
+)
+async def test_a_token_of_raw_bytes_is_refused_not_a_500(
+    plane: Plane, token: bytes, status: bytes
+) -> None:
+    # Raw bytes in a header, as no HTTP client library would send them.
+    host, port = plane.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET /v1/clusters HTTP/1.1\r\nHost: plane\r\nAuthorization: Bearer "
+        + token
+        + b"\r\nConnection: close\r\n\r\n"
+    )
+    answer = await reader.read()
+    writer.close()
+    assert answer.split(b" ", 2)[1] == status, answer[:200]
+    # The control: the same request with the admin token is answered.
+    assert (await plane.call("GET", "/v1/clusters", ADMIN))[0] == 200
+
+
 # -- the database down ----------------------------------------------------------------------
 
 
