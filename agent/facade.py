@@ -28,7 +28,7 @@ import msgspec
 from aiohttp import web
 from ulid import ULID
 
-from scheduler import Request, rank
+from scheduler import Refusal, Request, rank
 from workload_manager.sites import start_site
 from workload_manager.workload import Workload, WorkloadState
 
@@ -144,25 +144,13 @@ class Facade:
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
         cluster, load = self._view.current()
         if model not in cluster.models():
-            return openai_error(
-                404,
-                f"The model `{model}` does not exist on any member",
-                "invalid_request_error",
-                "model_not_found",
-            )
+            return _refused(Refusal.MODEL_NOT_SERVED, model)
         for node_id, count in self.in_flight.items():
             load.add(node_id, count)
         ranking = rank(Request(model, origin=self.node_id), cluster, load)
         target = ranking.best
         if target is None:
-            reasons = {reason for _, reason in ranking.refused()}
-            if reasons == {"queue full"} or "queue full" in reasons:
-                response = openai_error(
-                    429, "every member serving this model is busy", "rate_limit_error"
-                )
-                response.headers["Retry-After"] = "1"
-                return response
-            return openai_error(503, "no member can serve this model now", "server_error")
+            return _refused(ranking.refusal(), model)
         engine_kind = self._view.engine_kind_for(target, model)
         job = self._new_job(model, engine_kind, requester if isinstance(requester, str) else None)
         self._emit("workload:submitted", job)
@@ -270,6 +258,24 @@ class Facade:
 
     def _emit(self, method: str, job: _Job) -> None:
         self._submit(method, job.record)
+
+
+def _refused(refusal: Refusal | None, model: str) -> web.Response:
+    # The scheduler says why no member can take it; its status is what the client sees.
+    status = refusal.status if refusal is not None else 503
+    if status == 429:
+        response = openai_error(429, "every member serving this model is busy", "rate_limit_error")
+        response.headers["Retry-After"] = "1"
+        return response
+    if status == 404:
+        return openai_error(
+            404,
+            f"The model `{model[:256]}` does not exist on any member",
+            "invalid_request_error",
+            "model_not_found",
+        )
+    reason = f" ({refusal.value})" if refusal is not None else ""
+    return openai_error(503, f"no member can serve this model now{reason}", "server_error")
 
 
 async def _relay(
