@@ -181,7 +181,9 @@ class LocalApi:
             {
                 "model": model,
                 "ranked": [{"nodeId": n, "score": s} for n, s in ranking.top(len(cluster))],
-                "refused": [{"nodeId": n, "reason": r} for n, r in ranking.refused()],
+                "refused": [
+                    {"nodeId": n, "reason": ranking.describe(r)} for n, r in ranking.refused()
+                ],
             }
         )
 

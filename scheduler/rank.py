@@ -8,7 +8,10 @@ not yet visible there), updated in place as jobs come and go.
 
 Filters, in order (the first that fails is the node's reason): not a member, unreachable,
 cordoned, model not served (by the requested engine), every engine for it down, no healthy
-GPU, no single topology domain with the GPUs the request needs each holding its memory.
+GPU, no single topology domain with the GPUs the request needs each holding its memory. A
+node that reports no GPU at all (no NVML, or none present) passes the two GPU filters: its
+engines run on the CPU (llama.cpp) or on devices NVML cannot see, and they answer for
+themselves; a node whose GPUs are all unhealthy does not.
 Score, higher is better: pending work per healthy GPU dominates, then GPU utilisation,
 then free memory, then locality (the node the request entered on). Ties go to the lower
 node id, so the same inputs always give the same answer.
@@ -103,6 +106,7 @@ class Cluster:
     reachable: npt.NDArray[np.bool_]
     cordoned: npt.NDArray[np.bool_]
     healthy: npt.NDArray[np.int64]
+    gpuless: npt.NDArray[np.bool_]  # reports no device at all: its engines serve without one
     utilization: npt.NDArray[np.float64]
     free_fraction: npt.NDArray[np.float64]
     queue_limit: npt.NDArray[np.float64]
@@ -148,6 +152,7 @@ class Cluster:
             reachable=np.array([n.reachable for n in views], dtype=np.bool_),
             cordoned=np.array([n.cordoned for n in views], dtype=np.bool_),
             healthy=healthy,
+            gpuless=np.array([not n.devices for n in views], dtype=np.bool_),
             utilization=utilization,
             free_fraction=free_fraction,
             queue_limit=np.array([n.queue_limit for n in views], dtype=np.float64),
@@ -283,8 +288,8 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
         ~cluster.cordoned,
         cluster.served.get(key, nothing),
         cluster.up.get(key, nothing),
-        cluster.healthy > 0,
-        cluster.fit[group - 1] >= max(request.memory_bytes, 1),
+        (cluster.healthy > 0) | cluster.gpuless,
+        (cluster.fit[group - 1] >= max(request.memory_bytes, 1)) | cluster.gpuless,
     ]
     pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
     masks.append(pending < cluster.queue_limit)

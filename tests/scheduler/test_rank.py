@@ -163,3 +163,17 @@ def test_the_refusal_of_a_whole_request() -> None:
     # The node that got furthest (b passed reachability, failed on cordon) decides: 503.
     assert rank(Request("llama"), down).refusal() is Refusal.CORDONED
     assert Refusal.CORDONED.status == 503
+
+
+def test_a_node_without_any_gpu_serves_with_its_engines() -> None:
+    # No NVML (or no device): its engines run on the CPU (llama.cpp) and answer for
+    # themselves. A node whose GPUs are all unhealthy is the control: it serves nothing.
+    cpu = node("cpu", devices=())
+    broken = node("broken", devices=(DeviceView(70 * GIB, 80 * GIB, 0, False, "d0"),))
+    ranking = rank(Request("llama"), Cluster.compile([cpu, broken]))
+    assert ranking.best == "cpu"
+    assert ranking.refused() == [("broken", Refusal.NO_HEALTHY_GPU)]
+    # It still obeys every other filter, its queue limit included.
+    busy = Load.of(Cluster.compile([node("cpu", devices=(), queue_limit=1)]), {"cpu": 1})
+    full = rank(Request("llama"), Cluster.compile([node("cpu", devices=(), queue_limit=1)]), busy)
+    assert full.refused() == [("cpu", Refusal.QUEUE_FULL)]
