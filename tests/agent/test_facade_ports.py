@@ -16,7 +16,7 @@ from agent.facade import Facade
 from agent.gpus import simulate
 from agent.mock_engine import MockEngine
 from agent.view import SchedulingView
-from broker.records import NodeRecord
+from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 from workload_manager.workload import Workload
 
@@ -49,20 +49,12 @@ async def rig(engine: MockEngine, queue_limit: int = 8) -> Rig:
     engines = Engines([("vllm-0", "vllm", engine.url)])
     await engines.probe()
     gpus = simulate("l4:1", ME)
-    record = NodeRecord(
-        nodeId=ME,
-        name="solo",
-        addresses=["127.0.0.1"],
-        managerPort=1,
-        nodePort=2,
-        facadePort=3,
-        version="t",
+    record = node_record(
+        ME,
         queueLimit=queue_limit,
         devices=gpus.devices,
         domains=gpus.domains,
         engines=engines.current,
-        updatedAt=1,
-        generation=1,
     )
     view = SchedulingView(
         self_id=ME,

@@ -14,22 +14,9 @@ import pytest
 from agent.errors import MemberRefused, MemberUnreachable
 from agent.node_api import NodeApi
 from agent.node_client import NodeClient
-from broker.records import NodeRecord, RecordsPush
+from broker.records import RecordsPush
 from certs import ClientContexts, ClusterDir, server_hostname_for
-
-
-def record(node_id: str, port: int, generation: int = 1) -> NodeRecord:
-    return NodeRecord(
-        nodeId=node_id,
-        name=node_id[-4:],
-        addresses=["127.0.0.1"],
-        managerPort=1,
-        nodePort=port,
-        facadePort=3,
-        version="t",
-        updatedAt=generation,
-        generation=generation,
-    )
+from tests.fixtures.records import node_record
 
 
 @dataclass
@@ -44,7 +31,7 @@ class Rig:
     cancels: list[str] = field(default_factory=list)
 
     def client(self, member: ClusterDir) -> NodeClient:
-        a_record = record(self.a_id, self.api.port)
+        a_record = node_record(self.a_id, node_port=self.api.port)
         return NodeClient(member, lambda node: a_record if node == self.a_id else None)
 
 
@@ -62,7 +49,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
     def on_push(push: RecordsPush, sender: str) -> RecordsPush:
         pushes.append((sender, push))
-        return RecordsPush(records=[record(a_id, api.port, generation=7)])
+        return RecordsPush(records=[node_record(a_id, 7, node_port=api.port)])
 
     def on_cancel(target: str) -> int:
         cancels.append(target)
@@ -88,7 +75,7 @@ async def test_records_cordon_and_cancel_through_the_client(rig: Rig) -> None:
     client = rig.client(rig.b)
     try:
         b_id = rig.b.node_id()
-        answer = await client.push_records(rig.a_id, RecordsPush(records=[record("nod_x", 1)]))
+        answer = await client.push_records(rig.a_id, RecordsPush(records=[node_record("nod_x")]))
         assert [r.generation for r in answer.records] == [7]
         ((sender, push),) = rig.pushes
         assert sender == b_id  # the caller is named by its certificate, not by its words

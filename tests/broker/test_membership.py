@@ -6,24 +6,10 @@ import pytest
 from cryptography import x509
 
 from broker.membership import PushPlan, manager_peers, plan_push
-from broker.records import NodeRecord, RecordsPush, Removal
+from broker.records import RecordsPush, Removal
 from certs import new_node_id
 from certs.identity import PrivateKey, cert_pem, issue_node_cert, make_ca, new_key
-
-
-def rec(node: str, generation: int = 1, addresses: tuple[str, ...] = ("10.0.0.1",)) -> NodeRecord:
-    return NodeRecord(
-        nodeId=node,
-        name=node,
-        addresses=list(addresses),
-        managerPort=14320,
-        nodePort=14321,
-        facadePort=14323,
-        version="x",
-        updatedAt=generation,
-        generation=generation,
-    )
-
+from tests.fixtures.records import node_record as rec
 
 CA = tuple[PrivateKey, x509.Certificate]
 
@@ -121,4 +107,4 @@ def test_known_tombstones_and_our_own_removal_are_not_new(
 def test_manager_peers_are_pinned_members_with_an_address() -> None:
     records = [rec(B), rec(C), rec("nod_noaddress", addresses=())]
     peers = manager_peers(records, {B, "nod_noaddress"}.__contains__)
-    assert [(p.nodeId, p.host, p.port) for p in peers] == [(B, "10.0.0.1", 14320)]
+    assert [(p.nodeId, p.host, p.port) for p in peers] == [(B, "127.0.0.1", 14320)]

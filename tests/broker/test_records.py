@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from broker.records import Membership, NodeRecord, Removal
-
-
-def rec(node: str, generation: int) -> NodeRecord:
-    return NodeRecord(
-        nodeId=node,
-        name=node,
-        addresses=["127.0.0.1"],
-        managerPort=1,
-        nodePort=2,
-        facadePort=3,
-        version="x",
-        updatedAt=generation,
-        generation=generation,
-    )
+from broker.records import Membership, Removal
+from tests.fixtures.records import node_record as rec
 
 
 def test_newer_generation_wins() -> None:
