@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import aiohttp
@@ -52,6 +52,7 @@ class PlaneSync:
         store: JobsStore,
         writer: JobsWriter,
         record: Callable[[], NodeRecord],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.url = settings.url + "/v1/sync"
         self._token = settings.token
@@ -59,6 +60,7 @@ class PlaneSync:
         self._store = store
         self._writer = writer
         self._record = record
+        self._sleep = sleep  # time is passed in: tests drive the retries without waiting
         # Capped at 5 s: one small request per node while the plane is down, and a plane
         # that comes back is caught up within seconds.
         self.backoff = Backoff(base_s=0.5, cap_s=5.0)
@@ -89,7 +91,7 @@ class PlaneSync:
                     self.last_error = f"{type(exc).__name__}: {exc}"[:200]
                     delay = max(0.2, self.backoff.delay(self.failures, random.random))
                     log.info("plane sync failed (%s); retry in %.1fs", self.last_error, delay)
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
 
     async def _once(self, session: aiohttp.ClientSession) -> bool:
         await self._writer.flush()
