@@ -86,8 +86,9 @@ class Agent:
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
         health.watch("jobs-store", writer.problem)
 
-        gpus = simulate(config.simulate_gpus, node_id) if config.simulate_gpus else None
-        gpus = gpus or discover(node_id)
+        gpus = (
+            simulate(config.simulate_gpus, node_id) if config.simulate_gpus else discover(node_id)
+        )
         if not gpus.devices:
             log.info("no GPU on this node: %s", gpus.reason)
 
