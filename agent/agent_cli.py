@@ -217,7 +217,7 @@ def _operation(args: argparse.Namespace) -> int:
     print(f"{op['id']}: {op['kind']} {op['target']} {op['phase']}")
     last = None
     while op["phase"] in ("pending", "running"):
-        time.sleep(0.5)
+        time.sleep(0.2)  # a local call; a cordon usually ends within one
         op = next(o for o in _get("/v1/ops") if o["id"] == op["id"])
         line = f"  {op['phase']}: {op.get('waitingFor') or ''}".rstrip()
         if line != last:

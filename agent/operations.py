@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 KINDS: Final = ("cordon", "uncordon", "drain")
 MAX_OPERATIONS: Final = 200  # operations kept for `nvpair ops`
-POLL_S: Final = 0.5  # a drain looks at the jobs on its target this often
+POLL_S: Final = 0.25  # a drain looks at the jobs on its target this often
 
 
 class Phase(enum.Enum):
