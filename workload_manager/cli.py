@@ -23,7 +23,6 @@ from typing import Final
 from certs import CertsError, ClusterDir
 
 from ._version import VERSION
-from .broadcaster import Broadcaster
 from .errors import (
     CannotListen,
     ChannelFailed,
@@ -34,7 +33,6 @@ from .errors import (
 from .local import serve_stdio, serve_unix
 from .manager import Manager
 from .relay import RelayCore
-from .server import InterNodeServer
 
 __all__ = ["build_parser", "main"]
 
@@ -163,7 +161,11 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
         if cluster is None:
             log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
         else:
-            await _start_inter_node(manager, cluster, stack)
+            # Imported here: the mTLS server and broadcaster (aiohttp, ~0.15 s of start-up)
+            # are needed only by a manager with a cluster identity to speak for.
+            from .inter_node import start_inter_node
+
+            await start_inter_node(manager, cluster, stack)
         async with asyncio.TaskGroup() as tasks:
             pruner = tasks.create_task(_prune_forever(manager))
             serving = tasks.create_task(
@@ -175,33 +177,6 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
                 log.info("stopping on signal")
             for task in (pruner, serving, stopping):
                 task.cancel()
-
-
-async def _start_inter_node(
-    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
-) -> None:
-    """The mTLS server on --port and the broadcaster, both bound to the cluster dir."""
-    broadcaster = await stack.enter_async_context(Broadcaster(cluster, manager.relay.view))
-    manager.send_to_peers = broadcaster.enqueue
-    manager.on_peers = broadcaster.set_peers
-    manager.on_sync_request = broadcaster.enqueue_view
-    manager.on_view_loaded = broadcaster.view_ready.set
-    manager.status_extras = lambda: {"broadcast": broadcaster.status()}
-    server = InterNodeServer(
-        manager,
-        cluster,
-        host=os.environ.get("NVPAIR_WM_BIND") or None,  # None: every interface
-        port=manager.port,
-        broker_ready=lambda: manager.broker_ready(),
-    )
-    manager.port = await server.start()
-    stack.push_async_callback(server.aclose)
-    if not cluster.has_identity():
-        log.warning(
-            "%s holds no cluster identity yet: the port stays bound, handshakes fail and "
-            "nothing is broadcast until this node joins",
-            cluster.path,
-        )
 
 
 def _identity(cluster: ClusterDir | None) -> Callable[[], str | None]:

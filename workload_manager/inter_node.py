@@ -1,0 +1,45 @@
+"""The inter-node half of a manager with `--cluster-dir`: the mTLS server on `--port` and
+the broadcaster, wired to the manager."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from certs import ClusterDir
+
+from .broadcaster import Broadcaster
+from .manager import Manager
+from .server import InterNodeServer
+
+__all__ = ["start_inter_node"]
+
+log = logging.getLogger("workload_manager")
+
+
+async def start_inter_node(
+    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
+) -> None:
+    """The mTLS server on --port and the broadcaster, both bound to the cluster dir."""
+    broadcaster = await stack.enter_async_context(Broadcaster(cluster, manager.relay.view))
+    manager.send_to_peers = broadcaster.enqueue
+    manager.on_peers = broadcaster.set_peers
+    manager.on_sync_request = broadcaster.enqueue_view
+    manager.on_view_loaded = broadcaster.view_ready.set
+    manager.status_extras = lambda: {"broadcast": broadcaster.status()}
+    server = InterNodeServer(
+        manager,
+        cluster,
+        host=os.environ.get("NVPAIR_WM_BIND") or None,  # None: every interface
+        port=manager.port,
+        broker_ready=lambda: manager.broker_ready(),
+    )
+    manager.port = await server.start()
+    stack.push_async_callback(server.aclose)
+    if not cluster.has_identity():
+        log.warning(
+            "%s holds no cluster identity yet: the port stays bound, handshakes fail and "
+            "nothing is broadcast until this node joins",
+            cluster.path,
+        )
