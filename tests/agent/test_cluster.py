@@ -37,6 +37,10 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[lis
         make_node(root, "b", "l4:2"),
         make_node(root, "c", None),  # no GPU: zero devices
     ]
+    for node in nodes:
+        # A 1 s heartbeat (the default is 2 s): a stopped member is unreachable after 3 s.
+        node.home.mkdir(parents=True)
+        (node.home / "nvpair.toml").write_text("[agent]\nheartbeat_s = 1.0\n")
     async for started in start_cluster(nodes):
         yield started
 
