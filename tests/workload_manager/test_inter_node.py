@@ -248,53 +248,52 @@ async def test_a_non_member_gets_nothing_then_converges_once_admitted(tmp_path: 
             await member.stop()
 
 
-@pytest.mark.parametrize(
-    ("content_type", "body", "status"),
-    [
-        ("application/json", b"{not json", 400),
-        ("application/json", b"[]", 400),
-        (
-            "application/json",
-            b'[{"jsonrpc":"2.0","method":"workload:submitted",'
-            b'"params":{"workloadInfo":{"id":"1","seq":"one"}}}]',
-            400,
-        ),
-        (
-            "application/json",
-            b'{"jsonrpc":"2.0","method":"peers:set","params":{"peers":[]},"id":1}',
-            400,
-        ),
-        ("text/plain", b"[]", 415),
-        ("application/json", b"[" + b" " * (9 * 1024 * 1024) + b"]", 413),
-    ],
-)
-async def test_bad_bodies_from_a_pinned_peer(
-    trio: list[Member], content_type: str, body: bytes, status: int
-) -> None:
+BAD_BODIES: list[tuple[str, bytes, int]] = [
+    ("application/json", b"{not json", 400),
+    ("application/json", b"[]", 400),
+    (
+        "application/json",
+        b'[{"jsonrpc":"2.0","method":"workload:submitted",'
+        b'"params":{"workloadInfo":{"id":"1","seq":"one"}}}]',
+        400,
+    ),
+    (
+        "application/json",
+        b'{"jsonrpc":"2.0","method":"peers:set","params":{"peers":[]},"id":1}',
+        400,
+    ),
+    ("text/plain", b"[]", 415),
+    ("application/json", b"[" + b" " * (9 * 1024 * 1024) + b"]", 413),
+]
+
+
+async def test_bad_bodies_from_a_pinned_peer(trio: list[Member]) -> None:
+    # One cluster for every kind of bad body: each is refused, changes nothing, and is
+    # followed by a control event that still relays.
     a, b, _ = trio
     await start_all(trio)
-    before = await a.status()
     connector = aiohttp.TCPConnector(ssl=ClientContexts(b.cluster).current())
-    async with (
-        aiohttp.ClientSession(connector=connector) as session,
-        session.post(
-            f"https://127.0.0.1:{a.port}/v1/workloads/events",
-            data=io.BytesIO(body),
-            headers={"Content-Type": content_type},
-            server_hostname=server_hostname_for(a.node_id),
-        ) as response,
-    ):
-        assert response.status == status
-        reply = await response.read()
-    if b"peers:set" in body:  # a method peers may not call
-        assert json.loads(reply)["error"]["code"] == -32601
-    after = await a.status()
-    assert after["workloads"] == before["workloads"]
-    assert after["peers"] == before["peers"]
-    assert a.told == []
-    # and the manager still works
-    await b.enter("5", 1)
-    await eventually(lambda: (f"{b.node_id}-run-1", "5", 1) in seen_keys(a), "a still relays")
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for n, (content_type, body, status) in enumerate(BAD_BODIES):
+            before, told = await a.status(), len(a.told)
+            async with session.post(
+                f"https://127.0.0.1:{a.port}/v1/workloads/events",
+                data=io.BytesIO(body),
+                headers={"Content-Type": content_type},
+                server_hostname=server_hostname_for(a.node_id),
+            ) as response:
+                assert response.status == status, (n, await response.text())
+                reply = await response.read()
+            if b"peers:set" in body:  # a method peers may not call
+                assert json.loads(reply)["error"]["code"] == -32601
+            after = await a.status()
+            assert after["workloads"] == before["workloads"], n
+            assert after["peers"] == before["peers"], n
+            assert len(a.told) == told, n
+            # and the manager still works
+            await b.enter(f"5-{n}", 1)
+            key = (f"{b.node_id}-run-1", f"5-{n}", 1)
+            await eventually(lambda key=key: key in seen_keys(a), f"a still relays after {n}")
 
 
 async def test_events_from_a_peer_with_a_prompt_reach_nobody_with_it(trio: list[Member]) -> None:
