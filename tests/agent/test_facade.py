@@ -229,9 +229,12 @@ async def test_no_prompt_anywhere(cluster: list[Node], before: set[JobKey]) -> N
     a = cluster[0]
     async with client(a) as oa:
         for model in ("llama", "only-c", "llama"):
-            await oa.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": MARKER}]
-            )
+            # b's engine fails one request in five: a failed job must not hold the prompt
+            # either, so an engine's 500 is part of what is checked, not a test failure.
+            with contextlib.suppress(openai.InternalServerError):
+                await oa.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": MARKER}]
+                )
     await a.get_settled_jobs(3, since=before)
     for node in cluster:
         jobs_text = str(await node.get("/v1/jobs"))
