@@ -8,7 +8,8 @@
 - `GET /v1/members` -- the pins: node id, name, pin, added, removed.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
 - `POST /v1/jobs/events` -- enter a local lifecycle event (`{method, params: {workloadInfo}}`);
-  the facade does this in-process, this route is for operators and tests.
+  the facade does this in-process, this route is for operators and tests. The 202 comes
+  once the record is committed in this node's Jobs store (503 when it cannot be in time).
 - `POST /v1/members/{node_id}/remove` -- `nvpair cluster remove`.
 - `GET /v1/explain?model=`, `GET /v1/ops`, `POST /v1/ops` -- the scheduler's ranking, and
   cordon / uncordon / drain operations.
@@ -141,9 +142,7 @@ class LocalApi:
         try:
             await self.ports.writer.flush()  # what was handed in is what you see
         except StoreUnavailable as exc:
-            raise web.HTTPServiceUnavailable(
-                text=f"{exc}\n", headers={"Retry-After": "1"}
-            ) from None
+            raise _unavailable(exc) from None
         jobs = await self.ports.store.jobs(state=state, node=query.get("node"), limit=limit)
         return _json(jobs)
 
@@ -217,7 +216,16 @@ class LocalApi:
         mismatch = lifecycle_mismatch(method, params.workloadInfo)
         if mismatch:
             raise web.HTTPBadRequest(text=mismatch + "\n")
-        self.ports.submit(method, params.workloadInfo)
+        record = params.workloadInfo
+        self.ports.submit(method, record)
+        # A 202 is durable: answered once the batch holding this record has committed to
+        # this node's store (issue 11), within the writer's flush bound.
+        try:
+            await self.ports.writer.committed(
+                (record.originatedFrom, record.runId, record.id), record.seq
+            )
+        except StoreUnavailable as exc:
+            raise _unavailable(exc) from None
         return web.Response(status=202)
 
     async def _remove(self, request: web.Request) -> web.Response:
@@ -226,6 +234,11 @@ class LocalApi:
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         return _json({"removed": request.match_info["node_id"]})
+
+
+def _unavailable(exc: StoreUnavailable) -> web.HTTPServiceUnavailable:
+    # The store is not taking writes: what was handed in is kept and retried; ask again.
+    return web.HTTPServiceUnavailable(text=f"{exc}\n", headers={"Retry-After": "1"})
 
 
 def _json(value: Any) -> web.Response:

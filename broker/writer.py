@@ -11,6 +11,10 @@ It never loses a batch and never hangs:
   handed in meanwhile coalesces with it. While it fails, `healthy` is False and `last_error`
   says why (the cause only, never a record);
 - `flush(timeout_s=...)` raises `StoreUnavailable` after its bound instead of waiting;
+- `upsert_durable(record)` / `remove_durable(removal)` hand one in and return once the
+  batch holding it has committed (a record coalesced into a newer one counts as committed
+  when the newer one is) -- still group commit, not a transaction of its own -- or raise
+  `StoreUnavailable` after the same bound;
 - leaving `async with` makes one last bounded attempt, logs how many rows it could not
   write, and stops.
 
@@ -79,10 +83,15 @@ class JobsWriter:
         # Coalesced per job. An entry leaves only once written: a batch that fails stays.
         self._upserts: dict[tuple[str, str, str], Workload] = {}
         self._removals: list[WorkloadRemoval] = []
+        # Callers waiting for one job's record to be committed: key -> [(seq, future)].
+        self._waiters: dict[tuple[str, str, str], list[tuple[int, asyncio.Future[None]]]] = {}
+        self._removals_in = 0  # removals handed in since start, and of those committed
+        self._removals_done = 0
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()  # closing: retry now instead of at the next backoff
         self._written = asyncio.Condition()
         self._writing = False
+        self._in_flight: dict[tuple[str, str, str], Workload] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._task: asyncio.Task[None] | None = None
         self.commits = 0
@@ -108,6 +117,7 @@ class JobsWriter:
                 unavailable.reason,
             )
         finally:
+            self._fail_waiters("the Jobs writer stopped")
             tasks, self._tasks = self._tasks, None
             if self._task is not None:
                 self._task.cancel()
@@ -143,7 +153,81 @@ class JobsWriter:
     def remove(self, removal: WorkloadRemoval) -> None:
         """Hand in a removal."""
         self._removals.append(removal)
+        self._removals_in += 1
         self._wake.set()
+
+    async def upsert_durable(self, record: Workload, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """`upsert(record)`, returning once it (or a newer record of its job) is committed.
+
+        Raises `StoreUnavailable` when that has not happened within `timeout_s` (the record
+        is kept and still retried) or when the task died.
+        """
+        self.upsert(record)
+        await self.committed(
+            (record.originatedFrom, record.runId, record.id), record.seq, timeout_s
+        )
+
+    async def committed(
+        self, key: tuple[str, str, str], seq: int, timeout_s: float = FLUSH_TIMEOUT_S
+    ) -> None:
+        """Wait until the record of job `key` at `seq` handed in earlier is committed: at once
+        when nothing of that job is pending; `StoreUnavailable` as for `flush()`."""
+        if self.failure is not None:
+            raise StoreUnavailable(self.failure)
+        if key not in self._upserts and key not in self._in_flight:
+            return  # written already (or never handed in: nothing to wait for)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (seq, done)
+        self._waiters.setdefault(key, []).append(waiter)
+        await self._wait(done, timeout_s, lambda: self._forget(key, waiter))
+
+    async def remove_durable(
+        self, removal: WorkloadRemoval, timeout_s: float = FLUSH_TIMEOUT_S
+    ) -> None:
+        """`remove(removal)`, returning once the batch holding it is committed;
+        `StoreUnavailable` as for `flush()`."""
+        self.remove(removal)
+        ticket = self._removals_in
+        if self.failure is not None:
+            raise StoreUnavailable(self.failure)
+        try:
+            async with asyncio.timeout(timeout_s), self._written:
+                await self._written.wait_for(
+                    lambda: self._removals_done >= ticket or self.failure is not None
+                )
+        except TimeoutError:
+            raise StoreUnavailable(self._why_not(timeout_s)) from None
+        if self._removals_done < ticket:
+            raise StoreUnavailable(self.failure or "the Jobs writer stopped")
+
+    async def _wait(
+        self, done: asyncio.Future[None], timeout_s: float, forget: Callable[[], None]
+    ) -> None:
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(done)
+        except TimeoutError:
+            raise StoreUnavailable(self._why_not(timeout_s)) from None
+        finally:
+            forget()  # a caller that gave up (timeout, cancel) leaves no waiter behind
+
+    def _forget(self, key: tuple[str, str, str], waiter: tuple[int, asyncio.Future[None]]) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is not None and waiter in waiters:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._waiters[key]
+
+    def _why_not(self, timeout_s: float) -> str:
+        return self.failure or self.last_error or f"nothing written within {timeout_s:g}s"
+
+    def _fail_waiters(self, reason: str) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for held in waiters.values():
+            for _, done in held:
+                if not done.done():
+                    done.set_exception(StoreUnavailable(reason))
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait until everything handed in so far is committed.
@@ -156,8 +240,7 @@ class JobsWriter:
             async with asyncio.timeout(timeout_s), self._written:
                 await self._written.wait_for(self._settled)
         except TimeoutError:
-            reason = self.last_error or f"nothing written within {timeout_s:g}s"
-            raise StoreUnavailable(reason) from None
+            raise StoreUnavailable(self._why_not(timeout_s)) from None
         if self.failure is not None:
             raise StoreUnavailable(self.failure)
 
@@ -176,6 +259,7 @@ class JobsWriter:
         await reporting(PART, self._run(), self._died)
         # The task died (reporting() returned): wake every flush() so it raises at once
         # instead of waiting out its bound.
+        self._fail_waiters(self.failure or "the Jobs writer stopped")
         async with self._written:
             self._written.notify_all()
 
@@ -198,6 +282,7 @@ class JobsWriter:
             upserts = [self._upserts[key] for key in keys]
             removals = list(self._removals)
             self._writing = True
+            self._in_flight = dict(zip(keys, upserts, strict=True))
             try:
                 await self.store.write(upserts, removals, now=self.clock())
             except StoreUnavailable as exc:
@@ -212,16 +297,38 @@ class JobsWriter:
                 continue
             finally:
                 self._writing = False
+                self._in_flight = {}
             break
         for key, record in zip(keys, upserts, strict=True):
             if self._upserts.get(key) is record:  # not replaced by a newer one meanwhile
                 del self._upserts[key]
         del self._removals[: len(removals)]
+        self._removals_done += len(removals)
+        self._resolve(keys, upserts)
         if self.last_error is not None:
             log.warning("the Jobs store takes writes again; %d pending", self.pending)
             self.last_error = None
         self.commits += 1
         self.rows += len(upserts) + len(removals)
+
+    def _resolve(self, keys: list[tuple[str, str, str]], written: list[Workload]) -> None:
+        # A waiter for a seq at or below the one committed is done (its record was that one
+        # or coalesced into it); so is every waiter of a job with nothing newer pending.
+        for key, record in zip(keys, written, strict=True):
+            waiters = self._waiters.get(key)
+            if not waiters:
+                continue
+            newer_pending = key in self._upserts
+            keep = []
+            for seq, done in waiters:
+                if newer_pending and seq > record.seq:
+                    keep.append((seq, done))
+                elif not done.done():
+                    done.set_result(None)
+            if keep:
+                self._waiters[key] = keep
+            else:
+                del self._waiters[key]
 
     def _failed(self, reason: str, delay: float) -> None:
         self.failed_writes += 1

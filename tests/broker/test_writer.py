@@ -151,3 +151,51 @@ async def test_backpressure_waits_for_room(store: JobsStore, lock: Lock) -> None
         lock.release()
         await asyncio.wait_for(room, 10)
         assert writer.has_room()
+
+
+async def test_a_durable_upsert_returns_once_its_batch_is_on_disk(store: JobsStore) -> None:
+    async with JobsWriter(store, interval_s=0.05) as writer:
+        writer.upsert(rec("2", 1))  # in the same group: one commit, not one per caller
+        await writer.upsert_durable(rec("1", 1))
+        assert {job.id for job in await store.jobs()} == {"1", "2"}
+        assert writer.commits == 1
+        # Nothing of that job pending: nothing to wait for.
+        await asyncio.wait_for(writer.committed(("nod_a", "r", "1"), 1), 0.01)
+
+
+async def test_a_record_coalesced_into_a_newer_one_is_committed_with_it(
+    store: JobsStore, lock: Lock
+) -> None:
+    async with JobsWriter(store, interval_s=0.01, retry_cap_s=0.1) as writer:
+        first = asyncio.create_task(writer.upsert_durable(rec("1", 1), timeout_s=10))
+        await eventually(lambda: not writer.healthy, "the writer reports the store failing")
+        second = asyncio.create_task(writer.upsert_durable(rec("1", 2), timeout_s=10))
+        assert not first.done()  # the control: locked, nothing is committed
+        lock.release()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert [(job.id, job.seq) for job in await store.jobs()] == [("1", 2)]
+
+
+async def test_a_durable_write_the_store_refuses_is_store_unavailable_then_kept(
+    store: JobsStore, lock: Lock
+) -> None:
+    async with JobsWriter(store, interval_s=0.01, retry_cap_s=0.1) as writer:
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await writer.upsert_durable(rec("1", 1), timeout_s=1.5)
+        removal = WorkloadRemoval(workloadId="9", originatedFrom="nod_a")
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            await writer.remove_durable(removal, timeout_s=0.3)
+        assert writer._waiters == {}  # a caller that gave up leaves no waiter behind
+        lock.release()
+        await writer.remove_durable(WorkloadRemoval(workloadId="8", originatedFrom="nod_a"))
+        assert [job.id for job in await store.jobs()] == ["1"]  # kept and retried
+
+
+async def test_a_durable_write_to_a_dead_writer_fails_at_once() -> None:
+    async with JobsWriter(Broken(), interval_s=0) as writer:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="a bug in the store"):
+            await writer.upsert_durable(rec("1", 1), timeout_s=30)
+        with pytest.raises(StoreUnavailable, match="a bug in the store"):
+            await writer.upsert_durable(rec("2", 1), timeout_s=30)
+        assert time.monotonic() - started < 5
