@@ -6,7 +6,8 @@ business (`broker/channel.py`); this module only moves bytes and carries out its
 
 - on `ready {version}` it sends `peers:set` from the node records (and again on every
   change);
-- it answers `workloads:snapshot` from the Jobs store, page by page;
+- it answers `workloads:snapshot` from the Jobs store, in pages bounded by bytes
+  (`broker/snapshot.py`) so each fits in a frame the manager takes;
 - it hands every `workloads:upsert` / `workloads:remove` to the Jobs writer (group commit);
   while the writer is full it stops reading, so the manager's buffer fills and it answers
   its peers 503 instead of dropping anything;
@@ -63,6 +64,7 @@ from .errors import (
 from .jobs import JobsStore, JobsWriter
 from .process import pass_stderr, stop_process
 from .restarts import RestartPolicy
+from .snapshot import snapshot_page
 
 __all__ = ["ManagerSupervisor"]
 
@@ -359,7 +361,7 @@ class ManagerSupervisor:
     async def _snapshot_page(self, wanted: SnapshotWanted, channel: BrokerChannel) -> bytes:
         try:
             await self.writer.flush()  # the view includes everything written so far
-            page = await self.store.view(cursor=wanted.cursor, limit=wanted.limit)
+            page = await snapshot_page(self.store, wanted.cursor, wanted.limit)
         except BrokerError as exc:
             log.warning("cannot answer workloads:snapshot: %s", exc)
             return channel.snapshot_failed(wanted.request_id, exc)

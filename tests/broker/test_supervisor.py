@@ -17,6 +17,7 @@ from broker.errors import ManagerPortInUse, ManagerRefused, ManagerStartFailed, 
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
+from tests.fixtures.records import workload
 from tests.workload_manager.cluster_harness import eventually, eventually_async, free_port
 from workload_manager.jsonrpc import METHOD_NOT_FOUND
 from workload_manager.manager import Peer
@@ -250,3 +251,28 @@ async def test_start_cancelled_or_stopped_leaves_no_child(
     with pytest.raises(ManagerUnavailable, match="stopped before it was ready"):
         await starting
     assert other.pid is None
+
+
+async def test_a_store_of_large_records_reaches_a_restarted_manager_whole(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir],
+) -> None:
+    # 3,000 records with 4 KiB error texts: 2,000 of them in one page would be ~9 MiB, far
+    # past the manager's 1 MiB frame limit, and the manager would start with no view.
+    store, writer, cluster = parts
+    error = "e" * 4096
+    records = [
+        workload(f"{i:05}", 3, state="failed", error=error, completedAt=2) for i in range(3000)
+    ]
+    removals = [WorkloadRemoval(workloadId=f"gone{i}", originatedFrom="nod_x") for i in range(50)]
+    await store.write(records, removals, now=0)
+    sup = supervisor(store, writer, cluster)
+    await sup.start()
+    try:
+
+        async def loaded() -> bool:
+            status = await sup.request("manager:status")
+            return bool(status["workloads"] == {"held": 3000, "tombstones": 50})
+
+        await eventually_async(loaded, "the manager loaded all 3,000 records and 50 removals")
+    finally:
+        await sup.aclose()
