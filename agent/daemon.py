@@ -31,7 +31,7 @@ from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
-from workload_manager.workload import Workload
+from workload_manager.workload import Workload, WorkloadRemoval
 
 from .config import PORTS, AgentConfig
 from .engines import Engines
@@ -196,6 +196,7 @@ class Agent:
                 operations=operations,
                 gpus=lambda: own.gpus,
                 submit=self.submit,
+                remove_job=self.remove_job,
                 remove_member=remove_member,
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
             ),
@@ -248,6 +249,12 @@ class Agent:
         """A local lifecycle event: into our Jobs store and out to the cluster."""
         self.writer.upsert(record)
         self.supervisor.send_event(method, record)
+
+    async def remove_job(self, removal: WorkloadRemoval) -> None:
+        """A local removal: out to the cluster and into our Jobs store, returning once it is
+        committed there (`StoreUnavailable` when it cannot be in time; it is still kept)."""
+        self.supervisor.send_removal(removal)
+        await self.writer.remove_durable(removal)
 
     async def _remote_load(self) -> dict[str, int]:
         # Others' queued and running jobs by node, from the shared Jobs view.

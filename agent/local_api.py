@@ -3,7 +3,13 @@
 - `GET /healthz` -- the node, its workload manager child, uptime; 200 while every part is
   well, 503 with `failing: [{part, error}]` naming each part that is not.
 - `GET /v1/jobs?state=&node=&limit=` -- the Jobs list, newest first (503 while the Jobs
-  store cannot take writes: what was handed in is not all on disk yet).
+  store cannot take writes: what was handed in is not all on disk yet). With `page=1` or
+  `after=CURSOR` the answer is `{jobs, next}`: follow `next` (null after the last page) to
+  read the whole list; a cursor this node did not give out is a 400.
+- `POST /v1/jobs/{id}/remove` -- remove a job this node originated (`workloads:remove`,
+  seed 002), answered once committed here; a job another node originated is a 400.
+- `GET /v1/manager` -- `{supervisor, status}`: the supervisor's view (state, restarts,
+  frames dropped) and the manager's `manager:status` (503 when it does not answer).
 - `GET /v1/nodes` -- every member's record with `reachable`.
 - `GET /v1/members` -- the pins: node id, name, pin, added, removed.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,14 +38,19 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from broker.errors import BrokerError, StoreUnavailable
+from broker.errors import BrokerError, InvalidCursor, StoreUnavailable
 from broker.inventory import GpuInventory
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import CertsError, PinStore
 from scheduler import Request, rank
 from workload_manager.sites import start_site
-from workload_manager.workload import LIFECYCLE_METHODS, LifecycleParams, lifecycle_mismatch
+from workload_manager.workload import (
+    LIFECYCLE_METHODS,
+    LifecycleParams,
+    WorkloadRemoval,
+    lifecycle_mismatch,
+)
 
 from .lifetime import SHUTDOWN_S, Health
 from .members import Members
@@ -71,6 +82,7 @@ class LocalPorts:
     operations: Operations
     gpus: Callable[[], GpuInventory]
     submit: Callable[[str, Any], None]
+    remove_job: Callable[[WorkloadRemoval], Awaitable[None]]  # returns once committed here
     remove_member: Callable[[str], None]
     plane: Callable[[], tuple[int, int] | None] = lambda: None
 
@@ -94,6 +106,8 @@ class LocalApi:
         app.router.add_get("/v1/ops", self._ops)
         app.router.add_post("/v1/ops", self._start_op)
         app.router.add_post("/v1/jobs/events", self._event)
+        app.router.add_post("/v1/jobs/{id}/remove", self._remove_job)
+        app.router.add_get("/v1/manager", self._manager)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
@@ -139,12 +153,70 @@ class LocalApi:
             limit = int(query.get("limit", "1000"))
         except ValueError:
             raise web.HTTPBadRequest(text="limit must be an integer\n") from None
+        after = query.get("after")
+        # The paged shape only when asked for: existing callers keep their plain list.
+        paged = after is not None or query.get("page") == "1"
         try:
             await self.ports.writer.flush()  # what was handed in is what you see
         except StoreUnavailable as exc:
             raise _unavailable(exc) from None
-        jobs = await self.ports.store.jobs(state=state, node=query.get("node"), limit=limit)
-        return _json(jobs)
+        try:
+            jobs, more = await self.ports.store.jobs_page(
+                state=state, node=query.get("node"), limit=limit, after=after
+            )
+        except InvalidCursor:
+            raise web.HTTPBadRequest(
+                text="after is not a cursor this node gave out (a page's `next`)\n"
+            ) from None
+        return _json({"jobs": jobs, "next": more} if paged else jobs)
+
+    async def _remove_job(self, request: web.Request) -> web.Response:
+        # A removal as seed 002 has it (`workloads:remove {workloadId, originatedFrom}`), for
+        # a job this node originated: only a node speaks for its own jobs.
+        ports, wid = self.ports, request.match_info["id"]
+        raw = await request.read()
+        try:
+            body = _event_decoder.decode(raw) if raw.strip() else {}
+            origin = body.get("originatedFrom", ports.node_id)
+            removal = WorkloadRemoval(workloadId=wid, originatedFrom=str(origin))
+            removal = msgspec.convert(msgspec.to_builtins(removal), WorkloadRemoval)
+        except (msgspec.DecodeError, msgspec.ValidationError, AttributeError) as exc:
+            raise web.HTTPBadRequest(text=f"bad removal: {exc}\n") from None
+        if removal.originatedFrom != ports.node_id:
+            raise web.HTTPBadRequest(text=_not_ours(wid, [removal.originatedFrom]))
+        try:
+            await ports.writer.flush()
+        except StoreUnavailable as exc:
+            raise _unavailable(exc) from None
+        origins = await ports.store.origins_of(wid)
+        already = ports.store.is_removed(ports.node_id, wid)
+        if ports.node_id not in origins and not already:
+            if origins:
+                raise web.HTTPBadRequest(text=_not_ours(wid, origins))
+            raise web.HTTPNotFound(text=f"no job {wid!r} in this node's Jobs list\n")
+        if not already:
+            try:
+                await ports.remove_job(removal)
+            except StoreUnavailable as exc:
+                raise _unavailable(exc) from None
+        return _json({"removed": wid, "originatedFrom": ports.node_id, "already": already})
+
+    async def _manager(self, request: web.Request) -> web.Response:
+        # `manager:status` (relay counters, per-peer broadcast) and the supervisor's own view;
+        # 503 when the manager does not answer, with what the supervisor knows.
+        supervisor = self.ports.manager
+        body: dict[str, Any] = {
+            "supervisor": {**supervisor.status(), "dropped": supervisor.dropped},
+            "status": None,
+        }
+        try:
+            body["status"] = await supervisor.request("manager:status")
+        except (TimeoutError, BrokerError) as exc:
+            body["error"] = str(exc)
+            return web.Response(
+                status=503, body=msgspec.json.encode(body), content_type="application/json"
+            )
+        return _json(body)
 
     async def _nodes(self, request: web.Request) -> web.Response:
         return _json(self.ports.members.nodes())
@@ -234,6 +306,13 @@ class LocalApi:
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         return _json({"removed": request.match_info["node_id"]})
+
+
+def _not_ours(wid: str, origins: list[str]) -> str:
+    return (
+        f"job {wid!r} was originated by {', '.join(origins)}, not this node: only the node "
+        "that originated a job removes it (run `nvpair jobs remove` there)\n"
+    )
 
 
 def _unavailable(exc: StoreUnavailable) -> web.HTTPServiceUnavailable:

@@ -13,6 +13,7 @@ the database refuses -- locked past the short busy timeout, read-only, full, fai
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Iterable
@@ -29,7 +30,7 @@ from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 from .errors import InvalidCursor, StoreUnavailable
 from .writer import JobsWriter
 
-__all__ = ["BUSY_TIMEOUT_S", "JobsStore", "JobsWriter"]
+__all__ = ["BUSY_TIMEOUT_S", "MAX_PAGE", "JobsStore", "JobsWriter"]
 
 # A locked database fails fast, so the writer retries (with backoff) instead of stalling.
 BUSY_TIMEOUT_S: Final = 1.0
@@ -78,6 +79,16 @@ _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 _encode: Final = msgspec.json.Encoder().encode
 _decode: Final = msgspec.json.Decoder(Workload).decode
 _cursor: Final = msgspec.json.Decoder(tuple[str, str, str])
+_page: Final = msgspec.json.Decoder(tuple[int, str, str, str])
+MAX_PAGE: Final = 10_000  # rows in one page of the Jobs list
+
+
+def _page_cursor(cursor: str) -> tuple[int, str, str, str]:
+    # A `jobs_page` cursor: (created_at, id, origin, run_id) of a page's last row.
+    try:
+        return _page.decode(base64.urlsafe_b64decode(cursor.encode("ascii")))
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise InvalidCursor(cursor[:100]) from None
 
 
 def _row(record: Workload) -> tuple[Any, ...]:
@@ -197,7 +208,27 @@ class JobsStore:
         limit: int = 1000,
     ) -> list[Workload]:
         """Jobs, newest first, filtered by state and by the node they run or ran on."""
+        jobs, _ = await self.jobs_page(state=state, node=node, limit=limit)
+        return jobs
+
+    async def jobs_page(
+        self,
+        *,
+        state: str | None = None,
+        node: str | None = None,
+        limit: int = 1000,
+        after: str | None = None,
+    ) -> tuple[list[Workload], str | None]:
+        """A page of `jobs()` and the cursor of the next (None after the last page).
+
+        `after` is a page's cursor; one this store did not give out is `InvalidCursor`. The
+        order is total (newest first, then id, origin, run), so paging visits every job once
+        even while jobs are added (those newer than the first page are not visited).
+        """
         clauses, args = [], []
+        if after is not None:
+            clauses.append("(created_at, id, origin, run_id) < (?, ?, ?, ?)")
+            args += list(_page_cursor(after))
         if state is not None:
             clauses.append("state = ?")
             args.append(state)
@@ -205,9 +236,28 @@ class JobsStore:
             clauses.append("(scheduled_on = ? OR (scheduled_on IS NULL AND origin = ?))")
             args += [node, node]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        query = f"SELECT record FROM jobs {where} ORDER BY created_at DESC, id DESC LIMIT ?"
-        async with self.db.execute(query, (*args, max(1, min(limit, 10_000)))) as cursor:
-            return [_decode(row[0]) for row in await cursor.fetchall()]
+        limit = max(1, min(limit, MAX_PAGE))
+        query = (
+            f"SELECT created_at, id, origin, run_id, record FROM jobs {where} "
+            "ORDER BY created_at DESC, id DESC, origin DESC, run_id DESC LIMIT ?"
+        )
+        async with self.db.execute(query, (*args, limit)) as cursor:
+            rows = list(await cursor.fetchall())
+        more = None
+        if len(rows) == limit:
+            more = base64.urlsafe_b64encode(_encode(list(rows[-1][:4]))).decode()
+        return [_decode(row[4]) for row in rows], more
+
+    async def origins_of(self, workload_id: str) -> list[str]:
+        """The nodes that originated a job with this id (ids are unique per origin only)."""
+        async with self.db.execute(
+            "SELECT DISTINCT origin FROM jobs WHERE id = ? ORDER BY origin", (workload_id,)
+        ) as cursor:
+            return [str(row[0]) for row in await cursor.fetchall()]
+
+    def is_removed(self, origin: str, workload_id: str) -> bool:
+        """Whether a removal of this job is committed (and its tombstone not yet pruned)."""
+        return (origin, workload_id) in self._removed
 
     async def running_by_node(self, *, exclude_origin: str) -> dict[str, int]:
         """Queued and running jobs per node they run on, leaving out one origin's."""

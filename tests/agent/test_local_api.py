@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,6 +16,7 @@ from agent.config import load_config
 from agent.daemon import Agent
 from certs import ClusterDir
 from tests.fixtures.waiting import eventually
+from workload_manager.workload import Workload
 
 
 @pytest.fixture
@@ -149,3 +151,75 @@ async def test_a_node_cannot_remove_itself(agent: Agent) -> None:
     assert status == 400
     assert "cannot remove itself" in text
     assert [m["nodeId"] for m in (await call(agent, "GET", "/v1/members"))[1]] == [agent.node_id]
+
+
+async def test_the_whole_jobs_list_through_its_cursor(agent: Agent) -> None:
+    for n in range(5):
+        status, _ = await call(agent, "POST", "/v1/jobs/events", event(agent, f"j{n}", 1, "queued"))
+        assert status == 202
+    seen: list[str] = []
+    status, page = await call(agent, "GET", "/v1/jobs?page=1&limit=2")
+    while True:
+        assert status == 200, page
+        assert set(page) == {"jobs", "next"}
+        seen += [j["id"] for j in page["jobs"]]
+        if page["next"] is None:
+            break
+        status, page = await call(agent, "GET", f"/v1/jobs?limit=2&after={page['next']}")
+    assert seen == [f"j{n}" for n in reversed(range(5))]  # each once, newest first
+    # Without page=1 or after, the plain list of today.
+    assert [j["id"] for j in (await call(agent, "GET", "/v1/jobs?limit=2"))[1]] == ["j4", "j3"]
+
+
+@pytest.mark.parametrize("cursor", ["nonsense", "WzEsMl0", "%00"])
+async def test_a_bad_jobs_cursor_is_400(agent: Agent, cursor: str) -> None:
+    status, text = await call(agent, "GET", f"/v1/jobs?after={cursor}")
+    assert status == 400
+    assert "not a cursor this node gave out" in text
+
+
+async def test_a_job_this_node_originated_is_removed(agent: Agent) -> None:
+    for wid in ("1", "2"):
+        await call(agent, "POST", "/v1/jobs/events", event(agent, wid, 1, "queued"))
+    status, answer = await call(agent, "POST", "/v1/jobs/1/remove")
+    assert (status, answer["removed"], answer["already"]) == (200, "1", False)
+    # Committed by the time of the answer, and it holds: a late upsert does not bring it back.
+    assert [j.id for j in await agent.store.jobs()] == ["2"]
+    status, _ = await call(agent, "POST", "/v1/jobs/events", event(agent, "1", 2, "running"))
+    assert status == 202
+    assert [j["id"] for j in (await call(agent, "GET", "/v1/jobs"))[1]] == ["2"]
+    status, answer = await call(agent, "POST", "/v1/jobs/1/remove", {})
+    assert (status, answer["already"]) == (200, True)  # again: nothing more to do
+
+
+async def test_a_job_another_node_originated_is_not_removed_here(agent: Agent) -> None:
+    theirs = event(agent, "1", 1, "queued")
+    theirs["params"]["workloadInfo"]["originatedFrom"] = "nod_someoneelse"
+    agent.writer.upsert(msgspec.convert(theirs["params"]["workloadInfo"], Workload))
+    status, text = await call(agent, "POST", "/v1/jobs/1/remove")
+    assert status == 400
+    assert "originated by nod_someoneelse" in text
+    body = {"originatedFrom": "nod_someoneelse"}
+    assert (await call(agent, "POST", "/v1/jobs/1/remove", body))[0] == 400
+    assert (await call(agent, "POST", "/v1/jobs/1/remove", b"[1]"))[0] == 400
+    assert (await call(agent, "POST", "/v1/jobs/nothing/remove"))[0] == 404
+    assert [j["id"] for j in (await call(agent, "GET", "/v1/jobs"))[1]] == ["1"]  # still there
+
+
+async def test_the_managers_status(agent: Agent) -> None:
+    await call(agent, "POST", "/v1/jobs/events", event(agent, "1", 1, "queued"))
+    status, body = await call(agent, "GET", "/v1/manager")
+    assert status == 200, body
+    assert body["supervisor"]["state"] == "running"
+    assert (body["supervisor"]["restarts"], body["supervisor"]["dropped"]) == (0, 0)
+    assert body["status"]["counters"]["received_local"] >= 1
+    assert body["status"]["broadcast"] == []  # alone: no peer to send to
+
+
+async def test_a_dead_part_makes_health_not_ok_and_an_event_a_503(agent: Agent) -> None:
+    await agent.store.db.close()  # the Jobs writer's next write is a bug: its task dies
+    status, text = await call(agent, "POST", "/v1/jobs/events", event(agent, "1", 1, "queued"))
+    assert status == 503, text
+    status, health = await call(agent, "GET", "/healthz")
+    assert status == 503
+    assert "jobs-store" in {f["part"] for f in health["failing"]}  # (its readers die too)

@@ -174,3 +174,42 @@ async def test_a_removal_holds_across_a_restart(tmp_path: Path) -> None:
         assert await again.jobs() == []
     finally:
         await again.close()
+
+
+async def test_jobs_pages_cover_the_whole_list_once_newest_first(store: JobsStore) -> None:
+    # Equal createdAt across origins and runs: the order is still total.
+    records = [rec("1", 1, origin=o, run=r) for o in ("nod_a", "nod_b") for r in ("r1", "r2")]
+    records += [rec(str(i), 1) for i in range(2, 9)]
+    await store.write(records, [], now=0)
+    seen: list[tuple[str, str, str]] = []
+    after = None
+    for _ in range(20):
+        page, after = await store.jobs_page(limit=3, after=after)
+        seen += [(j.originatedFrom, j.runId, j.id) for j in page]
+        if after is None:
+            break
+    assert len(seen) == len(set(seen)) == len(records)
+    assert [j.id for j in await store.jobs(limit=100)] == [id for _, _, id in seen]
+    # A filter holds across pages.
+    first, after = await store.jobs_page(node="nod_b", limit=1)
+    rest, end = await store.jobs_page(node="nod_b", limit=5, after=after)
+    assert {j.originatedFrom for j in first + rest} == {"nod_b"}
+    assert (len(first + rest), end) == (2, None)
+
+
+@pytest.mark.parametrize("cursor", ["", "!!", "bm90IGpzb24", "WzEsMl0", "é"])
+async def test_a_jobs_cursor_the_store_did_not_give_out_is_refused(
+    store: JobsStore, cursor: str
+) -> None:
+    with pytest.raises(InvalidCursor):
+        await store.jobs_page(after=cursor)
+
+
+async def test_origins_of_a_job_id_and_its_removal(store: JobsStore) -> None:
+    await store.write([rec("1", 1), rec("1", 1, origin="nod_b"), rec("2", 1)], [], now=0)
+    assert await store.origins_of("1") == ["nod_a", "nod_b"]
+    assert await store.origins_of("9") == []
+    assert not store.is_removed("nod_a", "1")
+    await store.write([], [WorkloadRemoval(workloadId="1", originatedFrom="nod_a")], now=0)
+    assert await store.origins_of("1") == ["nod_b"]
+    assert store.is_removed("nod_a", "1")
