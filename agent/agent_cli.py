@@ -32,6 +32,8 @@ from .run import run_agent
 
 __all__ = ["add_commands"]
 
+PAGE = 1000  # jobs per local-API call of `nvpair jobs`
+
 _LEVELS = {
     "error": logging.ERROR,
     "warn": logging.WARNING,
@@ -89,7 +91,12 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     jobs.add_argument("--node", metavar="NODE_ID", help="jobs that run or ran on this node")
     jobs.add_argument("--watch", action="store_true", help="refresh every 2 s")
     jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--all", action="store_true", help="every job, page by page")
     jobs.set_defaults(run=_jobs)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND")
+    remove_job = jobs_sub.add_parser("remove", help="remove a job this node originated")
+    remove_job.add_argument("job_id", metavar="ID")
+    remove_job.set_defaults(run=_remove_job)
 
     nodes = commands.add_parser("nodes", help="members, reachability and GPUs")
     nodes.add_argument("--json", action="store_true")
@@ -153,9 +160,15 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    query = "&".join(f"{k}={v}" for k, v in (("state", args.state), ("node", args.node)) if v)
+    filters = (("state", args.state), ("node", args.node))
+    query = "".join(f"&{k}={urllib.parse.quote(v)}" for k, v in filters if v)
     while True:
-        jobs = _get("/v1/jobs" + (f"?{query}" if query else ""))
+        jobs, more = _job_pages(query, every=args.all)
+        if more:  # never stop silently at a page: say how to see the rest
+            print(
+                f"nvpair: the newest {len(jobs)} jobs shown; there are more (--all for every one)",
+                file=sys.stderr,
+            )
         if args.json:
             print(json.dumps(jobs, indent=2))
         else:
@@ -171,6 +184,25 @@ def _jobs(args: argparse.Namespace) -> int:
             return 0
         time.sleep(2)
         print()
+
+
+def _job_pages(query: str, *, every: bool) -> tuple[list[Any], bool]:
+    """The first page of the Jobs list, or every page when `every`; and whether more remain."""
+    page = _get(f"/v1/jobs?page=1&limit={PAGE}{query}")
+    jobs: list[Any] = list(page["jobs"])
+    while every and page["next"] is not None:
+        after = urllib.parse.quote(page["next"])
+        page = _get(f"/v1/jobs?limit={PAGE}&after={after}{query}")
+        jobs += page["jobs"]
+    return jobs, page["next"] is not None
+
+
+def _remove_job(args: argparse.Namespace) -> int:
+    job_id = urllib.parse.quote(args.job_id, safe="")
+    answer = cli_http.post(f"/v1/jobs/{job_id}/remove")  # CliError: `main` prints it, exit 1
+    done = "was already removed" if answer.get("already") else "removed; the members follow"
+    print(f"job {args.job_id} {done}")
+    return 0
 
 
 def _nodes(args: argparse.Namespace) -> int:

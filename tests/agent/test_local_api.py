@@ -3,6 +3,8 @@ manager is the one child process): every route, and every kind of bad input."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent import agent_cli
+from agent.cli import main as cli_main
 from agent.config import load_config
 from agent.daemon import Agent
 from certs import ClusterDir
@@ -223,3 +227,37 @@ async def test_a_dead_part_makes_health_not_ok_and_an_event_a_503(agent: Agent) 
     status, health = await call(agent, "GET", "/healthz")
     assert status == 503
     assert "jobs-store" in {f["part"] for f in health["failing"]}  # (its readers die too)
+
+
+async def nvpair(*argv: str) -> int:
+    """`nvpair ARGV` in a thread (its HTTP blocks; the agent runs on this loop)."""
+    return await asyncio.to_thread(cli_main, list(argv))
+
+
+async def test_the_jobs_commands_page_and_remove(
+    agent: Agent,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("NVPAIR_HOME", str(tmp_path))
+    monkeypatch.setattr(agent_cli, "PAGE", 2)
+    for n in range(5):
+        await call(agent, "POST", "/v1/jobs/events", event(agent, f"j{n}", 1, "queued"))
+    capsys.readouterr()
+    assert await nvpair("jobs", "--json") == 0
+    out, err = capsys.readouterr()
+    assert [j["id"] for j in json.loads(out)] == ["j4", "j3"]
+    assert "there are more (--all for every one)" in err  # not silently one page
+    assert await nvpair("jobs", "--json", "--all") == 0
+    out, err = capsys.readouterr()
+    assert [j["id"] for j in json.loads(out)] == [f"j{n}" for n in reversed(range(5))]
+    assert err == ""
+    assert await nvpair("jobs", "remove", "j2") == 0
+    out, err = capsys.readouterr()
+    assert out == "job j2 removed; the members follow\n"
+    assert "j2" not in {j.id for j in await agent.store.jobs()}
+    assert await nvpair("jobs", "remove", "j9") == 1
+    out, err = capsys.readouterr()
+    assert (out, err.count("\n")) == ("", 1)
+    assert "no job 'j9'" in err
