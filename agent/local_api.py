@@ -94,7 +94,12 @@ class LocalApi:
         self.ports = ports
         self.port = port
         self.registry = CollectorRegistry()
-        self.collector = AgentMetrics(ports.gpus, lambda: ports.manager.restarts, ports.plane)
+        self.collector = AgentMetrics(
+            ports.gpus,
+            lambda: ports.manager.restarts,
+            ports.plane,
+            dropped=lambda: ports.manager.dropped,
+        )
         self.registry.register(self.collector)
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_get("/healthz", self._health)

@@ -23,9 +23,11 @@ class AgentMetrics(Collector):
         gpus: Callable[[], GpuInventory],
         restarts: Callable[[], int],
         plane: Callable[[], tuple[int, int] | None] = lambda: None,
+        dropped: Callable[[], int] = lambda: 0,
     ) -> None:
         self._gpus = gpus
         self._restarts = restarts
+        self._dropped = dropped  # frames the supervisor could not hand to the manager
         self._plane = plane  # (failed attempts in a row, jobs synced) when syncing to a plane
         # The manager's status and the job counts, read (async) just before each scrape.
         self.snapshot: tuple[dict[str, Any], dict[str, int]] = ({}, {})
@@ -78,6 +80,12 @@ class AgentMetrics(Collector):
         restarts = GaugeMetricFamily("nvpair_manager_restarts", "Workload manager restarts")
         restarts.add_metric([], self._restarts())
         yield restarts
+        dropped = GaugeMetricFamily(
+            "nvpair_manager_dropped_frames",
+            "Frames the supervisor could not hand to the workload manager (not reading)",
+        )
+        dropped.add_metric([], self._dropped())
+        yield dropped
         plane = self._plane()
         if plane is not None:
             failing = GaugeMetricFamily(

@@ -85,7 +85,12 @@ async def test_health_nodes_members_and_metrics(agent: Agent) -> None:
     assert [m["nodeId"] for m in members] == [agent.node_id]
     status, text = await call(agent, "GET", "/metrics")
     names = {family.name for family in text_string_to_metric_families(text)}
-    assert {"nvpair_jobs", "nvpair_gpu_memory_total_bytes", "nvpair_manager_restarts"} <= names
+    assert {
+        "nvpair_jobs",
+        "nvpair_gpu_memory_total_bytes",
+        "nvpair_manager_restarts",
+        "nvpair_manager_dropped_frames",
+    } <= names
 
 
 async def test_events_in_and_the_jobs_list_out(agent: Agent) -> None:
