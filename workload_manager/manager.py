@@ -130,6 +130,16 @@ class Manager:
         self._sender: str | None = None  # the peer whose payload is being handled
         self._requests = 0
         self._snapshot_id: str | None = None
+        self._snapshot_cursor: str | None = None  # of the page asked for last
+        # "loading" until the last page is in, "loaded", or "incomplete" when the broker
+        # never answered well enough (manager:status shows it: an empty view is not silent).
+        self.view_state = "loading"
+        self.snapshot_retries = 0
+        # Each answer to our snapshot request: True a page came, False it failed. The local
+        # channel times and bounds the retries (local.py); this core only says what happened.
+        self.on_snapshot_answer: Callable[[bool], object] = lambda ok: None
+        # Anything at all arrived from this peer (it is up again): its outbox may stop waiting.
+        self.on_peer_heard: Callable[[str], object] = lambda node_id: None
 
         events: dict[str, Handler] = {
             method: self._lifecycle_handler(method) for method in LIFECYCLE_METHODS
@@ -151,37 +161,66 @@ class Manager:
         remembers what it relayed. The answer arrives through `handle_local`."""
         self._requests += 1
         self._snapshot_id = f"snapshot-{self._requests}"
+        self._snapshot_cursor = cursor
+        if cursor is None:
+            self.view_state = "loading"  # a (re)connected broker: its view from the start
         params: dict[str, Any] = {"limit": SNAPSHOT_PAGE}
         if cursor is not None:
             params["cursor"] = cursor
         return encode_request("workloads:snapshot", params, self._snapshot_id)
 
+    def retry_snapshot(self) -> bytes | None:
+        """Ask again for the page that failed or went unanswered; None once loaded."""
+        if self.view_state != "loading":
+            return None
+        self.snapshot_retries += 1
+        return self.snapshot_request(self._snapshot_cursor)
+
+    def snapshot_refused(self) -> None:
+        """The channel refused a frame (over its size limit) while a page was awaited: it
+        may have been that page, so count the page as failed and let it be asked again."""
+        if self.view_state == "loading" and self._snapshot_id is not None:
+            self._snapshot_failed("a frame over the channel's limit arrived instead")
+
     def snapshot_abandoned(self) -> None:
-        """No answer came in time: the view counts as empty (the broker may answer later)."""
-        if self._snapshot_id is not None:
-            log.warning("no workloads:snapshot answer from the broker; starting with no view")
+        """The retries are spent: serve with what loaded, and say so in `manager:status`."""
+        if self.view_state == "loading":
+            log.error(
+                "gave up on the broker's view after %d retries; serving with an incomplete "
+                "view (what the broker stored meanwhile reaches peers only by their catch-up)",
+                self.snapshot_retries,
+            )
+            self.view_state = "incomplete"
+            self._snapshot_id = None
             self.on_view_loaded()
+
+    def _snapshot_failed(self, why: str) -> None:
+        self._snapshot_id = None  # a late answer to it is dropped; the retry has a new id
+        log.warning("workloads:snapshot page failed (%s); it will be asked for again", why)
+        self.on_snapshot_answer(False)
 
     def _on_response(self, response: Response) -> None:
         if response.id != self._snapshot_id or response.id is None:
             log.debug("dropping a response to unknown request %r", response.id)
             return
-        self._snapshot_id = None
         if response.error is not UNSET or not isinstance(response.result, Raw):
-            log.warning("the broker answered workloads:snapshot with an error; no view")
-            self.on_view_loaded()
+            message = response.error.message if response.error is not UNSET else "no result"
+            self._snapshot_failed(f"the broker answered {message[:200]!r}")
             return
         try:
             view = _view_decoder.decode(response.result)
         except msgspec.ValidationError as exc:
-            log.warning("ignoring a malformed workloads:snapshot answer: %s", exc)
-            self.on_view_loaded()
+            self._snapshot_failed(f"a malformed answer: {exc}")
             return
+        self._snapshot_id = None
         loaded = self.relay.load(view.workloads, view.removed, self.clock())
         log.info("loaded %d records and removals from the broker's view", loaded)
         if view.next is not None:
             self.send_to_broker(self.snapshot_request(view.next))
+            self.on_snapshot_answer(True)
         else:
+            self.view_state = "loaded"
+            self.on_snapshot_answer(True)
             self.on_view_loaded()
 
     def handle_local(self, payload: bytes | memoryview) -> bytes | None:
@@ -196,6 +235,7 @@ class Manager:
         The reply says what to send back and how many messages were invalid, which the
         inter-node server turns into its HTTP status.
         """
+        self.on_peer_heard(sender)
         if self.fast_path and self._relay_notifications(payload, sender):
             return NOTHING
         self._sender = sender
@@ -298,6 +338,7 @@ class Manager:
                 "held": self.relay.live_count,
                 "tombstones": self.relay.tombstone_count,
             },
+            "view": {"state": self.view_state, "retries": self.snapshot_retries},
             "counters": {
                 **dataclasses.asdict(self.relay.counters),
                 "errors_sent": self.dispatcher.errors_sent + self.remote_dispatcher.errors_sent,

@@ -41,6 +41,8 @@ class Channel:
             message["params"] = params
         await self.send(message)
         reply = await self.recv()
+        while reply.get("method") == "workloads:snapshot":
+            reply = await self.recv()  # the manager asking again for a view it lacks
         assert reply.get("id") == self._next_id, reply
         return reply
 

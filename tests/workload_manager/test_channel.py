@@ -315,3 +315,27 @@ async def test_malformed_snapshot_answer_is_survived(manager: ManagerProcess) ->
     assert "result" in await chan.request("manager:status")
     if manager.ipc is not None:
         await chan.close()
+
+
+async def test_a_failed_or_refused_snapshot_page_is_asked_for_again(
+    manager: ManagerProcess,
+) -> None:
+    chan = await manager.connect()
+    first = await chan.handshake(error=True)
+    again = await chan.recv()
+    assert again["method"] == "workloads:snapshot"
+    assert again["id"] != first["id"]
+    # An answer over the frame limit (a page the broker made too big) is refused, and the
+    # page asked for again instead of the view counting as empty.
+    chan.writer.write(b'{"jsonrpc":"2.0","result":"' + b"a" * (1 << 20) + b'","id":"x"}\n')
+    refused = await chan.recv()
+    assert refused["error"]["code"] == -32600
+    third = await chan.recv()
+    assert third["method"] == "workloads:snapshot"
+    page = {"workloads": [workload()], "removed": [{"workloadId": "9", "originatedFrom": "n"}]}
+    await chan.send({"jsonrpc": "2.0", "result": page, "id": third["id"]})
+    status = (await chan.request("manager:status"))["result"]
+    assert status["workloads"] == {"held": 1, "tombstones": 1}
+    assert status["view"] == {"state": "loaded", "retries": 2}
+    if manager.ipc is not None:
+        await chan.close()

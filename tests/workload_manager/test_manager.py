@@ -211,3 +211,60 @@ def test_fast_and_general_paths_give_the_same_answers(
         ]
         results.append((replies, to_broker, to_peers, manager.relay.counters))
     assert results[0] == results[1]
+
+
+def test_a_failed_snapshot_page_is_asked_for_again_and_the_view_never_silently_empty() -> None:
+    frames: list[bytes] = []
+    answers: list[bool] = []
+    loaded: list[bool] = []
+    manager = Manager(
+        version="1",
+        port=1,
+        send_to_broker=frames.append,
+        on_view_loaded=lambda: loaded.append(True),
+    )
+    manager.on_snapshot_answer = answers.append
+    first = json.loads(manager.snapshot_request())
+    page = {"workloads": [], "removed": [{"workloadId": "9", "originatedFrom": "n"}]}
+    reply = {"jsonrpc": "2.0", "result": {**page, "next": "c2"}, "id": first["id"]}
+    assert manager.handle_local(json.dumps(reply).encode()) is None
+    second = json.loads(frames.pop())
+    assert second["params"]["cursor"] == "c2"
+    error = {"jsonrpc": "2.0", "error": {"code": -32603, "message": "disk"}, "id": second["id"]}
+    manager.handle_local(json.dumps(error).encode())
+    assert answers == [True, False]
+    assert loaded == []  # not "loaded": the second page is missing
+    assert manager.view_state == "loading"
+    retry = manager.retry_snapshot()
+    assert retry is not None
+    third = json.loads(retry)
+    assert third["params"]["cursor"] == "c2"  # the failed page again, not the first
+    assert third["id"] != second["id"]
+    late = {"jsonrpc": "2.0", "result": page, "id": second["id"]}  # the old id: dropped
+    manager.handle_local(json.dumps(late).encode())
+    assert answers == [True, False]
+    manager.handle_local(json.dumps({"jsonrpc": "2.0", "result": page, "id": third["id"]}).encode())
+    assert (manager.view_state, loaded, manager.snapshot_retries) == ("loaded", [True], 1)
+    assert manager.retry_snapshot() is None
+
+
+def test_a_view_that_never_comes_is_said_to_be_incomplete() -> None:
+    loaded: list[bool] = []
+    manager = Manager(version="1", port=1, on_view_loaded=lambda: loaded.append(True))
+    manager.snapshot_request()
+    manager.snapshot_refused()  # the framer refused a frame while the page was awaited
+    manager.snapshot_abandoned()
+    assert loaded == [True]
+    status = json.loads(
+        manager.handle_local(b'{"jsonrpc":"2.0","method":"manager:status","id":1}') or b""
+    )
+    assert status["result"]["view"] == {"state": "incomplete", "retries": 0}
+
+
+def test_anything_from_a_peer_says_it_is_up() -> None:
+    heard: list[str] = []
+    manager = Manager(version="1", port=1)
+    manager.on_peer_heard = heard.append
+    manager.handle_remote(b"[]", "nod_b")  # even a payload it refuses
+    manager.handle_remote(remote_record(), "nod_c")
+    assert heard == ["nod_b", "nod_c"]
