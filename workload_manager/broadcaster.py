@@ -143,6 +143,23 @@ class Broadcaster:
             return 0
         return sender.queue_view()
 
+    def view_loaded(self) -> None:
+        """The broker's view is in: senders start, and any that already caught up without
+        it (the view came after `VIEW_WAIT_S`) catch up again, now with everything."""
+        if self.view_ready.is_set() or any(not s.needs_sync for s in self._senders.values()):
+            for sender in self._senders.values():
+                sender.needs_sync = True
+                sender.wake.set()
+        self.view_ready.set()
+
+    def peer_heard(self, node_id: str) -> None:
+        """Something arrived from `node_id` (its catch-up, any batch): it is up, so its
+        outbox stops backing off and sends now instead of after up to 30 s."""
+        sender = self._senders.get(node_id)
+        if sender is not None and sender.outbox.resume():
+            log.info("%s is back; sending to it now", node_id)
+            sender.wake.set()
+
     def status(self) -> list[dict[str, Any]]:
         """Per-peer counters for `manager:status`."""
         return [

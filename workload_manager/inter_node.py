@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
+from collections.abc import Callable
 
 from certs import ClusterDir
 
 from .broadcaster import Broadcaster
 from .manager import Manager
+from .outbox import Backoff
 from .server import InterNodeServer
 
 __all__ = ["start_inter_node"]
@@ -19,14 +22,25 @@ log = logging.getLogger("workload_manager")
 
 
 async def start_inter_node(
-    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
-) -> None:
-    """The mTLS server on --port and the broadcaster, both bound to the cluster dir."""
-    broadcaster = await stack.enter_async_context(Broadcaster(cluster, manager.relay.view))
+    manager: Manager,
+    cluster: ClusterDir,
+    stack: contextlib.AsyncExitStack,
+    *,
+    backoff: Backoff | None = None,
+    draw: Callable[[], float] = random.random,
+) -> Broadcaster:
+    """The mTLS server on --port and the broadcaster, both bound to the cluster dir.
+
+    `backoff` and `draw` shape the outboxes' retries (tests pass fixed ones).
+    """
+    broadcaster = await stack.enter_async_context(
+        Broadcaster(cluster, manager.relay.view, backoff=backoff, draw=draw)
+    )
     manager.send_to_peers = broadcaster.enqueue
     manager.on_peers = broadcaster.set_peers
     manager.on_sync_request = broadcaster.enqueue_view
-    manager.on_view_loaded = broadcaster.view_ready.set
+    manager.on_view_loaded = broadcaster.view_loaded
+    manager.on_peer_heard = broadcaster.peer_heard
     manager.status_extras = lambda: {"broadcast": broadcaster.status()}
     server = InterNodeServer(
         manager,
@@ -43,3 +57,4 @@ async def start_inter_node(
             "nothing is broadcast until this node joins",
             cluster.path,
         )
+    return broadcaster

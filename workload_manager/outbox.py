@@ -176,6 +176,18 @@ class Outbox:
         self._retry_at = now + self.backoff.delay(self._failures, self.draw)
         return self._retry_at
 
+    def resume(self) -> bool:
+        """The peer showed it is up: end the backoff, so the next batch may go now.
+
+        Returns whether there was a backoff to end. The failure count restarts too: the
+        peer's next failure is a first one again.
+        """
+        if self._failures == 0 and self._retry_at == 0.0:
+            return False
+        self._failures = 0
+        self._retry_at = 0.0
+        return True
+
     def clear(self) -> None:
         """Forget everything (the peer left the cluster)."""
         self.counters.dropped += self.depth

@@ -6,8 +6,10 @@ Each manager is driven through its local channel by a stand-in broker
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +20,9 @@ import pytest
 
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from certs.identity import load_cert
+from workload_manager.inter_node import start_inter_node
+from workload_manager.manager import Manager, Peer
+from workload_manager.outbox import Backoff
 
 from .cluster_harness import (
     Member,
@@ -360,3 +365,35 @@ async def test_events_wait_while_no_broker_listens(trio: list[Member], tmp_path:
         await chan.close()
     finally:
         await proc.aclose()
+
+
+async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a runs in this process with a fixed 9 s retry delay; b is a real manager, down at
+    # first. When b comes back, its catch-up reaches a, and a must send to b at once.
+    monkeypatch.setenv("NVPAIR_WM_BIND", "127.0.0.1")
+    a_member, b = make_cluster(tmp_path, ["a", "b"])
+    a = Manager(version="t", port=a_member.port, identity=a_member.cluster.node_id)
+    async with contextlib.AsyncExitStack() as stack:
+        broadcaster = await start_inter_node(
+            a, a_member.cluster, stack, backoff=Backoff(base_s=10.0, cap_s=10.0), draw=lambda: 0.9
+        )
+        a.on_peers((Peer(nodeId=b.node_id, host="127.0.0.1", port=b.port),))
+        a.on_view_loaded()  # no broker here: a's view is empty, and complete
+        rec = record(a_member.node_id, "1", 1)
+        frame = {"jsonrpc": "2.0", "method": "workload:submitted", "params": {"workloadInfo": rec}}
+        a.handle_local(json.dumps(frame).encode())
+        await eventually(
+            lambda: broadcaster.status()[0]["failures"] >= 1, "a's send to b fails: b is down"
+        )
+        try:
+            await b.start()
+            await b.set_peers([a_member])
+            started = time.monotonic()
+            await eventually(
+                lambda: (rec["runId"], "1") in b.jobs, "a's queued event reaches b", within_s=3.0
+            )
+            assert time.monotonic() - started < 3.0  # a's backoff had ~9 s left
+        finally:
+            await b.stop()

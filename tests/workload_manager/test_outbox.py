@@ -94,6 +94,20 @@ def test_backoff_grows_to_the_cap_and_resets_on_success() -> None:
     assert box.retry_at() == 0.0
 
 
+def test_resume_ends_the_backoff_at_once() -> None:
+    box = Outbox(backoff=Backoff(base_s=10.0, cap_s=30.0), draw=lambda: 1.0)
+    box.add(rec("1", 1))
+    assert box.resume() is False  # nothing to end: a healthy peer
+    for _ in range(3):
+        assert box.next_batch(1e9) is not None
+        box.fail(100.0, "down")
+    assert box.next_batch(101.0) is None  # backing off until 130
+    assert box.resume() is True  # the peer announced itself
+    assert ids(box.next_batch(101.0)) == ["1"]
+    box.fail(101.0, "down again")
+    assert box.retry_at() == 101.0 + 20.0  # a first failure again, not a fourth
+
+
 def test_jitter_draws_below_the_ceiling() -> None:
     backoff = Backoff(base_s=1.0, cap_s=30.0)
     assert backoff.delay(3, lambda: 0.25) == 2.0
