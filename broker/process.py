@@ -5,12 +5,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections import deque
+from collections.abc import Mapping, Sequence
 
-__all__ = ["pass_stderr", "stop_process"]
+from workload_manager.errors import port_in_use_from
+
+from .errors import ManagerPortInUse, ManagerStartFailed
+
+__all__ = ["pass_stderr", "spawn_stdio", "start_failure", "stop_process"]
 
 log = logging.getLogger(__name__)
+
+
+async def spawn_stdio(
+    argv: Sequence[str], extra_env: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """Start `argv` with stdin, stdout and stderr piped to us and `extra_env` added."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **extra_env},
+    )
+
+
+def start_failure(code: int, tail: deque[str]) -> ManagerPortInUse | ManagerStartFailed:
+    """Why a first child exited with status 2, from its last lines on stderr."""
+    line = tail[-1] if tail else ""
+    port = next(filter(None, map(port_in_use_from, reversed(tail))), None)
+    return ManagerPortInUse(port, line) if port is not None else ManagerStartFailed(code, line)
 
 
 async def pass_stderr(proc: asyncio.subprocess.Process, tail: deque[str]) -> None:

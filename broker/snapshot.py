@@ -14,6 +14,7 @@ cursor the manager sees is ours, not the store's: `r:N` (N removals sent so far)
 
 from __future__ import annotations
 
+import logging
 from typing import Final, Protocol
 
 import msgspec
@@ -21,9 +22,12 @@ import msgspec
 from workload_manager.manager import View
 from workload_manager.workload import Workload, WorkloadRemoval
 
-from .errors import InvalidCursor
+from .channel import BrokerChannel, SnapshotWanted
+from .errors import BrokerError, InvalidCursor
 
-__all__ = ["PAGE_BUDGET", "ViewSource", "snapshot_page"]
+__all__ = ["PAGE_BUDGET", "ViewSource", "answer_snapshot", "snapshot_page"]
+
+log = logging.getLogger(__name__)
 
 PAGE_BUDGET: Final = 512 * 1024  # bytes of records and removals in one page
 _ENVELOPE: Final = 64  # `{"workloads":[],"removed":[]}` and the separators' slack
@@ -101,3 +105,24 @@ def _fitting(
         if used > room:
             return 1 if at_least_one and count == 0 else count
     return len(items)
+
+
+class _Flushable(Protocol):
+    async def flush(self) -> None: ...
+
+
+async def answer_snapshot(
+    store: ViewSource, writer: _Flushable, wanted: SnapshotWanted, channel: BrokerChannel
+) -> bytes:
+    """The frame that answers a `SnapshotWanted`: a page written after everything the
+    writer holds, or the error that says whose fault it is that there is none."""
+    try:
+        await writer.flush()  # the view includes everything written so far
+        page = await snapshot_page(store, wanted.cursor, wanted.limit)
+    except BrokerError as exc:
+        log.warning("cannot answer workloads:snapshot: %s", exc)
+        return channel.snapshot_failed(wanted.request_id, exc)
+    except Exception as exc:
+        log.exception("workloads:snapshot failed")
+        return channel.snapshot_failed(wanted.request_id, exc)
+    return channel.snapshot_reply(wanted.request_id, page)

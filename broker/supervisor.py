@@ -4,8 +4,7 @@ The broker starts `python -m workload_manager` with the node's port and cluster 
 to it over stdio (newline-delimited JSON-RPC). What each frame means is the `BrokerChannel`'s
 business (`broker/channel.py`); this module only moves bytes and carries out its actions:
 
-- on `ready {version}` it sends `peers:set` from the node records (and again on every
-  change);
+- on `ready {version}` it sends `peers:set` from the node records (again on every change);
 - it answers `workloads:snapshot` from the Jobs store, in pages bounded by bytes
   (`broker/snapshot.py`) so each fits in a frame the manager takes;
 - it hands every `workloads:upsert` / `workloads:remove` to the Jobs writer (group commit);
@@ -13,9 +12,13 @@ business (`broker/channel.py`); this module only moves bytes and carries out its
   its peers 503 instead of dropping anything;
 - it passes the child's stderr through to ours, keeping the last lines;
 - it restarts the child when it exits, with backoff (`broker/restarts.py`); five exits
-  within a minute is a crash loop, reported in `status()` and logged, not hidden;
-- a first child that exits with status 2 (a port in use, a bad flag) is not restarted:
-  `start()` raises `ManagerPortInUse` / `ManagerStartFailed` instead of a crash loop;
+  within a minute is a crash loop, reported in `status()` and logged, not hidden; a first
+  child that exits with status 2 (a port in use, a bad flag) is not restarted: `start()`
+  raises `ManagerPortInUse` / `ManagerStartFailed`;
+- it checks the child's liveness (`broker/liveness.py`): one that does not answer
+  `manager:status` within the deadline, or could not take its input, is killed and
+  restarted, and `problem()` says why; frames it could not hand over are counted
+  (`dropped`) and logged once per burst;
 - on `aclose()`, it sends SIGTERM and, after a grace period, SIGKILL.
 
 Its tasks (the loop, the stderr pump) belong to its own task group; a loop that dies is
@@ -26,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import os
 import sys
 import time
 from collections import deque
@@ -37,7 +40,6 @@ from typing import Any, Final
 
 import msgspec
 
-from workload_manager.errors import port_in_use_from
 from workload_manager.framing import LineFramer
 from workload_manager.manager import Peer
 from workload_manager.tasks import FailureHandler, describe, reporting
@@ -55,16 +57,14 @@ from .channel import (
     StoreUpsert,
 )
 from .errors import (
-    BrokerError,
-    ManagerPortInUse,
     ManagerRefused,
-    ManagerStartFailed,
     ManagerUnavailable,
 )
 from .jobs import JobsStore, JobsWriter
-from .process import pass_stderr, stop_process
+from .liveness import Drops, Liveness, watch
+from .process import pass_stderr, spawn_stdio, start_failure, stop_process
 from .restarts import RestartPolicy
-from .snapshot import snapshot_page
+from .snapshot import answer_snapshot
 
 __all__ = ["ManagerSupervisor"]
 
@@ -94,8 +94,10 @@ class ManagerSupervisor:
         backoff_base_s: float = 0.5,
         backoff_cap_s: float = 30.0,
         grace_s: float = 5.0,
+        liveness: Liveness | None = None,
         on_failure: FailureHandler | None = None,
     ) -> None:
+        self.liveness = liveness or Liveness()
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.grace_s = grace_s
@@ -114,7 +116,8 @@ class ManagerSupervisor:
         self.state = "starting"
         self.failure: str | None = None  # why the supervising loop died, if it did
         self.stderr_tail: deque[str] = deque(maxlen=8)  # the child's last lines on stderr
-        self.dropped = 0  # frames not sent because the child was not reading
+        self.drops = Drops()  # frames not handed to the child: not reading, or not running
+        self.hung: str | None = None  # why the last child was declared hung, until a ready
         self._policy = RestartPolicy()
         self._proc: asyncio.subprocess.Process | None = None
         self._channel: BrokerChannel | None = None
@@ -123,6 +126,7 @@ class ManagerSupervisor:
         self._tasks: asyncio.TaskGroup | None = None
         self._running: set[asyncio.Task[None]] = set()  # ours, in `_tasks`, until done
         self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._watch: asyncio.Task[None] | None = None  # the running child's liveness check
         self._stopping = False
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -159,6 +163,11 @@ class ManagerSupervisor:
         self.state = "stopped"
 
     @property
+    def dropped(self) -> int:
+        """Frames not handed to the child (it was not reading, or not running)."""
+        return self.drops.total
+
+    @property
     def pid(self) -> int | None:
         """The child's pid while it runs."""
         return self._proc.pid if self._proc and self._proc.returncode is None else None
@@ -170,7 +179,8 @@ class ManagerSupervisor:
         if self.state == "running":
             return None
         last = f"; it said: {self.stderr_tail[-1]}" if self.stderr_tail else ""
-        return f"the workload manager is {self.state} (last exit {self.last_exit}){last}"
+        hung = f"; it hung: {self.hung}" if self.hung else ""
+        return f"the workload manager is {self.state} (last exit {self.last_exit}){hung}{last}"
 
     def status(self) -> dict[str, Any]:
         """For the local API and metrics."""
@@ -180,6 +190,8 @@ class ManagerSupervisor:
             "version": self.version,
             "restarts": self.restarts,
             "lastExit": self.last_exit,
+            "dropped": self.drops.total,
+            "hung": self.hung,
         }
 
     # -- talking to the child -------------------------------------------------------------------
@@ -198,11 +210,13 @@ class ManagerSupervisor:
         """A local removal for the manager to broadcast."""
         self._send(BrokerChannel.removal_frame(removal))
 
-    async def request(self, method: str, params: Any = None) -> Any:
+    async def request(
+        self, method: str, params: Any = None, *, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> Any:
         """Call a manager method (e.g. `manager:status`) and return its decoded result.
 
         Raises `ManagerRefused` when it answers with an error and `ManagerUnavailable` when
-        it is not running, exits meanwhile or does not answer within 5 s.
+        it is not running, exits meanwhile or does not answer within `timeout_s`.
         """
         channel = self._channel
         if channel is None or not self._ready.is_set():
@@ -213,11 +227,11 @@ class ManagerSupervisor:
         try:
             if not self._send(frame):
                 raise ManagerUnavailable("the workload manager is not reading its input")
-            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
             raise ManagerUnavailable(
-                f"the workload manager did not answer {method[:64]} within {REQUEST_TIMEOUT_S:g}s"
+                f"the workload manager did not answer {method[:64]} within {timeout_s:g}s"
             ) from None
         finally:
             self._pending.pop(request_id, None)
@@ -226,14 +240,23 @@ class ManagerSupervisor:
     def _send(self, frame: bytes) -> bool:
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None:
-            return False  # the child is restarting; it catches up through its snapshot and peers
+            # The child is restarting; it catches up through its snapshot and peers.
+            return self.drops.dropped("the workload manager is not running")
         if proc.stdin.transport.get_write_buffer_size() > MAX_UNREAD:
-            # A child that does not read is stuck; what it misses it gets back from the
-            # Jobs store (its snapshot) after the restart that follows.
-            self.dropped += 1
-            return False
+            # A child that does not read is stuck; the liveness check restarts it, and what
+            # it missed it gets back from the Jobs store (its snapshot) and its catch-up.
+            return self.drops.dropped(f"{MAX_UNREAD // 2**20} MiB wait unread", unread=True)
+        self.drops.delivered()
         proc.stdin.write(frame + b"\n")
         return True
+
+    def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:
+        if proc.returncode is not None or self._stopping:
+            return  # it exited meanwhile: the restart is already coming
+        self.hung = why
+        self.state = "hung"
+        log.error("the workload manager (pid %d) is hung: %s; killing it", proc.pid, why)
+        proc.kill()
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -266,37 +289,26 @@ class ManagerSupervisor:
         started = self._started
         if started is None or started.done():
             return False
-        line = self.stderr_tail[-1] if self.stderr_tail else ""
-        port = next(filter(None, map(port_in_use_from, reversed(self.stderr_tail))), None)
         self.state = "failed"
-        started.set_exception(
-            ManagerPortInUse(port, line) if port is not None else ManagerStartFailed(code, line)
-        )
+        started.set_exception(start_failure(code, self.stderr_tail))
         return True
 
     async def _run_child(self) -> int:
         self._ready.clear()
         self._channel = BrokerChannel()
-        self._proc = proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            "--port",
-            str(self.port),
-            "--cluster-dir",
-            str(self.cluster_dir),
-            "--log-level",
-            self.log_level,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **self.extra_env},
-        )
+        flags = ["--port", str(self.port), "--cluster-dir", str(self.cluster_dir)]
+        flags += ["--log-level", self.log_level]
+        self._proc = proc = await spawn_stdio([*self.argv, *flags], self.extra_env)
         log.info("workload manager started (pid %d)", proc.pid)
         stderr = self._spawn(
             f"{PART}-stderr", reporting(f"{PART}-stderr", pass_stderr(proc, self.stderr_tail))
         )
+        self.drops.unread = 0
         try:
             await self._read(proc, self._channel)
         finally:
+            if self._watch is not None:
+                self._watch.cancel()
             code = await proc.wait()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(stderr), STDERR_DRAIN_S)
@@ -308,6 +320,19 @@ class ManagerSupervisor:
                         ManagerUnavailable(f"the workload manager exited with status {code}")
                     )
         return code
+
+    def _start_watch(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        if self._watch is not None:
+            self._watch.cancel()  # a second `ready` from the same child: one watch is enough
+        work = watch(
+            functools.partial(self.request, "manager:status", timeout_s=self.liveness.deadline_s),
+            lambda: self.drops.unread,
+            self.liveness,
+            functools.partial(self._declare_hung, proc),
+        )
+        self._watch = self._spawn(f"{PART}-liveness", reporting(f"{PART}-liveness", work))
 
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         assert self._tasks is not None, "the supervisor is not started"
@@ -342,12 +367,14 @@ class ManagerSupervisor:
             case ManagerReady(version):
                 self.version = version
                 self.state = "running"
+                self.hung = None
                 self._ready.set()
+                self._start_watch()
                 self._send(BrokerChannel.peers_frame(self.peers))
                 if self._started is not None and not self._started.done():
                     self._started.set_result(None)
             case SnapshotWanted():
-                self._send(await self._snapshot_page(action, channel))
+                self._send(await answer_snapshot(self.store, self.writer, action, channel))
             case Answered(request_id, result):
                 future = self._pending.get(request_id)
                 if future is not None and not future.done():
@@ -357,18 +384,6 @@ class ManagerSupervisor:
                 if future is not None and not future.done():
                     refused = ManagerRefused(method, error.code, error.message, error.data or None)
                     future.set_exception(refused)
-
-    async def _snapshot_page(self, wanted: SnapshotWanted, channel: BrokerChannel) -> bytes:
-        try:
-            await self.writer.flush()  # the view includes everything written so far
-            page = await snapshot_page(self.store, wanted.cursor, wanted.limit)
-        except BrokerError as exc:
-            log.warning("cannot answer workloads:snapshot: %s", exc)
-            return channel.snapshot_failed(wanted.request_id, exc)
-        except Exception as exc:
-            log.exception("workloads:snapshot failed")
-            return channel.snapshot_failed(wanted.request_id, exc)
-        return channel.snapshot_reply(wanted.request_id, page)
 
     def _died(self, part: str, exc: BaseException) -> None:
         self.failure = describe(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from broker.errors import ManagerPortInUse, ManagerRefused, ManagerStartFailed, ManagerUnavailable
 from broker.jobs import JobsStore, JobsWriter
+from broker.liveness import Liveness
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
 from tests.fixtures.records import workload
@@ -275,4 +277,73 @@ async def test_a_store_of_large_records_reaches_a_restarted_manager_whole(
 
         await eventually_async(loaded, "the manager loaded all 3,000 records and 50 removals")
     finally:
+        await sup.aclose()
+
+
+async def test_a_stalled_manager_is_killed_and_restarted(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, writer, cluster = parts
+    sup = supervisor(store, writer, cluster)
+    sup.liveness = Liveness(interval_s=0.2, deadline_s=0.5)
+    await sup.start()
+    pid = sup.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive, holding its pipes, answering nothing
+    try:
+        hung: list[str] = []
+
+        def replaced() -> bool:
+            problem = sup.problem()
+            if problem is not None and "hung" in problem:
+                hung.append(problem)
+            return sup.state == "running" and sup.pid not in (None, pid)
+
+        await eventually(replaced, "the stalled manager is replaced by a new one", within_s=5)
+        assert hung, "problem() never said the manager hung"
+        assert "did not answer manager:status within 0.5s" in hung[0]
+        assert sup.problem() is None  # the new one runs
+        assert sup.status()["hung"] is None
+        assert sup.restarts == 1
+        assert sup.last_exit == -signal.SIGKILL
+        assert f"the workload manager (pid {pid}) is hung" in caplog.text
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        await sup.aclose()
+
+
+async def test_frames_a_stalled_manager_could_not_take_reach_its_successor(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir], caplog: pytest.LogCaptureFixture
+) -> None:
+    store, writer, cluster = parts
+    sup = supervisor(store, writer, cluster)
+    sup.liveness = Liveness(interval_s=0.2, deadline_s=0.5)
+    await sup.start()
+    pid = sup.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # What the agent stores and hands on while the manager is stalled: ~20 MiB, more
+        # than the supervisor holds for a child that does not read.
+        records = [workload(f"{i:05}", 1, error="e" * 4096) for i in range(5000)]
+        await store.write(records, [], now=0)
+        for rec in records:
+            sup.send_event("workload:submitted", rec)
+        assert sup.dropped > 0
+        assert sup.status()["dropped"] == sup.dropped
+        assert caplog.text.count("dropping frames for the workload manager") == 1  # per burst
+        await eventually(
+            lambda: sup.state == "running" and sup.pid not in (None, pid), "a new manager"
+        )
+        assert sup.restarts == 1
+
+        async def caught_up() -> bool:
+            status = await sup.request("manager:status")
+            return bool(status["workloads"]["held"] == 5000)
+
+        await eventually(caught_up, "the new manager holds what the stalled one missed")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
         await sup.aclose()
