@@ -28,6 +28,7 @@ node's files.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -114,6 +115,7 @@ class LocalApi:
         app.router.add_post("/v1/jobs/{id}/remove", self._remove_job)
         app.router.add_get("/v1/manager", self._manager)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
+        self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
         )
@@ -127,7 +129,9 @@ class LocalApi:
         self.port = await start_site(self._runner, "127.0.0.1", self.port)
 
     async def aclose(self) -> None:
-        """Stop serving."""
+        """Stop serving; an event still waiting for its commit is answered 503 at once."""
+        for ack in self._acks:
+            ack.cancel()
         await self._runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -297,12 +301,20 @@ class LocalApi:
         self.ports.submit(method, record)
         # A 202 is durable: answered once the batch holding this record has committed to
         # this node's store (issue 11), within the writer's flush bound.
+        key = (record.originatedFrom, record.runId, record.id)
+        ack = asyncio.create_task(self.ports.writer.committed(key, record.seq))
+        self._acks.add(ack)
         try:
-            await self.ports.writer.committed(
-                (record.originatedFrom, record.runId, record.id), record.seq
-            )
+            await ack
         except StoreUnavailable as exc:
             raise _unavailable(exc) from None
+        except asyncio.CancelledError:
+            if not ack.cancelled() or _this_task_cancelled():
+                raise
+            # `aclose()` ended the wait: stopping is no reason to hold the answer.
+            raise _unavailable(StoreUnavailable("the agent is stopping")) from None
+        finally:
+            self._acks.discard(ack)
         return web.Response(status=202)
 
     async def _remove(self, request: web.Request) -> web.Response:
@@ -311,6 +323,11 @@ class LocalApi:
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         return _json({"removed": request.match_info["node_id"]})
+
+
+def _this_task_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _not_ours(wid: str, origins: list[str]) -> str:

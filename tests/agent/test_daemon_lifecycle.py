@@ -5,6 +5,7 @@ stale agent.json. Each test drives one real agent process through the CLI."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -250,17 +251,20 @@ async def test_an_unwritable_jobs_store_is_named_and_loses_nothing(
         return status == 503 and body["ok"] is False
 
     db = lock_jobs_db(node.home)
+    # A 202 is durable (issue 11): these are answered only once the store takes them again.
+    entered = [
+        asyncio.create_task(node.enter(wid, seq, origin))
+        for wid, seq in (("done", 1), ("done", 2), ("done", 3), ("queued", 1), ("before", 2))
+    ]
     try:
-        for seq in (1, 2, 3):
-            await node.enter("done", seq, origin)
-        await node.enter("queued", 1, origin)
-        await node.enter("before", 2, origin)
         await eventually(store_failing, "/healthz 503 while the Jobs store cannot be written")
         assert "jobs-store" in [f["part"] for f in failing], failing
         assert all(f["error"] for f in failing), failing
+        assert not any(task.done() for task in entered)  # not acknowledged while unwritten
     finally:
         db.rollback()
         db.close()
+    await asyncio.gather(*entered)  # each a 202 once written
 
     async def healthy_again() -> bool:
         status, body = await health(node)
@@ -277,14 +281,24 @@ async def test_an_agent_with_an_unwritable_jobs_store_stops_when_asked(
     node = await initialised(tmp_path)
     proc = await agents.start(node)
     db = lock_jobs_db(node.home)
+    origin = await node.node_id()
+    # A batch that cannot be written (its 202 waits for the commit that does not come).
+    stuck = asyncio.create_task(node.enter("stuck", 1, origin))
+
+    async def store_failing() -> bool:
+        return (await health(node))[0] == 503
+
     try:
-        await node.enter("stuck", 1, await node.node_id())  # a batch that cannot be written
+        await eventually(store_failing, "/healthz 503 while the Jobs store cannot be written")
+        assert not stuck.done()
         proc.send_signal(signal.SIGTERM)
         assert node.log is not None
         await Run(proc, node.log).exited(within=10)
     finally:
         db.rollback()
         db.close()
+    with contextlib.suppress(AssertionError, aiohttp.ClientError):
+        await stuck  # answered 503 or cut off as the agent stopped: never acknowledged
     assert processes_with_home(node.home) == [], "a child of the agent outlived it"
 
 
