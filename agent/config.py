@@ -2,7 +2,8 @@
 
     [agent]
     name = "gpu-a"              # default: the host name
-    advertise = "10.0.0.5"      # the address peers use; default: 127.0.0.1
+    advertise = "10.0.0.5"      # the address peers use; default: 127.0.0.1; or with the
+                                # ports peers use: "HOST:MANAGER_PORT,NODE_PORT,FACADE_PORT"
     manager_port = 14320
     node_port = 14321
     api_port = 14322            # local API, loopback only
@@ -31,6 +32,7 @@ receives it finished.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import socket
@@ -52,6 +54,7 @@ __all__ = [
     "PlaneSettings",
     "load_config",
     "nvpair_home",
+    "parse_advertise",
 ]
 
 ENGINE_KINDS: Final = ("vllm", "sglang", "llamacpp", "ollama", "openai")
@@ -122,7 +125,10 @@ class AgentConfig:
 
     home: Path
     name: str = dataclasses.field(default_factory=socket.gethostname)
-    advertise: str = "127.0.0.1"
+    advertise_host: str = "127.0.0.1"  # the address in this node's record
+    # (manager, node, facade) ports in the record when they differ from the listening ones
+    # (NAT, port forwards, containers, a proxy); None: the listening ports.
+    advertise_ports: tuple[int, int, int] | None = None
     manager_port: int = 14320
     node_port: int = 14321
     api_port: int = 14322
@@ -136,6 +142,13 @@ class AgentConfig:
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
     facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
     plane: PlaneSettings | None = None
+
+    @property
+    def advertised_ports(self) -> tuple[int, int, int]:
+        """(manager, node, facade) ports peers reach this node on."""
+        if self.advertise_ports is not None:
+            return self.advertise_ports
+        return (self.manager_port, self.node_port, self.facade_port)
 
     @property
     def cluster_dir(self) -> Path:
@@ -187,13 +200,15 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
     table = parsed.agent
     if table.simulate_gpus:
         _check_simulation(path, table.simulate_gpus)
+    advertise_host, advertise_ports = parse_advertise(table.advertise)
     plane = parsed.plane or _joined_plane(home)
     if plane is not None:
         plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token)
     return AgentConfig(
         home=home,
         name=table.name or socket.gethostname(),
-        advertise=table.advertise,
+        advertise_host=advertise_host,
+        advertise_ports=advertise_ports,
         manager_port=table.manager_port,
         node_port=table.node_port,
         api_port=table.api_port,
@@ -226,6 +241,59 @@ def _name_the_key(message: str) -> str:
     if re.fullmatch(r"agent\.[a-z_]+_port", where):
         return f"{where} must be a port number: {what}"
     return f"{where}: {what}" if where else what
+
+
+_HOST_NAME: Final = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+_ADVERTISE_FORM: Final = (
+    'is "HOST" or "HOST:MANAGER_PORT,NODE_PORT,FACADE_PORT" (an IPv6 address with ports in '
+    "brackets: [ADDR]:PORTS)"
+)
+
+
+def parse_advertise(value: str) -> tuple[str, tuple[int, int, int] | None]:
+    """`agent.advertise` / `--advertise`: the host peers use and, when given, the
+    (manager, node, facade) ports they use; `ConfigError` naming `agent.advertise`."""
+    text = value.strip()
+    ports_text: str | None = None
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise _bad_advertise(value, "an opening [ without its closing ]")
+        ports_text = rest[1:] if rest else None
+        if not _is_ip(host, version=6):
+            raise _bad_advertise(value, f"{host!r} is not an IPv6 address")
+    elif text.count(":") > 1:
+        host = text  # a bare IPv6 address: no ports (they would be ambiguous)
+        if not _is_ip(host, version=6):
+            raise _bad_advertise(value, f"{host!r} is not an IPv6 address")
+    else:
+        host, colon, rest = text.partition(":")
+        ports_text = rest if colon else None
+        if not (_is_ip(host, version=4) or _HOST_NAME.fullmatch(host)):
+            raise _bad_advertise(value, f"{host!r} is not a host name or an IP address")
+    if ports_text is None:
+        return host, None
+    parts = ports_text.split(",")
+    if len(parts) != 3 or not all(
+        p.isascii() and p.isdigit() and 1 <= int(p) <= 65535 for p in parts
+    ):
+        raise _bad_advertise(value, "the ports are three numbers from 1 to 65535")
+    manager, node, facade = (int(p) for p in parts)
+    return host, (manager, node, facade)
+
+
+def _is_ip(text: str, *, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == version
+    except ValueError:
+        return False
+
+
+def _bad_advertise(value: str, why: str) -> ConfigError:
+    return ConfigError(f"agent.advertise {_ADVERTISE_FORM}; {why} in {value[:300]!r}")
 
 
 def _check_simulation(path: Path, spec: str) -> None:

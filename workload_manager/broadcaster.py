@@ -122,8 +122,7 @@ class Broadcaster:
                 name = f"send-{node_id}"
                 # A sender that dies is logged with its traceback and shows as failed in
                 # manager:status, instead of tearing down every other peer's sender.
-                work = reporting(name, sender.run(), sender.died)
-                sender.task = self._tasks.create_task(work, name=name)
+                sender.task = self._tasks.create_task(sender.supervised(name), name=name)
                 self._senders[node_id] = sender
             elif existing.peer != peer:
                 existing.peer = peer  # moved: the next batch goes to the new address
@@ -187,6 +186,11 @@ class _Sender:
         self.needs_sync = True
         self.state = "starting"
         self.task: asyncio.Task[None]
+
+    async def supervised(self, name: str) -> None:
+        """`run()`, reported when it dies. Its coroutine is made only once this task starts,
+        so a peer dropped before that leaves no coroutine never awaited."""
+        await reporting(name, self.run(), self.died)
 
     def died(self, part: str, exc: BaseException) -> None:
         self.state = f"failed: {describe(exc)}"
