@@ -48,7 +48,12 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", required=True)
     run = agent_sub.add_parser("run", help="run this node's agent until stopped")
     run.add_argument("--name", help="this node's name (default: the host name)")
-    run.add_argument("--advertise", metavar="HOST", help="address peers use (default 127.0.0.1)")
+    run.add_argument(
+        "--advertise",
+        metavar="HOST[:M,N,F]",
+        help="address peers use (default 127.0.0.1), and the manager, node and facade ports "
+        "they use when not the listening ones (NAT, port forwards, containers)",
+    )
     for flag in ("manager", "node", "api", "facade"):
         run.add_argument(f"--{flag}-port", type=int, dest=f"{flag}_port", metavar="N")
     run.add_argument("--simulate-gpus", metavar="SPEC", help='e.g. "h100-80gb-sxm:8,l4:2"')

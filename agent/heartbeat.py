@@ -1,7 +1,8 @@
 """This node's own record, and the heartbeat that pushes it to every member.
 
 `OwnRecord` builds the record this node publishes about itself (only it speaks for itself):
-addresses and ports, GPUs, engines, cordon, with a generation taken from the wall clock so
+the advertised address and ports (`agent.advertise`, which may differ from the listening
+ports), GPUs, engines, cordon, with a generation taken from the wall clock so
 it keeps rising across restarts. `Heartbeat` renews it every beat (and at once when
 something changed), reads the GPUs again every `GPU_REFRESH_BEATS`, and pushes the records
 it holds to every pinned member -- one push in flight per member, not in lockstep, so a
@@ -56,13 +57,15 @@ class OwnRecord:
         now_ms = int(time.time() * 1000)
         self._generation = max(self._generation + 1, now_ms)
         config = self._config
+        # What peers dial, which may differ from where this node listens (NAT, forwards).
+        manager_port, node_port, facade_port = config.advertised_ports
         self.current = NodeRecord(
             nodeId=self._node_id,
             name=config.name,
-            addresses=[config.advertise],
-            managerPort=config.manager_port,
-            nodePort=config.node_port,
-            facadePort=config.facade_port,
+            addresses=[config.advertise_host],
+            managerPort=manager_port,
+            nodePort=node_port,
+            facadePort=facade_port,
             version=VERSION,
             devices=self.gpus.devices,
             domains=self.gpus.domains,

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConfigError, load_config
+from agent.gpus import simulate
+from agent.heartbeat import OwnRecord
 from agent.plane_sync import plane_settings
 from tests.workload_manager.cluster_harness import free_port
 
@@ -141,3 +143,68 @@ def test_agent_run_refuses_a_bad_setting_in_one_line(
     assert len(lines) == 1, err
     assert lines[0].startswith("nvpair: ")
     assert named in lines[0]
+
+
+# -- advertised address and ports, apart from the listening ones (issue 11) -------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "host", "ports"),
+    [
+        ("10.0.0.5", "10.0.0.5", None),
+        ("gpu-a.example.com", "gpu-a.example.com", None),
+        ("10.0.0.5:24320,24321,24323", "10.0.0.5", (24320, 24321, 24323)),
+        ("proxy:1,2,3", "proxy", (1, 2, 3)),
+        ("fd00::5", "fd00::5", None),
+        ("[fd00::5]:24320,24321,24323", "fd00::5", (24320, 24321, 24323)),
+    ],
+)
+def test_advertise_is_a_host_and_maybe_its_ports(
+    tmp_path: Path, value: str, host: str, ports: tuple[int, int, int] | None
+) -> None:
+    (tmp_path / "nvpair.toml").write_text(f'[agent]\nadvertise = "{value}"\nnode_port = 15000\n')
+    config = load_config(tmp_path, {})
+    assert (config.advertise_host, config.advertise_ports) == (host, ports)
+    assert config.node_port == 15000  # where it listens is unchanged
+    assert config.advertised_ports == (ports or (14320, 15000, 14323))
+    assert load_config(tmp_path, {"advertise": value}).advertise_ports == ports  # the flag too
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "10.0.0.5:",
+        "10.0.0.5:1,2",
+        "10.0.0.5:1,2,3,4",
+        "10.0.0.5:0,2,3",
+        "10.0.0.5:1,2,65536",
+        "10.0.0.5:a,b,c",
+        "10.0.0.5:-1,2,3",
+        "10.0.0.5:1,2,\u00b2",  # a digit to str.isdigit(), not to int()
+        "host name",
+        "-host",
+        "[fd00::5",
+        "[10.0.0.5]:1,2,3",
+        "[fd00::5]x",
+        "fd00::zz",
+        ":1,2,3",
+        "http://host",
+        "é.example",
+    ],
+)
+def test_a_malformed_advertise_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"agent\.advertise is \"HOST\" or"):
+        load_config(tmp_path, {"advertise": value})
+
+
+def test_the_record_carries_the_advertised_address_and_ports(tmp_path: Path) -> None:
+    config = load_config(tmp_path, {"advertise": "203.0.113.7:24320,24321,24323"})
+    record = OwnRecord(config, "nod_x", simulate("l4:1", "nod_x"), list).current
+    assert (record.addresses, record.managerPort, record.nodePort, record.facadePort) == (
+        ["203.0.113.7"],
+        24320,
+        24321,
+        24323,
+    )
+    plain = OwnRecord(load_config(tmp_path, {}), "nod_x", simulate("l4:1", "nod_x"), list).current
+    assert (plain.addresses, plain.managerPort, plain.nodePort) == (["127.0.0.1"], 14320, 14321)

@@ -266,3 +266,25 @@ async def test_the_jobs_commands_page_and_remove(
     out, err = capsys.readouterr()
     assert (out, err.count("\n")) == ("", 1)
     assert "no job 'j9'" in err
+
+
+async def test_the_record_advertises_other_ports_than_the_listening_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NVPAIR_BIND", "127.0.0.1")
+    ClusterDir(tmp_path / "cluster").init("lab", "solo", ["127.0.0.1"])
+    ports = {"manager_port": 0, "node_port": 0, "api_port": 0, "facade_port": 0}
+    advertise = "127.0.0.9:24320,24321,24323"  # what a proxy in front of it would listen on
+    node = Agent(load_config(tmp_path, {"name": "solo", "advertise": advertise, **ports}))
+    await node.start()
+    try:
+        [record] = (await call(node, "GET", "/v1/nodes"))[1]
+        assert record["addresses"] == ["127.0.0.9"]
+        assert (record["managerPort"], record["nodePort"], record["facadePort"]) == (
+            24320,
+            24321,
+            24323,
+        )
+        assert node.facade.port not in (0, 24323)  # it listens where it was told to
+    finally:
+        await node.aclose()
