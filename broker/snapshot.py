@@ -58,7 +58,8 @@ async def snapshot_page(
     if cursor is None or cursor.startswith("r:"):
         sent = _removals_sent(cursor)
         page = await store.view(cursor=None, limit=limit)
-        pending = page.removed[sent:]
+        # Sorted here, so `r:N` means the same N removals whatever order the store reads.
+        pending = sorted(page.removed, key=_pair)[sent:]
         taken = _fitting(pending, room, at_least_one=True)
         removed = pending[:taken]
         if taken < len(pending):  # more removals than fit: records wait for a later page
@@ -77,6 +78,10 @@ async def snapshot_page(
         # Asked again for exactly what fits, so the store's own cursor follows the last one.
         page = await store.view(cursor=store_cursor, limit=fits)
     return View(workloads=page.workloads, removed=removed, next=_ours(page.next))
+
+
+def _pair(removal: WorkloadRemoval) -> tuple[str, str]:
+    return removal.pair
 
 
 def _ours(store_cursor: str | None) -> str | None:
