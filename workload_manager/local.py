@@ -26,10 +26,10 @@ from .framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
 from .jsonrpc import INVALID_REQUEST, ErrorObject, encode_error
 from .manager import Manager
 from .tasks import describe, reporting
+from .view_loader import LOADER_PART, load_view
 
 __all__ = [
     "FrameWriter",
-    "load_view",
     "open_stdio",
     "serve_connection",
     "serve_stdio",
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 READ_CHUNK: Final = 64 * 1024
 STDIN_PART: Final = "stdin-pump"
 DEFAULT_MAX_BUFFER: Final = 16 * 1024 * 1024
-SNAPSHOT_PART: Final = "snapshot-loader"
-SNAPSHOT_WAIT_S: Final = 5.0  # a page not answered by then is asked for again
-SNAPSHOT_RETRIES: Final = 8  # then the view counts as incomplete (manager:status says so)
-SNAPSHOT_BACKOFF_S: Final = (0.5, 8.0)  # first delay before asking again, and its cap
 
 
 @dataclass(slots=True)
@@ -150,54 +146,12 @@ async def serve_connection(
     out.send(manager.snapshot_request())
     async with asyncio.TaskGroup() as tasks:
         loader = tasks.create_task(
-            reporting(SNAPSHOT_PART, load_view(manager, out.send)), name=SNAPSHOT_PART
+            reporting(LOADER_PART, load_view(manager, out.send)), name=LOADER_PART
         )
         try:
             await _answer_frames(manager, reader, out, max_frame)
         finally:
             loader.cancel()
-
-
-async def load_view(
-    manager: Manager,
-    send: Callable[[bytes], object],
-    *,
-    wait_s: float = SNAPSHOT_WAIT_S,
-    retries: int = SNAPSHOT_RETRIES,
-    backoff_s: tuple[float, float] = SNAPSHOT_BACKOFF_S,
-) -> None:
-    """Keep asking for the broker's view until every page is in: a page that failed, or
-    was not answered within `wait_s`, is asked for again after an exponential backoff; after
-    `retries` failures in a row the view counts as incomplete (logged, and shown in
-    `manager:status`) rather than silently empty."""
-    answered = asyncio.Event()
-    outcome = [True]
-
-    def on_answer(ok: bool) -> None:
-        outcome[0] = ok
-        answered.set()
-
-    manager.on_snapshot_answer = on_answer
-    failures = 0
-    while manager.view_state == "loading":
-        try:
-            await asyncio.wait_for(answered.wait(), wait_s)
-            answered.clear()
-            ok = outcome[0]
-        except TimeoutError:
-            log.warning("no answer to workloads:snapshot within %gs", wait_s)
-            ok = False
-        if ok:
-            failures = 0
-            continue
-        failures += 1
-        if failures > retries:
-            manager.snapshot_abandoned()
-            return
-        await asyncio.sleep(min(backoff_s[1], backoff_s[0] * 2 ** (failures - 1)))
-        frame = manager.retry_snapshot()
-        if frame is not None:
-            send(frame)
 
 
 async def _answer_frames(
