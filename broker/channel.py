@@ -249,6 +249,15 @@ class BrokerChannel:
         request_id = response.id
         method = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
         if method is None or not isinstance(request_id, str):
+            if request_id is None and isinstance(response.error, ErrorObject):
+                # The manager refused a frame of ours it could not read (one over its frame
+                # limit, say): there is no request to fail, but it must not pass unseen.
+                error = response.error
+                detail = error.data if isinstance(error.data, str) else ""
+                log.warning(
+                    "the workload manager refused a frame: %s %s", error.message, detail[:200]
+                )
+                return
             log.debug("dropping a response to unknown request %r", request_id)
             return
         if isinstance(response.result, Raw):

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -212,3 +213,16 @@ def test_nothing_but_actions_come_out_of_any_bytes(payload: bytes) -> None:
     actions = BrokerChannel().receive(payload)
     assert all(isinstance(action, ChannelAction) for action in actions)
     assert len([a for a in actions if isinstance(a, SendToManager)]) <= 1
+
+
+def test_a_frame_the_manager_refused_is_logged_not_dropped_unseen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel = BrokerChannel()
+    refusal = {
+        "jsonrpc": "2.0",
+        "error": {"code": -32600, "message": "Invalid Request", "data": "frame exceeds 1048576"},
+        "id": None,
+    }
+    assert channel.receive(json.dumps(refusal).encode()) == []
+    assert "the workload manager refused a frame: Invalid Request frame exceeds" in caplog.text
