@@ -213,3 +213,18 @@ async def test_origins_of_a_job_id_and_its_removal(store: JobsStore) -> None:
     await store.write([], [WorkloadRemoval(workloadId="1", originatedFrom="nod_a")], now=0)
     assert await store.origins_of("1") == ["nod_b"]
     assert store.is_removed("nod_a", "1")
+
+
+async def test_a_jobs_page_reads_through_the_index(store: JobsStore) -> None:
+    # The plan a page is read by: in the index's order, never a sort of every row.
+    await store.write([rec(str(i), 1) for i in range(3)], [], now=0)
+    _, after = await store.jobs_page(limit=1)
+    assert after is not None
+    async with store.db.execute(
+        "EXPLAIN QUERY PLAN SELECT record FROM jobs WHERE (created_at, id, origin, run_id) "
+        "< (?, ?, ?, ?) ORDER BY created_at DESC, id DESC, origin DESC, run_id DESC LIMIT 5",
+        (2000, "x", "y", "z"),
+    ) as cursor:
+        plan = " ".join(str(row[-1]) for row in await cursor.fetchall())
+    assert "jobs_newest" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
