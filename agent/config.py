@@ -14,6 +14,7 @@
     job_retention_h = 168
     queue_limit = 32
     facade_bind = "0.0.0.0"
+    anti_entropy_s = 5.0        # compare Jobs stores with the next member this often
     api_keys = { alice = "sk-..." }
     [[agent.engines]]
     kind = "vllm"
@@ -97,6 +98,7 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
     facade_bind: _Text | None = None
+    anti_entropy_s: Annotated[float, Meta(ge=0.1, le=3600)] = 5.0
 
 
 class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
@@ -141,6 +143,7 @@ class AgentConfig:
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
     facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
+    anti_entropy_s: float = 5.0  # a Jobs-store comparison with the next member this often
     plane: PlaneSettings | None = None
 
     @property
@@ -221,6 +224,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         api_keys=tuple(table.api_keys.items()),
         queue_limit=table.queue_limit,
         facade_bind=table.facade_bind,
+        anti_entropy_s=float(table.anti_entropy_s),
         plane=plane,
     )
 

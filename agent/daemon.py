@@ -46,6 +46,7 @@ from .node_api import NodeApi
 from .node_client import NodeClient
 from .operations import Operations
 from .plane_sync import PlaneSync
+from .repair import AntiEntropy
 from .upkeep import LoadPoller, Pruner
 from .view import SchedulingView
 
@@ -161,6 +162,16 @@ class Agent:
             members.remove(target)
             heartbeat.push_now()
 
+        now = time.monotonic
+        repair = AntiEntropy(
+            store=store,
+            writer=writer,
+            peers=lambda: [r.nodeId for r in members.peers() if members.reachable(r.nodeId, now())],
+            digest_at=client.repair_digest,
+            exchange_at=client.repair_exchange,
+            retention_h=config.job_retention_h,
+            interval_s=config.anti_entropy_s,
+        )
         node_api = NodeApi(
             self.cluster,
             host=bind,
@@ -171,6 +182,8 @@ class Agent:
             run_here=facade.run_forwarded,
             on_cordon=heartbeat.set_cordon,
             on_cancel=facade.cancel_on,
+            on_digest=repair.answer_digest,
+            on_exchange=repair.answer_exchange,
         )
         sync = None
         if config.plane is not None:
@@ -230,6 +243,7 @@ class Agent:
             retention_h=config.job_retention_h,
         )
         tasks.spawn("prune", pruner.run())
+        tasks.spawn("anti-entropy", repair.run())
         if sync is not None:
             tasks.spawn("plane-sync", sync.run())
         self._write_state(local_api.url)

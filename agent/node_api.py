@@ -11,6 +11,10 @@ pinned caller (403 otherwise).
   this node holds, so the new member knows where its peers are. Only a CA holder admits.
 - `POST /v1/records` (pinned) -- a `RecordsPush`; answered with this node's own push, so one
   round trip exchanges both views.
+- `POST /v1/forward`, `/v1/cordon`, `/v1/cancel` (pinned) -- a request placed here, a cordon
+  of this node, a forced drain's cancellations.
+- `POST /v1/repair/digest`, `/v1/repair/exchange` (pinned) -- anti-entropy rounds
+  (`broker.anti_entropy`): a digest in, the differing keys out; records both ways.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Final
 import msgspec
 from aiohttp import web
 
+from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import (
     ClusterDir,
@@ -53,6 +58,8 @@ class _Cancel(msgspec.Struct, frozen=True):
 
 
 _cordon_decoder: Final = msgspec.json.Decoder(_Cordon)
+_digest_decoder: Final = msgspec.json.Decoder(Digest)
+_exchange_decoder: Final = msgspec.json.Decoder(Exchange)
 _cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
 _JSON: Final = "application/json"
 
@@ -81,7 +88,11 @@ class NodeApi:
         run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
         on_cordon: Callable[[bool], None] = lambda cordoned: None,
         on_cancel: Callable[[str], int] = lambda target: 0,
+        on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
+        on_exchange: Callable[[Exchange], Awaitable[ExchangeAnswer]] | None = None,
     ) -> None:
+        self.on_digest = on_digest
+        self.on_exchange = on_exchange
         self.run_here = run_here
         self.on_cordon = on_cordon
         self.on_cancel = on_cancel
@@ -99,6 +110,8 @@ class NodeApi:
         app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
         app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._cordon))
         app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
+        app.router.add_post("/v1/repair/digest", pinned(cluster.pins)(self._repair_digest))
+        app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
         )
@@ -164,6 +177,25 @@ class NodeApi:
             raise web.HTTPBadRequest(text=f"not a cancel request: {exc}\n") from None
         return web.json_response({"cancelled": self.on_cancel(target)})
 
+    async def _repair_digest(self, request: web.Request) -> web.Response:
+        # Anti-entropy from a member: its digest in, our keys where the stores differ out.
+        if self.on_digest is None:
+            raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
+        try:
+            theirs = _digest_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not a digest: {exc}\n") from None
+        return _answer(await self.on_digest(theirs))
+
+    async def _repair_exchange(self, request: web.Request) -> web.Response:
+        if self.on_exchange is None:
+            raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
+        try:
+            exchange = _exchange_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"not an exchange: {exc}\n") from None
+        return _answer(await self.on_exchange(exchange))
+
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
@@ -173,3 +205,7 @@ class NodeApi:
             raise web.HTTPBadRequest(text=f"not a records push: {exc}\n") from None
         answer = self.on_push(push, peer_node_id(request))
         return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
+
+
+def _answer(value: object) -> web.Response:
+    return web.Response(body=msgspec.json.encode(value), content_type=_JSON)

@@ -1,11 +1,11 @@
 """`NodeClient`: every call this node makes to a member's node API, over cluster mTLS.
 
 The one place that builds member URLs and client contexts: record pushes, forwarded
-inference, cordon and cancel. The server's certificate is checked against the cluster CA
-and the member's node id (`server_hostname_for`), so connecting by IP address still names
-who must answer. Two sessions: short calls time out after 5 s; forwarded inference has no
-total timeout (a generation may be long) but a connect timeout and a read timeout between
-chunks.
+inference, cordon, cancel and anti-entropy rounds. The server's certificate is checked
+against the cluster CA and the member's node id (`server_hostname_for`), so connecting by
+IP address still names who must answer. Two sessions: short calls time out after 5 s;
+forwarded inference has no total timeout (a generation may be long) but a connect timeout
+and a read timeout between chunks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
+from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
@@ -27,6 +28,8 @@ SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
 _JSON: Final = {"Content-Type": "application/json"}
 _NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
+_differences: Final = msgspec.json.Decoder(Differences)
+_exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
 
 
 class NodeClient:
@@ -87,6 +90,22 @@ class NodeClient:
             return push_decoder.decode(body)
         except msgspec.DecodeError as exc:
             raise MemberUnreachable(f"{node_id} answered a malformed push: {exc}") from exc
+
+    async def repair_digest(self, node_id: str, digest: Digest) -> Differences:
+        """Anti-entropy, step 1: our digest there; its keys where the stores differ back."""
+        body = await self._post(node_id, "/v1/repair/digest", msgspec.json.encode(digest))
+        try:
+            return _differences.decode(body)
+        except msgspec.DecodeError as exc:
+            raise MemberUnreachable(f"{node_id} answered a malformed digest: {exc}") from exc
+
+    async def repair_exchange(self, node_id: str, exchange: Exchange) -> ExchangeAnswer:
+        """Anti-entropy, step 2: the records it lacks there; those we asked for back."""
+        body = await self._post(node_id, "/v1/repair/exchange", msgspec.json.encode(exchange))
+        try:
+            return _exchanged.decode(body)
+        except msgspec.DecodeError as exc:
+            raise MemberUnreachable(f"{node_id} answered a malformed exchange: {exc}") from exc
 
     async def cordon(self, node_id: str, cordoned: bool) -> None:
         """Ask a member to cordon (or uncordon) itself: only it speaks for itself."""

@@ -1,0 +1,172 @@
+"""Anti-entropy rounds with the other members (the decisions are `broker.anti_entropy`'s).
+
+Every `INTERVAL_S` this node takes the next reachable member in turn and compares Jobs
+stores with it: a digest there, the differing buckets' keys back, then the records each side
+lacks both ways. Whatever made two stores differ -- a frame dropped on the way, a row lost
+behind the agent's back, a peer's events lost for a while -- is repaired within a few rounds,
+without a reconnect. The same object answers the other side of a round (node API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from broker.anti_entropy import (
+    MAX_KEYS,
+    Differences,
+    Digest,
+    Exchange,
+    ExchangeAnswer,
+    bucket_of,
+    differing,
+    digest,
+    keys_in,
+    plan_repair,
+    removal_bucket,
+)
+from broker.errors import BrokerError
+from broker.jobs import JobsStore, JobsWriter
+from broker.repair_reads import compared_keys, compared_removals, records_for
+from workload_manager.workload import WorkloadRemoval
+
+from .errors import MemberRefused, MemberUnreachable
+
+__all__ = ["AntiEntropy", "RepairCounters"]
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S: Final = 5.0
+# Left out of the comparison on both sides: finished jobs within an hour of the retention
+# (pruning takes them) and removals within an hour of their expiry (a day).
+MARGIN_S: Final = 3600.0
+REMOVAL_KEEP_S: Final = 86_400.0
+
+
+@dataclass
+class RepairCounters:
+    """What the rounds did, for metrics."""
+
+    rounds: int = 0
+    failed: int = 0
+    differing_buckets: int = 0
+    records_in: int = 0
+    records_out: int = 0
+
+
+class AntiEntropy:
+    """Both sides of anti-entropy for one node."""
+
+    def __init__(
+        self,
+        *,
+        store: JobsStore,
+        writer: JobsWriter,
+        peers: Callable[[], list[str]],
+        digest_at: Callable[[str, Digest], Awaitable[Differences]],
+        exchange_at: Callable[[str, Exchange], Awaitable[ExchangeAnswer]],
+        retention_h: float,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._store = store
+        self._writer = writer
+        self._peers = peers
+        self._digest_at = digest_at
+        self._exchange_at = exchange_at
+        self._retention_s = retention_h * 3600
+        self._interval_s = interval_s
+        self._clock = clock
+        self._sleep = sleep
+        self._turn = 0
+        self.counters = RepairCounters()
+
+    async def run(self) -> None:
+        """A round with the next member every `interval_s`, forever."""
+        while True:
+            await self._sleep(self._interval_s)
+            peers = self._peers()
+            if not peers:
+                continue
+            peer = peers[self._turn % len(peers)]
+            self._turn += 1
+            try:
+                await self.round_with(peer)
+            except (MemberUnreachable, MemberRefused, BrokerError, sqlite3.Error) as exc:
+                self.counters.failed += 1
+                log.debug("anti-entropy with %s failed: %s", peer, exc)
+
+    async def _local(self) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str]]]:
+        await self._writer.flush()  # what was handed in is compared too
+        now = self._clock()
+        rows = await compared_keys(
+            self._store, finished_after_ms=int((now - self._retention_s + MARGIN_S) * 1000)
+        )
+        removed = await compared_removals(self._store, since=now - REMOVAL_KEEP_S + MARGIN_S)
+        return rows, removed
+
+    async def round_with(self, peer: str) -> int:
+        """One round as the initiator; returns how many records moved either way."""
+        rows, removed = await self._local()
+        theirs = await self._digest_at(peer, digest(rows, removed))
+        self.counters.rounds += 1
+        if not theirs.buckets:
+            return 0
+        buckets = set(theirs.buckets)
+        self.counters.differing_buckets += len(buckets)
+        mine_removed = {r for r in removed if removal_bucket(*r) in buckets}
+        plan = plan_repair(keys_in(rows, buckets), mine_removed, theirs)
+        give = await records_for(self._store, plan.give)
+        answer = await self._exchange_at(
+            peer,
+            Exchange(
+                records=give,
+                removals=[
+                    WorkloadRemoval(workloadId=i, originatedFrom=o) for o, i in plan.give_removals
+                ],
+                want=plan.want,
+            ),
+        )
+        for pair in plan.take_removals:
+            self._writer.remove(_removal(pair))
+        for record in answer.records:
+            self._writer.upsert(record)
+        self.counters.records_in += len(answer.records)
+        self.counters.records_out += len(give)
+        moved = len(answer.records) + len(give) + len(plan.take_removals)
+        if moved:
+            log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
+        return moved
+
+    async def answer_digest(self, theirs: Digest) -> Differences:
+        """The responder's side of step 2: our keys and removals where the digests differ."""
+        rows, removed = await self._local()
+        buckets = differing(digest(rows, removed), theirs)
+        wanted = set(buckets)
+        return Differences(
+            buckets=buckets,
+            keys=[row for row in rows if bucket_of(*row[:3]) in wanted][:MAX_KEYS],
+            removed=[r for r in removed if removal_bucket(*r) in wanted][:MAX_KEYS],
+        )
+
+    async def answer_exchange(self, exchange: Exchange) -> ExchangeAnswer:
+        """Take what the initiator sends (newest seq wins) and send what it asked for."""
+        for removal in exchange.removals:
+            self._writer.remove(removal)
+        for record in exchange.records:
+            self._writer.upsert(record)
+        self.counters.records_in += len(exchange.records)
+        records = await records_for(self._store, exchange.want)
+        self.counters.records_out += len(records)
+        return ExchangeAnswer(records=records)
+
+
+def _removal(pair: tuple[str, str]) -> WorkloadRemoval:
+    origin, wid = pair
+    return WorkloadRemoval(workloadId=wid, originatedFrom=origin)

@@ -1,0 +1,58 @@
+"""What anti-entropy reads from the Jobs store: keys and seqs, recent removals, records.
+
+Finished jobs about to be pruned and removals about to expire are left out of what is
+compared, on both sides alike (a finished job's age comes from its own `completedAt`), so a
+member that pruned a little earlier than another is not handed back what it just pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from workload_manager.workload import Workload, WorkloadState
+
+from .anti_entropy import JobKey
+from .jobs import JobsStore
+
+__all__ = ["compared_keys", "compared_removals", "records_for"]
+
+_TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
+_decode: Final = msgspec.json.Decoder(Workload).decode
+_CHUNK: Final = 400  # keys per SELECT: well under SQLite's bound on variables
+
+
+async def compared_keys(
+    store: JobsStore, *, finished_after_ms: int
+) -> list[tuple[str, str, str, int]]:
+    """`(originatedFrom, runId, id, seq)` of every job, leaving out jobs that finished
+    before `finished_after_ms` (pruning takes them soon)."""
+    marks = ",".join("?" * len(_TERMINAL))
+    async with store.db.execute(
+        "SELECT origin, run_id, id, seq FROM jobs WHERE NOT "
+        f"(state IN ({marks}) AND coalesce(completed_at, created_at) < ?)",
+        (*_TERMINAL, finished_after_ms),
+    ) as cursor:
+        return [(str(o), str(r), str(i), int(s)) for o, r, i, s in await cursor.fetchall()]
+
+
+async def compared_removals(store: JobsStore, *, since: float) -> list[tuple[str, str]]:
+    """`(originatedFrom, id)` of the removals recorded here after `since` (epoch s)."""
+    async with store.db.execute(
+        "SELECT origin, id FROM removed WHERE removed_at >= ?", (since,)
+    ) as cursor:
+        return [(str(o), str(i)) for o, i in await cursor.fetchall()]
+
+
+async def records_for(store: JobsStore, keys: Sequence[JobKey]) -> list[Workload]:
+    """The records of these jobs that the store holds, as stored."""
+    found: list[Workload] = []
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        where = " OR ".join("(origin = ? AND run_id = ? AND id = ?)" for _ in chunk)
+        args: list[str] = [part for key in chunk for part in key]
+        async with store.db.execute(f"SELECT record FROM jobs WHERE {where}", args) as cursor:
+            found += [_decode(row[0]) for row in await cursor.fetchall()]
+    return found

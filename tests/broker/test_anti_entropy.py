@@ -1,0 +1,152 @@
+"""Anti-entropy: digests that say whether two stores differ, plans that say what moves, and
+rounds between two real Jobs stores that repair any difference and then move nothing."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.repair import AntiEntropy
+from broker.anti_entropy import (
+    Differences,
+    Digest,
+    Exchange,
+    ExchangeAnswer,
+    differing,
+    digest,
+    plan_repair,
+)
+from broker.jobs import JobsStore, JobsWriter
+from tests.fixtures.records import workload as old_workload
+from workload_manager.workload import WorkloadRemoval
+
+Row = tuple[str, str, str, int]
+rows_strategy = st.lists(
+    st.tuples(
+        st.sampled_from("abc"),
+        st.sampled_from("rs"),
+        st.text("0123456789", min_size=1, max_size=3),
+        st.integers(1, 3),
+    ),
+    unique_by=lambda row: row[:3],
+    max_size=60,
+)
+
+
+@given(rows_strategy, st.randoms())
+def test_equal_stores_give_equal_digests_in_any_order(rows: list[Row], rng: random.Random) -> None:
+    shuffled = list(rows)
+    rng.shuffle(shuffled)
+    assert digest(rows, [("a", "1")]) == digest(shuffled, [("a", "1")])
+    assert differing(digest(rows, []), digest(shuffled, [])) == []
+
+
+@given(rows_strategy.filter(bool), st.data())
+def test_any_one_difference_is_found(rows: list[Row], data: st.DataObject) -> None:
+    victim = data.draw(st.sampled_from(rows))
+    changed = [row if row != victim else (*row[:3], row[3] + 1) for row in rows]
+    missing = [row for row in rows if row != victim]
+    for other in (changed, missing):
+        assert len(differing(digest(rows, []), digest(other, []))) == 1
+    assert len(differing(digest(rows, []), digest(rows, [("a", "9")]))) == 1
+
+
+def test_plan_moves_newer_and_missing_records_and_removals_both_ways() -> None:
+    mine = {("a", "r", "1"): 2, ("a", "r", "2"): 1, ("a", "r", "3"): 3, ("a", "r", "9"): 1}
+    theirs = Differences(
+        buckets=[0],
+        keys=[("a", "r", "1", 3), ("a", "r", "2", 1), ("b", "r", "4", 1), ("a", "r", "9", 2)],
+        removed=[("a", "9")],
+    )
+    plan = plan_repair(mine, {("b", "5")}, theirs)
+    assert plan.want == [("a", "r", "1"), ("b", "r", "4")]  # newer there, or only there
+    assert plan.give == [("a", "r", "3")]  # only here; "2" is equal
+    # a removal wins: job 9 is neither asked for nor given, and each side learns the other's
+    assert plan.take_removals == [("a", "9")]
+    assert plan.give_removals == [("b", "5")]
+
+
+def test_wire_types_round_trip_and_refuse_what_is_out_of_bounds() -> None:
+    d = digest([("a", "r", "1", 1)], [])
+    assert msgspec.json.decode(msgspec.json.encode(d), type=Digest) == d
+    for bad in (b'{"jobs": [[99999, 1, 1]]}', b'{"jobs": [[1, -1, 1]]}', b'{"jobs": 5}'):
+        try:
+            msgspec.json.decode(bad, type=Digest)
+        except msgspec.ValidationError:
+            continue
+        raise AssertionError(f"accepted {bad!r}")
+
+
+def workload(wid: str, seq: int, **fields: Any) -> Any:
+    # Recent: jobs that finished before the retention are left out of the comparison.
+    return old_workload(wid, seq, created_at=int(time.time() * 1000) - 60_000, **fields)
+
+
+class Side:
+    def __init__(self, store: JobsStore, writer: JobsWriter) -> None:
+        self.store, self.writer = store, writer
+        self.peer: AntiEntropy | None = None
+        self.repair = AntiEntropy(
+            store=store,
+            writer=writer,
+            peers=list,
+            digest_at=self._digest,
+            exchange_at=self._exchange,
+            retention_h=168,
+        )
+
+    async def _digest(self, node: str, d: Digest) -> Differences:
+        assert self.peer is not None
+        return await self.peer.answer_digest(d)
+
+    async def _exchange(self, node: str, e: Exchange) -> ExchangeAnswer:
+        assert self.peer is not None
+        return await self.peer.answer_exchange(e)
+
+    async def view(self) -> dict[tuple[str, str], int]:
+        await self.writer.flush()
+        return {(j.originatedFrom, j.id): j.seq for j in await self.store.jobs(limit=10_000)}
+
+
+async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
+    tmp_path: Path,
+) -> None:
+    stores = [await JobsStore.open(tmp_path / f"{name}.db") for name in "ab"]
+    async with JobsWriter(stores[0]) as wa, JobsWriter(stores[1]) as wb:
+        a, b = Side(stores[0], wa), Side(stores[1], wb)
+        a.peer, b.peer = b.repair, a.repair
+        for n in range(300):
+            record = workload(str(n), 1 + n % 3, origin="nod_a" if n % 2 else "nod_b")
+            wa.upsert(record)
+            wb.upsert(record)
+        wa.upsert(workload("7", 3, origin="nod_a"))  # newer here
+        wb.upsert(workload("8", 3, origin="nod_b"))  # newer there
+        wb.upsert(workload("only-b", 1, origin="nod_b"))
+        wa.remove(WorkloadRemoval(workloadId="11", originatedFrom="nod_a"))  # removed here only
+        await wa.flush()
+        await wb.flush()
+        # and rows lost from b's store behind its back
+        with sqlite3.connect(tmp_path / "b.db") as raw:
+            raw.execute("DELETE FROM jobs WHERE id IN ('20', '21', '22')")
+        assert await a.view() != await b.view()  # the control: they do differ
+
+        moved = await a.repair.round_with("nod_b")
+        assert moved > 0
+        assert await a.view() == await b.view()
+        view = await a.view()
+        assert (view[("nod_a", "7")], view[("nod_b", "8")]) == (3, 3)
+        assert ("nod_b", "only-b") in view
+        assert ("nod_a", "11") not in view
+        assert {("nod_b", "20"), ("nod_a", "21"), ("nod_b", "22")} <= view.keys()
+        # Nothing differs any more: the next round, either way, moves nothing.
+        assert await a.repair.round_with("nod_b") == 0
+        assert await b.repair.round_with("nod_a") == 0
+    for store in stores:
+        await store.close()
