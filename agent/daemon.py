@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -212,6 +213,7 @@ class Agent:
                 remove_job=self.remove_job,
                 remove_member=remove_member,
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
+                repairs=lambda: dataclasses.asdict(repair.counters),
             ),
             port=config.api_port,
         )

@@ -86,6 +86,7 @@ class LocalPorts:
     remove_job: Callable[[WorkloadRemoval], Awaitable[None]]  # returns once committed here
     remove_member: Callable[[str], None]
     plane: Callable[[], tuple[int, int] | None] = lambda: None
+    repairs: Callable[[], dict[str, int]] = dict
 
 
 class LocalApi:
@@ -100,6 +101,7 @@ class LocalApi:
             lambda: ports.manager.restarts,
             ports.plane,
             dropped=lambda: ports.manager.dropped,
+            repairs=ports.repairs,
         )
         self.registry.register(self.collector)
         app = web.Application(client_max_size=1024 * 1024)

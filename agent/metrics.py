@@ -24,7 +24,9 @@ class AgentMetrics(Collector):
         restarts: Callable[[], int],
         plane: Callable[[], tuple[int, int] | None] = lambda: None,
         dropped: Callable[[], int] = lambda: 0,
+        repairs: Callable[[], dict[str, int]] = dict,
     ) -> None:
+        self._repairs = repairs  # anti-entropy counters: rounds, failed, records_in, ...
         self._gpus = gpus
         self._restarts = restarts
         self._dropped = dropped  # frames the supervisor could not hand to the manager
@@ -86,6 +88,12 @@ class AgentMetrics(Collector):
         )
         dropped.add_metric([], self._dropped())
         yield dropped
+        for name, value in sorted(self._repairs().items()):
+            gauge = GaugeMetricFamily(
+                f"nvpair_anti_entropy_{name}", f"Anti-entropy rounds with members: {name}"
+            )
+            gauge.add_metric([], value)
+            yield gauge
         plane = self._plane()
         if plane is not None:
             failing = GaugeMetricFamily(
