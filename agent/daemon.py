@@ -163,11 +163,10 @@ class Agent:
             members.remove(target)
             heartbeat.push_now()
 
-        now = time.monotonic
         repair = AntiEntropy(
             store=store,
             writer=writer,
-            peers=lambda: [r.nodeId for r in members.peers() if members.reachable(r.nodeId, now())],
+            peers=members.reachable_peers,
             digest_at=client.repair_digest,
             exchange_at=client.repair_exchange,
             retention_h=config.job_retention_h,

@@ -82,6 +82,11 @@ class Members:
         """Every other pinned member's record."""
         return [r for r in self.membership.peers() if self._cluster.pins.is_member(r.nodeId)]
 
+    def reachable_peers(self) -> list[str]:
+        """The node ids of the other pinned members heard from recently."""
+        now = self._clock()
+        return [r.nodeId for r in self.peers() if self.membership.reachable(r.nodeId, now)]
+
     def manager_peers(self) -> list[Peer]:
         """The workload manager's peers."""
         return manager_peers(self.membership.peers(), self._cluster.pins.is_member)
