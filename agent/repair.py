@@ -121,25 +121,21 @@ class AntiEntropy:
         buckets = set(theirs.buckets)
         self.counters.differing_buckets += len(buckets)
         mine_removed = {r for r in removed if removal_bucket(*r) in buckets}
-        plan = plan_repair(keys_in(rows, buckets), mine_removed, theirs)
+        plan = plan_repair(
+            keys_in(rows, buckets), mine_removed, theirs, all_my_removed=set(removed)
+        )
         give = await records_for(self._store, plan.give)
+        removals = [_removal(pair) for pair in plan.give_removals]
         answer = await self._exchange_at(
-            peer,
-            Exchange(
-                records=give,
-                removals=[
-                    WorkloadRemoval(workloadId=i, originatedFrom=o) for o, i in plan.give_removals
-                ],
-                want=plan.want,
-            ),
+            peer, Exchange(records=give, removals=removals, want=plan.want)
         )
         for pair in plan.take_removals:
             self._writer.remove(_removal(pair))
         for record in answer.records:
             self._writer.upsert(record)
-        self.counters.records_in += len(answer.records)
-        self.counters.records_out += len(give)
-        moved = len(answer.records) + len(give) + len(plan.take_removals)
+        self.counters.records_in += len(answer.records) + len(plan.take_removals)
+        self.counters.records_out += len(give) + len(removals)
+        moved = len(answer.records) + len(give) + len(plan.take_removals) + len(removals)
         if moved:
             log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
         return moved
@@ -161,7 +157,7 @@ class AntiEntropy:
             self._writer.remove(removal)
         for record in exchange.records:
             self._writer.upsert(record)
-        self.counters.records_in += len(exchange.records)
+        self.counters.records_in += len(exchange.records) + len(exchange.removals)
         records = await records_for(self._store, exchange.want)
         self.counters.records_out += len(records)
         return ExchangeAnswer(records=records)

@@ -16,8 +16,9 @@ Cassandra's Merkle repair do, and exchange only what differs:
    more round trip; each side writes what it receives, newest seq winning, so a repair sent
    twice changes nothing.
 
-A round where nothing differs costs one digest each way (a few KiB) and one pass over the
-store's keys on each side.
+A round where nothing differs costs one digest one way (~90 KB at 100,000 jobs: one entry
+per non-empty bucket), a short answer, and one pass over the store's keys on each side
+(`bench/anti_entropy.py`).
 """
 
 from __future__ import annotations
@@ -160,13 +161,16 @@ def plan_repair(
     mine: dict[JobKey, int],
     my_removed: set[tuple[str, str]],
     theirs: Differences,
+    *,
+    all_my_removed: set[tuple[str, str]] | None = None,
 ) -> RepairPlan:
-    """From our keys and seqs in the differing buckets (`mine`, already narrowed to them)
-    and theirs, what each side lacks. A removed job is never asked for nor given: the
+    """From our keys and seqs in the differing buckets (`mine`, already narrowed to them),
+    our removals in them, and theirs, what each side lacks. A removed job is never asked for
+    nor given -- removed here at all (`all_my_removed`, whatever its bucket) or there: the
     removal travels instead, and wins on both sides."""
     their_seq = {(o, r, i): seq for o, r, i, seq in theirs.keys}
     their_removed = {(o, i) for o, i in theirs.removed}
-    gone = my_removed | their_removed
+    gone = (all_my_removed or my_removed) | my_removed | their_removed
     want = [
         key
         for key, seq in their_seq.items()

@@ -21,7 +21,7 @@ __all__ = ["compared_keys", "compared_removals", "records_for"]
 
 _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 _decode: Final = msgspec.json.Decoder(Workload).decode
-_CHUNK: Final = 400  # keys per SELECT: well under SQLite's bound on variables
+_CHUNK: Final = 100  # keys per SELECT (an OR of 400 costs 13x one of 100: 40 ms vs 3 ms)
 
 
 async def compared_keys(
