@@ -1,0 +1,135 @@
+"""The quick tier of the fault harness: three members on 127.0.0.1 behind fault proxies, a
+few hundred events, fixed seeds (`NVPAIR_FAULT_SEED` replays another), each scenario ending
+with an exact comparison of every member's Jobs list against what the client was told."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.fixtures.waiting import eventually
+
+from .cluster import Member, fault_cluster, fault_rng, manager_pid
+from .ledger import RememberingClient
+
+pytestmark = [pytest.mark.reliability, pytest.mark.quick]
+
+
+async def accepted_at_least(client: RememberingClient, count: int, what: str) -> None:
+    """Until the client has been told `count` events were accepted: faults start and end
+    at points in the load, not at moments on a clock."""
+    await eventually(lambda: client.figures.accepted >= count, what)
+
+
+async def test_an_isolated_member_converges_after_heal(tmp_path: Path) -> None:
+    rng = fault_rng(1101)
+    async with (
+        fault_cluster(tmp_path, 3, rng) as members,
+        RememberingClient(random.Random(rng.random())) as client,
+    ):
+        cut = rng.choice(members)
+        async with asyncio.TaskGroup() as scenario:
+            load = scenario.create_task(
+                client.load(members, jobs=90, rate_per_s=60, prefix="isolated")
+            )
+            await accepted_at_least(client, 20, "load under way")
+            cut.isolate()
+            await accepted_at_least(client, 100, "load while isolated")
+            # The control: the fault bit -- the isolated member lacks what the others took.
+            behind = await client.divergences([cut])
+            assert behind[0].missing or behind[0].older, f"{cut.name} missed nothing"
+            cut.heal()
+            healed = time.monotonic()
+            await load
+        assert all(p.counters.refused for p in cut.proxies.values()), cut.proxies
+        await client.wait_converged(members, since=healed)
+        print(client.figures.line(f"isolate {cut.name} under load, heal"))
+        assert client.figures.accepted == client.figures.events_sent
+
+
+async def test_only_anti_entropy_repairs_a_member_whose_incoming_events_were_lost(
+    tmp_path: Path,
+) -> None:
+    # Any failed send makes the sender retry the batch and catch up on its next success
+    # (workload_manager/broadcaster.py), so a fault that lets a send succeed later is
+    # repaired by catch-up. Here no send to the member succeeds until it has converged: its
+    # manager port drops every connection from the first event on, while its node API
+    # answers -- the only path left is anti-entropy over the node API.
+    rng = fault_rng(1102)
+    async with (
+        fault_cluster(tmp_path, 3, rng, anti_entropy_s=2.0) as members,
+        RememberingClient(random.Random(rng.random())) as client,
+    ):
+        cut = rng.choice(members)
+        manager_link = cut.proxies["manager"]
+        manager_link.drop()
+        manager_link.reset()
+        through = manager_link.counters.accepted
+        restarts = {m.name: await m.manager_restarts() for m in members}
+        dropped = time.monotonic()
+        await client.load(members, jobs=60, rate_per_s=60, prefix="entropy")
+        await client.wait_converged(members, within_s=30, since=dropped)
+        # No batch and no catch-up reached it: not one connection got through, yet its
+        # peers tried; and nobody restarted.
+        assert manager_link.counters.accepted == through
+        assert manager_link.counters.refused > 0
+        assert {m.name: await m.manager_restarts() for m in members} == restarts
+        assert await cut.node.metric("nvpair_anti_entropy_records_in") > 0
+        print(client.figures.line(f"{cut.name}'s incoming events dropped, anti-entropy alone"))
+        manager_link.heal()
+        await client.wait_converged(members)  # the catch-up after heal changes nothing
+
+
+async def test_managers_killed_under_load_lose_nothing(tmp_path: Path) -> None:
+    rng = fault_rng(1103)
+    async with (
+        fault_cluster(tmp_path, 3, rng) as members,
+        RememberingClient(random.Random(rng.random())) as client,
+    ):
+        kills: list[str] = []
+
+        async def kill_managers(load: asyncio.Task[None]) -> None:
+            while not load.done():
+                victim = rng.choice(members)
+                if victim.signal_manager(signal.SIGKILL) is not None:
+                    kills.append(victim.name)
+                    await wait_restarted(victim, len([k for k in kills if k == victim.name]))
+                # The next kill comes a couple of seconds on: the faults' own pace.
+                await asyncio.sleep(rng.uniform(1.0, 2.0))
+
+        async with asyncio.TaskGroup() as scenario:
+            load = scenario.create_task(
+                client.load(members, jobs=150, rate_per_s=50, prefix="killed")
+            )
+            scenario.create_task(kill_managers(load))
+        assert len(kills) >= 2, kills
+        await client.wait_converged(members)
+        print(client.figures.line(f"kill -9 of a manager, {len(kills)} times: {kills}"))
+        assert client.figures.events_sent >= 250
+
+
+async def wait_restarted(member: Member, restarts: int) -> None:
+    """Until the supervisor has restarted `member`'s manager `restarts` times and it runs."""
+
+    async def back() -> bool:
+        # /v1/manager answers an error while no manager answers; its body says why.
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(member.node.api + "/v1/manager") as response,
+        ):
+            if response.status != 200:
+                return False
+            supervisor = (await response.json())["supervisor"]
+        return (
+            supervisor["restarts"] >= restarts
+            and supervisor["state"] == "running"
+            and manager_pid(member.pid) is not None
+        )
+
+    await eventually(back, f"{member.name}'s manager restarted ({restarts})")
