@@ -31,6 +31,7 @@ __all__ = [
     "fault_cluster",
     "fault_rng",
     "manager_pid",
+    "process_gone",
 ]
 
 SEED_ENV: Final = "NVPAIR_FAULT_SEED"
@@ -99,13 +100,16 @@ class Member:
         return pid
 
     async def kill_agent(self) -> None:
-        """kill -9 the agent and wait until it is gone (its manager child exits with it when
-        its stdin closes)."""
+        """kill -9 the agent and wait until it and its manager child are gone (the child
+        exits when its stdin closes), so a restart finds its ports free."""
         proc = self.node.proc
         assert proc is not None
+        child = manager_pid(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+        if child is not None:
+            await eventually(lambda: process_gone(child), f"{self.name}'s orphaned manager exits")
 
     async def restart(self) -> None:
         """Start the agent again on its home and ports; waits until /healthz says ok."""
@@ -115,6 +119,15 @@ class Member:
         """How many times the supervisor restarted the workload manager."""
         health = await self.node.get("/v1/manager")
         return int(health["supervisor"]["restarts"])
+
+
+def process_gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
 
 
 def manager_pid(agent_pid: int) -> int | None:

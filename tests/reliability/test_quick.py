@@ -114,6 +114,30 @@ async def test_managers_killed_under_load_lose_nothing(tmp_path: Path) -> None:
         assert client.figures.events_sent >= 250
 
 
+async def test_an_agent_killed_under_load_and_restarted_loses_nothing(tmp_path: Path) -> None:
+    rng = fault_rng(1104)
+    async with (
+        fault_cluster(tmp_path, 3, rng) as members,
+        RememberingClient(random.Random(rng.random())) as client,
+    ):
+        victim = rng.choice(members)
+        async with asyncio.TaskGroup() as scenario:
+            load = scenario.create_task(
+                client.load(members, jobs=60, rate_per_s=60, prefix="agent")
+            )
+            await accepted_at_least(client, 20, "load under way")
+            before = victim.pid
+            await victim.kill_agent()
+            # The control: its events are refused while it is down (the client tries again).
+            await eventually(lambda: client.figures.retried > 0, f"{victim.name} refuses events")
+            await victim.restart()
+            restarted = time.monotonic()
+            await load
+        assert victim.pid != before
+        await client.wait_converged(members, since=restarted)
+        print(client.figures.line(f"kill -9 of agent {victim.name} under load, restart"))
+
+
 async def wait_restarted(member: Member, restarts: int) -> None:
     """Until the supervisor has restarted `member`'s manager `restarts` times and it runs."""
 
