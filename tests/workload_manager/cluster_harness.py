@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -40,11 +41,29 @@ TIMEOUT = TIMEOUT_S
 eventually_async = eventually
 
 
+# Ports handed to a process that binds them later. Taken below the kernel's ephemeral range
+# (32768-60999 on Linux): a port the kernel gave out for port 0 or an outgoing connection can
+# be taken again by it before our process binds; one below the range cannot (the race behind
+# an agent that found its port in use). Never the same one twice in a run.
+_PORTS_LOW, _PORTS_HIGH = 20_000, 32_000
+_handed_out: set[int] = set()
+_pick = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
+    """A port on 127.0.0.1 that is free now and that the kernel will not hand out itself."""
+    for _ in range(1000):
+        port = _pick.randrange(_PORTS_LOW, _PORTS_HIGH)
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def record(origin: str, wid: str, seq: int, *, run: str = "run-1") -> dict[str, Any]:
