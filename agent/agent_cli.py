@@ -7,27 +7,17 @@ running agent writes its local API address to `$NVPAIR_HOME/agent.json`.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import logging
-import ssl
 import sys
 import time
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
-import aiohttp
-import msgspec
-
-from certs import CertsError, ClusterDir, complete_join, prepare_join
-from certs.identity import ca_fingerprint, load_cert
-from certs.invites import parse_token
+from certs import ClusterDir
 
 from . import cli_http
 from .config import ConfigError, load_config, nvpair_home
-from .node_api import JoinAnswer
 from .run import run_agent
 
 __all__ = ["add_commands"]
@@ -316,64 +306,15 @@ def _join(args: argparse.Namespace) -> int:
     if cluster.has_identity():
         print(f"nvpair: {cluster.path} already holds a cluster identity", file=sys.stderr)
         return 1
+    # Imported here: the join's HTTP client loads aiohttp, which no other command here needs.
+    from .join import JoinFailed, join_over_network
+
     try:
-        answer = asyncio.run(
-            _join_over_network(
-                args.address, args.token, args.name or socket.gethostname(), args.san, cluster
-            )
+        answer = join_over_network(
+            args.address, args.token, args.name or socket.gethostname(), args.san, cluster
         )
-    except (CertsError, aiohttp.ClientError, OSError, ValueError) as exc:
+    except JoinFailed as exc:
         print(f"nvpair: join failed: {exc}", file=sys.stderr)
         return 1
     print(f"joined as {answer}; start the node with `nvpair agent run`")
     return 0
-
-
-async def _join_over_network(
-    address: str, token: str, name: str, sans: list[str], cluster: ClusterDir
-) -> str:
-    invite = parse_token(token)  # refuses a malformed token before any traffic
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"not HOST:PORT: {address!r}")
-    base = f"https://{host}:{port}"
-    # 1. Fetch the CA over an unverified channel and check it against the invite.
-    anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    anyone.check_hostname = False
-    anyone.verify_mode = ssl.CERT_NONE
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
-        async with session.get(f"{base}/v1/cluster/ca", ssl=anyone) as response:
-            ca_pem = await response.read()
-        try:
-            ca = load_cert(ca_pem)
-        except ValueError:
-            raise CertsError("the member did not answer with a CA certificate") from None
-        if ca_fingerprint(ca) != invite.ca_fingerprint:
-            raise CertsError("the member's cluster CA is not the one the invite names")
-        # 2. Send the secret only over a channel verified against that CA.
-        verified = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        verified.check_hostname = False  # any member of that CA may admit us
-        verified.load_verify_locations(cadata=ca_pem.decode())
-        request, key = prepare_join(token, name, sans)
-        async with session.post(
-            f"{base}/v1/join",
-            data=msgspec.json.encode(request),
-            headers={"Content-Type": "application/json"},
-            ssl=verified,
-        ) as response:
-            body = await response.read()
-            if response.status != 200:
-                raise CertsError(
-                    f"refused ({response.status}): {body.decode(errors='replace').strip()}"
-                )
-    answer = msgspec.json.decode(body, type=JoinAnswer)
-    from certs import JoinResponse
-
-    node_id = complete_join(
-        cluster, token, key, JoinResponse(cert=answer.cert, ca=answer.ca, pins=answer.pins)
-    )
-    seeds = Path(cluster.path.parent) / "seeds.json"
-    seeds.write_bytes(msgspec.json.encode(answer.records))
-    with contextlib.suppress(OSError):
-        seeds.chmod(0o600)
-    return node_id

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Final
 
-from . import agent_cli, cluster_cli, demo, mock_engine, plane_cli
+from . import agent_cli, cluster_cli
 from .cli_http import CliError
 
 __all__ = ["build_parser", "main"]
 
+# Commands whose modules load aiohttp (servers, the demo): imported only when one of them is
+# asked for, or to list every command, so `nvpair cluster invite` or `nvpair jobs` start in
+# a fraction of the time.
+_HEAVY: Final = {"mock-engine": "mock_engine", "demo": "demo", "plane": "plane_cli"}
 
-def build_parser() -> argparse.ArgumentParser:
-    """All `nvpair` commands."""
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `nvpair` commands: all of them, or those needed to run `command`."""
     parser = argparse.ArgumentParser(
         prog="nvpair", description="Peer-to-peer GPU inference cluster node."
     )
@@ -27,9 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("version", help="print the version")
     cluster_sub = cluster_cli.add_commands(commands)
     agent_cli.add_commands(commands, cluster_sub)
-    mock_engine.add_command(commands)
-    demo.add_command(commands)
-    plane_cli.add_commands(commands)
+    if command in commands.choices:
+        return parser  # one of the commands above: nothing more to load
+    for name, module in _HEAVY.items():
+        if command in (None, name) or command not in _HEAVY:  # that one, or all of them
+            loaded = importlib.import_module(f".{module}", __package__)
+            register = getattr(loaded, "add_commands", None) or loaded.add_command
+            register(commands)
     return parser
 
 
@@ -41,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from workload_manager.cli import main as manager_main
 
         return manager_main(args_list[1:], prog="nvpair workload-manager")
-    parser = build_parser()
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(first)
     args = parser.parse_args(args_list)
     if args.version or args.command == "version":
         from workload_manager import VERSION
