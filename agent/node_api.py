@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from aiohttp import web
@@ -179,22 +179,10 @@ class NodeApi:
 
     async def _repair_digest(self, request: web.Request) -> web.Response:
         # Anti-entropy from a member: its digest in, our keys where the stores differ out.
-        if self.on_digest is None:
-            raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
-        try:
-            theirs = _digest_decoder.decode(await request.read())
-        except msgspec.DecodeError as exc:
-            raise web.HTTPBadRequest(text=f"not a digest: {exc}\n") from None
-        return _answer(await self.on_digest(theirs))
+        return await _repair(request, _digest_decoder, self.on_digest)
 
     async def _repair_exchange(self, request: web.Request) -> web.Response:
-        if self.on_exchange is None:
-            raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
-        try:
-            exchange = _exchange_decoder.decode(await request.read())
-        except msgspec.DecodeError as exc:
-            raise web.HTTPBadRequest(text=f"not an exchange: {exc}\n") from None
-        return _answer(await self.on_exchange(exchange))
+        return await _repair(request, _exchange_decoder, self.on_exchange)
 
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:
@@ -207,5 +195,13 @@ class NodeApi:
         return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
 
 
-def _answer(value: object) -> web.Response:
-    return web.Response(body=msgspec.json.encode(value), content_type=_JSON)
+async def _repair(
+    request: web.Request, decoder: Any, answer: Callable[[Any], Awaitable[object]] | None
+) -> web.Response:
+    if answer is None:
+        raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
+    try:
+        value = decoder.decode(await request.read())
+    except msgspec.DecodeError as exc:
+        raise web.HTTPBadRequest(text=f"not a repair request: {exc}\n") from None
+    return web.Response(body=msgspec.json.encode(await answer(value)), content_type=_JSON)

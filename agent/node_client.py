@@ -83,29 +83,30 @@ class NodeClient:
             raise MemberRefused(node_id, status)
         return answer
 
+    async def _call(self, node_id: str, path: str, value: object, decoder: Any) -> Any:
+        # POST `value` as JSON, decode the answer; a malformed answer is the member's fault.
+        body = await self._post(node_id, path, msgspec.json.encode(value))
+        try:
+            return decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise MemberUnreachable(f"{node_id} answered {path} with garbage: {exc}") from exc
+
     async def push_records(self, node_id: str, push: RecordsPush) -> RecordsPush:
         """Send our records; the member answers with its own (one round trip each way)."""
-        body = await self._post(node_id, "/v1/records", msgspec.json.encode(push))
-        try:
-            return push_decoder.decode(body)
-        except msgspec.DecodeError as exc:
-            raise MemberUnreachable(f"{node_id} answered a malformed push: {exc}") from exc
+        answer: RecordsPush = await self._call(node_id, "/v1/records", push, push_decoder)
+        return answer
 
     async def repair_digest(self, node_id: str, digest: Digest) -> Differences:
         """Anti-entropy, step 1: our digest there; its keys where the stores differ back."""
-        body = await self._post(node_id, "/v1/repair/digest", msgspec.json.encode(digest))
-        try:
-            return _differences.decode(body)
-        except msgspec.DecodeError as exc:
-            raise MemberUnreachable(f"{node_id} answered a malformed digest: {exc}") from exc
+        answer: Differences = await self._call(node_id, "/v1/repair/digest", digest, _differences)
+        return answer
 
     async def repair_exchange(self, node_id: str, exchange: Exchange) -> ExchangeAnswer:
         """Anti-entropy, step 2: the records it lacks there; those we asked for back."""
-        body = await self._post(node_id, "/v1/repair/exchange", msgspec.json.encode(exchange))
-        try:
-            return _exchanged.decode(body)
-        except msgspec.DecodeError as exc:
-            raise MemberUnreachable(f"{node_id} answered a malformed exchange: {exc}") from exc
+        answer: ExchangeAnswer = await self._call(
+            node_id, "/v1/repair/exchange", exchange, _exchanged
+        )
+        return answer
 
     async def cordon(self, node_id: str, cordoned: bool) -> None:
         """Ask a member to cordon (or uncordon) itself: only it speaks for itself."""

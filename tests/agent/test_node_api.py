@@ -14,6 +14,7 @@ import pytest
 from agent.errors import MemberRefused, MemberUnreachable
 from agent.node_api import NodeApi
 from agent.node_client import NodeClient
+from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import RecordsPush
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from tests.fixtures.records import node_record
@@ -55,6 +56,14 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         cancels.append(target)
         return 2
 
+    async def answer_digest(digest: Digest) -> Differences:
+        pushes.append(("digest", RecordsPush()))
+        return Differences()
+
+    async def answer_exchange(exchange: Exchange) -> ExchangeAnswer:
+        pushes.append(("exchange", RecordsPush()))
+        return ExchangeAnswer()
+
     api = NodeApi(
         a,
         host="127.0.0.1",
@@ -64,6 +73,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         records=list,
         on_cordon=cordons.append,
         on_cancel=on_cancel,
+        on_digest=answer_digest,
+        on_exchange=answer_exchange,
     )
     await api.start()
     yield Rig(a, ClusterDir(tmp_path / "b"), ClusterDir(tmp_path / "c"), a_id, api, pushes,
@@ -125,6 +136,9 @@ async def test_a_member_nobody_knows_the_address_of_is_unreachable(rig: Rig) -> 
         ("/v1/cordon", b'{"cordoned": "yes"}', "application/json", 400),
         ("/v1/cancel", b"[]", "application/json", 400),
         ("/v1/forward", b"{}", "application/json", 400),  # no X-Nvpair-Path
+        ("/v1/repair/digest", b'{"jobs": 5}', "application/json", 400),
+        ("/v1/repair/digest", b'{"jobs": [[99999, 1, 1]]}', "application/json", 400),
+        ("/v1/repair/exchange", b"{not json", "application/json", 400),
     ],
 )
 async def test_bad_bodies_are_refused(
@@ -143,3 +157,13 @@ async def test_bad_bodies_are_refused(
     ):
         assert response.status == status
     assert (rig.pushes, rig.cordons, rig.cancels) == ([], [], [])
+
+
+async def test_anti_entropy_rounds_reach_their_callables(rig: Rig) -> None:
+    client = rig.client(rig.b)
+    try:
+        assert await client.repair_digest(rig.a_id, Digest()) == Differences()
+        assert await client.repair_exchange(rig.a_id, Exchange()) == ExchangeAnswer()
+        assert [what for what, _ in rig.pushes] == ["digest", "exchange"]
+    finally:
+        await client.aclose()
