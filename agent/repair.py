@@ -32,7 +32,7 @@ from broker.anti_entropy import (
 )
 from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
-from broker.repair_reads import compared_keys, compared_removals, records_for
+from broker.repair_reads import compared_keys, compared_removals, data_version, records_for
 from workload_manager.workload import WorkloadRemoval
 
 from .errors import MemberRefused, MemberUnreachable
@@ -46,6 +46,12 @@ INTERVAL_S: Final = 5.0
 # (pruning takes them) and removals within an hour of their expiry (a day).
 MARGIN_S: Final = 3600.0
 REMOVAL_KEEP_S: Final = 86_400.0
+# What this store holds is read again only when it changed: a commit of ours (the writer's
+# count), one from another connection (SQLite's data_version), or this long since (pruning
+# and the margins move with time).
+CACHE_S: Final = 60.0
+
+_Local = tuple[list[tuple[str, str, str, int]], list[tuple[str, str]]]
 
 
 @dataclass
@@ -85,6 +91,7 @@ class AntiEntropy:
         self._clock = clock
         self._sleep = sleep
         self._turn = 0
+        self._cached: tuple[tuple[int, int], float, _Local, Digest] | None = None
         self.counters = RepairCounters()
 
     async def run(self) -> None:
@@ -102,19 +109,26 @@ class AntiEntropy:
                 self.counters.failed += 1
                 log.debug("anti-entropy with %s failed: %s", peer, exc)
 
-    async def _local(self) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str]]]:
+    async def _local(self) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str]], Digest]:
         await self._writer.flush()  # what was handed in is compared too
         now = self._clock()
+        version = (self._writer.commits, await data_version(self._store))
+        cached = self._cached
+        if cached is not None and cached[0] == version and now - cached[1] < CACHE_S:
+            rows, removed = cached[2]
+            return rows, removed, cached[3]
         rows = await compared_keys(
             self._store, finished_after_ms=int((now - self._retention_s + MARGIN_S) * 1000)
         )
         removed = await compared_removals(self._store, since=now - REMOVAL_KEEP_S + MARGIN_S)
-        return rows, removed
+        mine = digest(rows, removed)
+        self._cached = (version, now, (rows, removed), mine)
+        return rows, removed, mine
 
     async def round_with(self, peer: str) -> int:
         """One round as the initiator; returns how many records moved either way."""
-        rows, removed = await self._local()
-        theirs = await self._digest_at(peer, digest(rows, removed))
+        rows, removed, mine = await self._local()
+        theirs = await self._digest_at(peer, mine)
         self.counters.rounds += 1
         if not theirs.buckets:
             return 0
@@ -142,8 +156,8 @@ class AntiEntropy:
 
     async def answer_digest(self, theirs: Digest) -> Differences:
         """The responder's side of step 2: our keys and removals where the digests differ."""
-        rows, removed = await self._local()
-        buckets = differing(digest(rows, removed), theirs)
+        rows, removed, mine = await self._local()
+        buckets = differing(mine, theirs)
         wanted = set(buckets)
         return Differences(
             buckets=buckets,

@@ -17,7 +17,7 @@ from workload_manager.workload import Workload, WorkloadState
 from .anti_entropy import JobKey
 from .jobs import JobsStore
 
-__all__ = ["compared_keys", "compared_removals", "records_for"]
+__all__ = ["compared_keys", "compared_removals", "data_version", "records_for"]
 
 _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 _decode: Final = msgspec.json.Decoder(Workload).decode
@@ -56,3 +56,11 @@ async def records_for(store: JobsStore, keys: Sequence[JobKey]) -> list[Workload
         async with store.db.execute(f"SELECT record FROM jobs WHERE {where}", args) as cursor:
             found += [_decode(row[0]) for row in await cursor.fetchall()]
     return found
+
+
+async def data_version(store: JobsStore) -> int:
+    """SQLite's `PRAGMA data_version`: it changes when another connection (another process,
+    an operator's shell) commits to the file, so a cached comparison can tell it is stale."""
+    async with store.db.execute("PRAGMA data_version") as cursor:
+        row = await cursor.fetchone()
+    return int(row[0]) if row else 0
