@@ -112,8 +112,15 @@ class NodeApi:
         app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
         app.router.add_post("/v1/repair/digest", pinned(cluster.pins)(self._repair_digest))
         app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
+        # handler_cancellation: when the placing member's connection goes (its client hung
+        # up, a forced drain cancelled it), the forwarded request here is cancelled too, and
+        # with it the engine's generation -- no GPU time spent on an answer nobody reads.
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_S,
+            handler_cancellation=True,
         )
 
     async def start(self) -> int:

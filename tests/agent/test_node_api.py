@@ -4,12 +4,14 @@ unpinned caller and bad bodies are refused and change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from agent.errors import MemberRefused, MemberUnreachable
 from agent.node_api import NodeApi
@@ -18,6 +20,7 @@ from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import RecordsPush
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from tests.fixtures.records import node_record
+from tests.fixtures.waiting import eventually
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Rig:
     pushes: list[tuple[str, RecordsPush]] = field(default_factory=list)
     cordons: list[bool] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
+    forwarded: list[str] = field(default_factory=list)
 
     def client(self, member: ClusterDir) -> NodeClient:
         a_record = node_record(self.a_id, node_port=self.api.port)
@@ -47,6 +51,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     pushes: list[tuple[str, RecordsPush]] = []
     cordons: list[bool] = []
     cancels: list[str] = []
+    forwarded: list[str] = []
 
     def on_push(push: RecordsPush, sender: str) -> RecordsPush:
         pushes.append((sender, push))
@@ -55,6 +60,16 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     def on_cancel(target: str) -> int:
         cancels.append(target)
         return 2
+
+    async def run_here(request: web.Request, path: str, body: bytes) -> web.StreamResponse:
+        # A forwarded request that runs until it is cancelled (an engine generating).
+        forwarded.append("started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            forwarded.append("cancelled")
+            raise
+        raise AssertionError("unreachable")
 
     async def answer_digest(digest: Digest) -> Differences:
         pushes.append(("digest", RecordsPush()))
@@ -73,12 +88,13 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         records=list,
         on_cordon=cordons.append,
         on_cancel=on_cancel,
+        run_here=run_here,
         on_digest=answer_digest,
         on_exchange=answer_exchange,
     )
     await api.start()
     yield Rig(a, ClusterDir(tmp_path / "b"), ClusterDir(tmp_path / "c"), a_id, api, pushes,
-              cordons, cancels)  # fmt: skip
+              cordons, cancels, forwarded)  # fmt: skip
     await api.aclose()
 
 
@@ -167,3 +183,15 @@ async def test_anti_entropy_rounds_reach_their_callables(rig: Rig) -> None:
         assert [what for what, _ in rig.pushes] == ["digest", "exchange"]
     finally:
         await client.aclose()
+
+
+async def test_a_forwarded_request_whose_caller_hangs_up_is_cancelled_here(rig: Rig) -> None:
+    client = rig.client(rig.b)
+    body = b'{"model": "m", "messages": []}'
+    request = asyncio.create_task(
+        client.forward(rig.a_id, "/v1/chat/completions", body).__aenter__()
+    )
+    await eventually(lambda: rig.forwarded == ["started"], "the request runs on a")
+    request.cancel()
+    await client.aclose()  # the placing member's connection goes
+    await eventually(lambda: rig.forwarded == ["started", "cancelled"], "a cancels it")
