@@ -1,0 +1,90 @@
+"""Refusals of the local API, on one agent shared by the module (each check is followed by a
+control that still works, so a refusal that changed something would show): bad events,
+bad queries, bad operations, bad cursors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from agent.config import load_config
+from agent.daemon import Agent
+from certs import ClusterDir
+from tests.agent.test_local_api import call, event
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent]:
+    home = tmp_path_factory.mktemp("refusals")
+    ClusterDir(home / "cluster").init("lab", "solo", ["127.0.0.1"])
+    config = load_config(
+        home,
+        {
+            "name": "solo",
+            "manager_port": 0,
+            "node_port": 0,
+            "api_port": 0,
+            "facade_port": 0,
+            "simulate_gpus": "l4:2",
+            "facade_bind": "127.0.0.1",
+        },
+    )
+    bind = os.environ.get("NVPAIR_BIND")
+    os.environ["NVPAIR_BIND"] = "127.0.0.1"
+    try:
+        node = Agent(config)
+        await node.start()
+    finally:
+        if bind is None:
+            del os.environ["NVPAIR_BIND"]
+        else:
+            os.environ["NVPAIR_BIND"] = bind
+    yield node
+    await node.aclose()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/jobs/events", b"{not json"),
+        ("POST", "/v1/jobs/events", {"method": "workload:exploded", "params": {}}),
+        ("POST", "/v1/jobs/events", {"method": "workload:submitted", "params": {"x": 1}}),
+        ("GET", "/v1/jobs?state=lost", None),
+        ("GET", "/v1/jobs?limit=many", None),
+        ("GET", "/v1/explain", None),
+        ("POST", "/v1/ops", b"[]"),
+        ("POST", "/v1/ops", {"kind": "reboot", "target": "x"}),
+        ("POST", "/v1/ops", {"kind": "drain", "target": "nod_nobody"}),
+    ],
+)
+async def test_bad_input_is_400_and_changes_nothing(
+    agent: Agent, method: str, path: str, body: Any
+) -> None:
+    status, answer = await call(agent, method, path, body)
+    assert status == 400, answer
+    # The control: the agent still takes a good event and lists it.
+    status, _ = await call(agent, "POST", "/v1/jobs/events", event(agent, "ok", 1, "queued"))
+    assert status == 202
+    status, jobs = await call(agent, "GET", "/v1/jobs")
+    assert [j["id"] for j in jobs] == ["ok"]
+    assert (await call(agent, "GET", "/v1/ops"))[1] == []
+
+
+async def test_a_mismatched_state_is_refused(agent: Agent) -> None:
+    bad = event(agent, "1", 1, "queued")
+    bad["method"] = "workload:completed"  # a completed event cannot carry "queued"
+    status, _ = await call(agent, "POST", "/v1/jobs/events", bad)
+    assert status == 400
+
+
+@pytest.mark.parametrize("cursor", ["nonsense", "WzEsMl0", "%00"])
+async def test_a_bad_jobs_cursor_is_400(agent: Agent, cursor: str) -> None:
+    status, text = await call(agent, "GET", f"/v1/jobs?after={cursor}")
+    assert status == 400
+    assert "not a cursor this node gave out" in text
