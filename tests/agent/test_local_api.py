@@ -16,30 +16,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent import agent_cli
 from agent.cli import main as cli_main
-from agent.config import load_config
+from agent.config import AgentConfig, load_config
 from agent.daemon import Agent
 from certs import ClusterDir
 from tests.fixtures.waiting import eventually
 from workload_manager.workload import Workload
 
 
+def solo_config(home: Path) -> AgentConfig:
+    """A cluster of one in `home`, every port picked by the kernel, two simulated GPUs."""
+    ClusterDir(home / "cluster").init("lab", "solo", ["127.0.0.1"])
+    overrides = {"name": "solo", "simulate_gpus": "l4:2", "facade_bind": "127.0.0.1"}
+    ports = {f"{kind}_port": 0 for kind in ("manager", "node", "api", "facade")}
+    return load_config(home, overrides | ports)
+
+
 @pytest.fixture
 async def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Agent]:
     monkeypatch.setenv("NVPAIR_BIND", "127.0.0.1")
-    ClusterDir(tmp_path / "cluster").init("lab", "solo", ["127.0.0.1"])
-    config = load_config(
-        tmp_path,
-        {
-            "name": "solo",
-            "manager_port": 0,
-            "node_port": 0,
-            "api_port": 0,
-            "facade_port": 0,
-            "simulate_gpus": "l4:2",
-            "facade_bind": "127.0.0.1",
-        },
-    )
-    node = Agent(config)
+    node = Agent(solo_config(tmp_path))
     await node.start()
     yield node
     await node.aclose()

@@ -11,10 +11,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from agent.config import load_config
 from agent.daemon import Agent
-from certs import ClusterDir
-from tests.agent.test_local_api import call, event
+from tests.agent.test_local_api import call, event, solo_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -22,19 +20,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent]:
     home = tmp_path_factory.mktemp("refusals")
-    ClusterDir(home / "cluster").init("lab", "solo", ["127.0.0.1"])
-    config = load_config(
-        home,
-        {
-            "name": "solo",
-            "manager_port": 0,
-            "node_port": 0,
-            "api_port": 0,
-            "facade_port": 0,
-            "simulate_gpus": "l4:2",
-            "facade_bind": "127.0.0.1",
-        },
-    )
+    config = solo_config(home)
     bind = os.environ.get("NVPAIR_BIND")
     os.environ["NVPAIR_BIND"] = "127.0.0.1"
     try:
