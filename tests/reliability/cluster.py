@@ -151,10 +151,16 @@ def manager_pid(agent_pid: int) -> int | None:
 
 @contextlib.asynccontextmanager
 async def fault_cluster(
-    root: Path, size: int, rng: random.Random, *, anti_entropy_s: float = 5.0
+    root: Path,
+    size: int,
+    rng: random.Random,
+    *,
+    anti_entropy_s: float = 5.0,
+    toml: str = "",
 ) -> AsyncIterator[list[Member]]:
     """`size` members on 127.0.0.1, each behind its proxies, in one cluster, all started;
-    stopped and their proxies closed on exit."""
+    stopped and their proxies closed on exit. `toml` is more of every member's nvpair.toml
+    (a `[plane]` table, say)."""
     if not 1 <= size <= len(NAMES):
         raise ValueError(f"a fault cluster has 1 to {len(NAMES)} members, not {size}")
     async with contextlib.AsyncExitStack() as stack:
@@ -162,7 +168,8 @@ async def fault_cluster(
         for name in NAMES[:size]:
             node = make_node(root, name, "l4:1")
             node.home.mkdir(parents=True)
-            (node.home / "nvpair.toml").write_text(f"[agent]\nanti_entropy_s = {anti_entropy_s}\n")
+            config = f"[agent]\nanti_entropy_s = {anti_entropy_s}\n{toml}"
+            (node.home / "nvpair.toml").write_text(config)
             # Each proxy draws its jitter from its own generator, seeded from the scenario's:
             # how many chunks pass is up to the machine, and must not move the scenario's draws.
             proxies = {
