@@ -1,5 +1,5 @@
 """A fault-injecting TCP proxy in the test process: one listener in front of one member's
-port, forwarding bytes both ways, with controls to drop, delay, reset and heal.
+port, forwarding bytes both ways, with controls to drop, delay, lose, reset and heal.
 
 The members advertise the proxies' ports, so every other member reaches a member only
 through its proxies (docs/operations.md, "Advertised address and ports"). A member
@@ -31,6 +31,7 @@ class ProxyCounters:
     bytes_forwarded: int = 0
     bytes_discarded: int = 0  # read while dropped, never delivered
     resets: int = 0  # connections cut by `reset()`
+    chunks_lost: int = 0  # chunks `lose()` held back for a retransmission
 
 
 class FaultProxy:
@@ -46,6 +47,8 @@ class FaultProxy:
         self._dropped = False
         self._delay_s = 0.0
         self._jitter_s = 0.0
+        self._loss = 0.0
+        self._retransmit_s = 0.0
         self._server: asyncio.Server | None = None
         self._tasks: asyncio.TaskGroup | None = None
         self._open: set[asyncio.StreamWriter] = set()
@@ -87,6 +90,16 @@ class FaultProxy:
             raise ValueError(f"delay needs 0 <= jitter_ms <= ms, not ms={ms} jitter_ms={jitter_ms}")
         self._delay_s, self._jitter_s = ms / 1000, jitter_ms / 1000
 
+    def lose(self, fraction: float, retransmit_ms: float = 200.0) -> None:
+        """Lose `fraction` of the chunks the way a TCP stream sees packet loss: a lost
+        chunk arrives once it is retransmitted, `retransmit_ms` later (Linux's minimum RTO is
+        200 ms), doubling for each further loss of the same chunk, and holds up what follows
+        it on its connection. (Dropping bytes from a TLS stream would only corrupt it: a real
+        lossy link delays, it never garbles what TCP delivers.)"""
+        if not 0 <= fraction < 1 or retransmit_ms < 0:
+            raise ValueError(f"lose needs 0 <= fraction < 1, not {fraction}, {retransmit_ms}")
+        self._loss, self._retransmit_s = fraction, retransmit_ms / 1000
+
     def reset(self) -> None:
         """Cut every open connection (both sides see it closed)."""
         for writer in list(self._open):
@@ -98,6 +111,7 @@ class FaultProxy:
         """Forward again, at once: no drop, no delay."""
         self._dropped = False
         self._delay_s = self._jitter_s = 0.0
+        self._loss = self._retransmit_s = 0.0
 
     # -- the connections -----------------------------------------------------------------------
 
@@ -140,6 +154,15 @@ class FaultProxy:
                 task.cancel()
             await asyncio.gather(*directions, return_exceptions=True)
 
+    def _lost(self) -> float:
+        # How long a chunk waits for its retransmissions: each try is lost with the set
+        # probability, and each retransmission waits twice as long as the one before.
+        held, rto = 0.0, self._retransmit_s
+        while self._loss and self.rng.random() < self._loss and held < 30 * self._retransmit_s:
+            self.counters.chunks_lost += 1
+            held, rto = held + rto, rto * 2
+        return held
+
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A reader and a writer joined by a bounded queue of (due, chunk), so a delay holds
         # bytes back without holding up the reading; None marks the end of the stream.
@@ -154,7 +177,7 @@ class FaultProxy:
                         self.counters.bytes_discarded += len(chunk)
                         continue
                     jitter = self.rng.uniform(-self._jitter_s, self._jitter_s)
-                    last_due = max(last_due, loop.time() + self._delay_s + jitter)
+                    last_due = max(last_due, loop.time() + self._delay_s + jitter + self._lost())
                     await queue.put((last_due, chunk))
             await queue.put(None)  # the writer is still taking items: this cannot block long
 

@@ -124,6 +124,24 @@ async def test_delay_holds_bytes_back_in_order(proxy: FaultProxy, connect: Conne
         proxy.delay(10, jitter_ms=20)
 
 
+async def test_lose_delays_chunks_like_retransmissions_and_keeps_every_byte(
+    proxy: FaultProxy, connect: Connect
+) -> None:
+    conn = await connect()
+    proxy.lose(0.5, retransmit_ms=5)
+    # Each round trip is its own chunk each way: some are "lost", all arrive, in order.
+    for n in range(40):
+        assert await round_trip(conn, b"%03d" % n) == b"%03d" % n
+    lost = proxy.counters.chunks_lost
+    assert lost > 0
+    proxy.heal()
+    for n in range(40):
+        assert await round_trip(conn, b"%03d" % n) == b"%03d" % n
+    assert proxy.counters.chunks_lost == lost  # the control: healed, nothing more is lost
+    with pytest.raises(ValueError, match="fraction"):
+        proxy.lose(1.0)
+
+
 def test_the_seed_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SEED_ENV, "424242")
     assert fault_rng(1).random() == random.Random(424242).random()
