@@ -14,7 +14,7 @@ import contextlib
 import os
 import random
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -157,10 +157,13 @@ async def fault_cluster(
     *,
     anti_entropy_s: float = 5.0,
     toml: str = "",
+    prepare_home: Callable[[str, Path], None] | None = None,
 ) -> AsyncIterator[list[Member]]:
     """`size` members on 127.0.0.1, each behind its proxies, in one cluster, all started;
     stopped and their proxies closed on exit. `toml` is more of every member's nvpair.toml
-    (a `[plane]` table, say)."""
+    (a `[plane]` table, say). `prepare_home(name, home)` is called with each member's empty
+    home before anything is written there (to mount a disk on it, say); undoing it is the
+    caller's, once this context has exited."""
     if not 1 <= size <= len(NAMES):
         raise ValueError(f"a fault cluster has 1 to {len(NAMES)} members, not {size}")
     async with contextlib.AsyncExitStack() as stack:
@@ -168,6 +171,8 @@ async def fault_cluster(
         for name in NAMES[:size]:
             node = make_node(root, name, "l4:1")
             node.home.mkdir(parents=True)
+            if prepare_home is not None:
+                prepare_home(name, node.home)
             config = f"[agent]\nanti_entropy_s = {anti_entropy_s}\n{toml}"
             (node.home / "nvpair.toml").write_text(config)
             # Each proxy draws its jitter from its own generator, seeded from the scenario's:
