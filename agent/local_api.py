@@ -101,6 +101,7 @@ class LocalApi:
             lambda: ports.manager.restarts,
             ports.plane,
             dropped=lambda: ports.manager.dropped,
+            redundant=lambda: ports.writer.redundant,
             repairs=ports.repairs,
         )
         self.registry.register(self.collector)
@@ -191,8 +192,13 @@ class LocalApi:
             origin = body.get("originatedFrom", ports.node_id)
             removal = WorkloadRemoval(workloadId=wid, originatedFrom=str(origin))
             removal = msgspec.convert(msgspec.to_builtins(removal), WorkloadRemoval)
-        except (msgspec.DecodeError, msgspec.ValidationError, AttributeError) as exc:
-            raise web.HTTPBadRequest(text=f"bad removal: {exc}\n") from None
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            AttributeError,
+            RecursionError,
+        ) as exc:
+            raise web.HTTPBadRequest(text=f"bad removal: {_reason(exc)}\n") from None
         if removal.originatedFrom != ports.node_id:
             raise web.HTTPBadRequest(text=_not_ours(wid, [removal.originatedFrom]))
         try:
@@ -283,8 +289,9 @@ class LocalApi:
                 timeout_s=float(timeout) if timeout is not None else None,
                 force=bool(body.get("force", False)),
             )
-        except (msgspec.DecodeError, KeyError, TypeError, ValueError, OperationRefused) as exc:
-            raise web.HTTPBadRequest(text=f"bad operation: {exc}\n") from None
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError, RecursionError,
+                OperationRefused) as exc:  # fmt: skip
+            raise web.HTTPBadRequest(text=f"bad operation: {_reason(exc)}\n") from None
         return _json(op.view())
 
     async def _event(self, request: web.Request) -> web.Response:
@@ -292,9 +299,9 @@ class LocalApi:
             body = _event_decoder.decode(await request.read())
             method = body["method"]
             params = _params_decoder.decode(msgspec.json.encode(body.get("params")))
-        except (msgspec.DecodeError, KeyError, TypeError) as exc:
-            raise web.HTTPBadRequest(text=f"bad event: {exc}\n") from None
-        if method not in LIFECYCLE_METHODS:
+        except (msgspec.DecodeError, KeyError, TypeError, RecursionError) as exc:
+            raise web.HTTPBadRequest(text=f"bad event: {_reason(exc)}\n") from None
+        if not isinstance(method, str) or method not in LIFECYCLE_METHODS:
             raise web.HTTPBadRequest(text=f"method is one of {', '.join(LIFECYCLE_METHODS)}\n")
         mismatch = lifecycle_mismatch(method, params.workloadInfo)
         if mismatch:
@@ -325,6 +332,12 @@ class LocalApi:
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
         return _json({"removed": request.match_info["node_id"]})
+
+
+def _reason(exc: Exception) -> str:
+    # msgspec gives up on JSON nested past Python's recursion limit with a RecursionError,
+    # not a DecodeError: a body of 100,000 `[` is bad input all the same (a 400, not a 500).
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
 def _this_task_cancelled() -> bool:

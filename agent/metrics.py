@@ -24,12 +24,14 @@ class AgentMetrics(Collector):
         restarts: Callable[[], int],
         plane: Callable[[], tuple[int, int] | None] = lambda: None,
         dropped: Callable[[], int] = lambda: 0,
+        redundant: Callable[[], int] = lambda: 0,
         repairs: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self._repairs = repairs  # anti-entropy counters: rounds, failed, records_in, ...
         self._gpus = gpus
         self._restarts = restarts
         self._dropped = dropped  # frames the supervisor could not hand to the manager
+        self._redundant = redundant  # records the relay delivered that the store had
         self._plane = plane  # (failed attempts in a row, jobs synced) when syncing to a plane
         # The manager's status and the job counts, read (async) just before each scrape.
         self.snapshot: tuple[dict[str, Any], dict[str, int]] = ({}, {})
@@ -88,6 +90,12 @@ class AgentMetrics(Collector):
         )
         dropped.add_metric([], self._dropped())
         yield dropped
+        redundant = GaugeMetricFamily(
+            "nvpair_relay_redundant_deliveries",
+            "Records the workload manager delivered as new that the Jobs store already held",
+        )
+        redundant.add_metric([], self._redundant())
+        yield redundant
         for name, value in sorted(self._repairs().items()):
             gauge = GaugeMetricFamily(
                 f"nvpair_anti_entropy_{name}", f"Anti-entropy rounds with members: {name}"

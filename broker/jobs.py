@@ -16,7 +16,7 @@ import asyncio
 import base64
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -114,6 +114,13 @@ def _row(record: Workload) -> tuple[Any, ...]:
     )
 
 
+def _refusal(exc: sqlite3.Error) -> str:
+    # SQLite's message with its extended code: on a disk turned read-only under the agent
+    # the message is only "disk I/O error", and SQLITE_IOERR_WRITE says it is the writes.
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{describe(exc)} ({name})" if name else describe(exc)
+
+
 class JobsStore:
     """Reads and batched writes over one SQLite file."""
 
@@ -152,9 +159,16 @@ class JobsStore:
         await self.db.close()
 
     async def write(
-        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
-    ) -> None:
-        """Apply a batch in one transaction: removals first, then upserts.
+        self,
+        upserts: Iterable[Workload],
+        removals: Iterable[WorkloadRemoval],
+        *,
+        now: float,
+        relayed: Sequence[Workload] = (),
+    ) -> int:
+        """Apply a batch in one transaction: removals first, then upserts, then the records
+        the relay delivered (`relayed`); returns how many of those the store already held at
+        that seq or a later one (a removed job's are not counted: they are kept out).
 
         Raises `StoreUnavailable` when the database refuses the write; nothing of the batch
         is applied then, and the same batch may be written again.
@@ -164,6 +178,8 @@ class JobsStore:
         if removal_rows:  # a copy, kept only once committed: a refused batch leaves no trace
             gone = gone | {(origin, wid) for origin, wid, _ in removal_rows}
         upsert_rows = [_row(r) for r in upserts if (r.originatedFrom, r.id) not in gone]
+        relayed_rows = [_row(r) for r in relayed if (r.originatedFrom, r.id) not in gone]
+        redundant = 0
         async with self._refused_as_unavailable(), self._transaction():
             if removal_rows:
                 await self.db.executemany(
@@ -176,7 +192,13 @@ class JobsStore:
                 )
             if upsert_rows:
                 await self.db.executemany(_UPSERT, upsert_rows)
+            if relayed_rows:
+                # rowcount sums the rows each statement inserted or updated: an older or
+                # equal seq changes none.
+                cursor = await self.db.executemany(_UPSERT, relayed_rows)
+                redundant = len(relayed_rows) - cursor.rowcount
         self._removed = gone
+        return redundant
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:
@@ -199,11 +221,11 @@ class JobsStore:
         try:
             yield
         except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(describe(exc)) from exc
+            raise StoreUnavailable(_refusal(exc)) from exc
         except sqlite3.DatabaseError as exc:
             if type(exc) is not sqlite3.DatabaseError:
                 raise
-            raise StoreUnavailable(describe(exc)) from exc
+            raise StoreUnavailable(_refusal(exc)) from exc
 
     async def jobs(
         self,

@@ -191,6 +191,7 @@ class ManagerSupervisor:
             "restarts": self.restarts,
             "lastExit": self.last_exit,
             "dropped": self.drops.total,
+            "redundant": self.writer.redundant,
             "hung": self.hung,
         }
 
@@ -359,7 +360,7 @@ class ManagerSupervisor:
     async def _carry_out(self, action: ChannelAction, channel: BrokerChannel) -> None:
         match action:
             case StoreUpsert(record):
-                self.writer.upsert(record)
+                self.writer.upsert(record, relayed=True)
             case StoreRemove(removal):
                 self.writer.remove(removal)
             case SendToManager(frame):

@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
 
 from workload_manager.tasks import FailureHandler, describe, reporting
@@ -50,9 +50,15 @@ class BatchStore(Protocol):
     """What the writer needs of a store: one transaction per batch, or `StoreUnavailable`."""
 
     async def write(
-        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
-    ) -> None:
-        """Apply a batch in one transaction: removals first, then upserts."""
+        self,
+        upserts: Iterable[Workload],
+        removals: Iterable[WorkloadRemoval],
+        *,
+        now: float,
+        relayed: Sequence[Workload] = (),
+    ) -> int:
+        """Apply a batch in one transaction: removals first, then upserts and the records the
+        relay delivered; how many of those the store already held at that seq or a later one."""
 
 
 class JobsWriter:
@@ -82,6 +88,10 @@ class JobsWriter:
         self.on_failure = on_failure
         # Coalesced per job. An entry leaves only once written: a batch that fails stays.
         self._upserts: dict[tuple[str, str, str], Workload] = {}
+        self._relayed: set[tuple[str, str, str]] = set()  # held upserts the relay delivered
+        # Records the relay delivered that the writer or the store already held at that seq
+        # or a later one: the duplicates the relay let through (issue 11; 0 when it is right).
+        self.redundant = 0
         self._removals: list[WorkloadRemoval] = []
         # Callers waiting for one job's record to be committed: key -> [(seq, future)].
         self._waiters: dict[tuple[str, str, str], list[tuple[int, asyncio.Future[None]]]] = {}
@@ -142,12 +152,20 @@ class JobsWriter:
         """Whether more can be handed in without passing the bound."""
         return self.pending < self.max_pending
 
-    def upsert(self, record: Workload) -> None:
-        """Hand in a record; the newest `seq` per job wins before it reaches the disk."""
+    def upsert(self, record: Workload, *, relayed: bool = False) -> None:
+        """Hand in a record; the newest `seq` per job wins before it reaches the disk.
+        `relayed`: the workload manager delivered it as first seen (counted in `redundant`
+        when it was not)."""
         key = (record.originatedFrom, record.runId, record.id)
         held = self._upserts.get(key)
         if held is None or held.seq < record.seq:
             self._upserts[key] = record
+            if relayed:
+                self._relayed.add(key)
+            else:
+                self._relayed.discard(key)
+        elif relayed:
+            self.redundant += 1
         self._wake.set()
 
     def remove(self, removal: WorkloadRemoval) -> None:
@@ -283,8 +301,12 @@ class JobsWriter:
             removals = list(self._removals)
             self._writing = True
             self._in_flight = dict(zip(keys, upserts, strict=True))
+            local = [r for k, r in zip(keys, upserts, strict=True) if k not in self._relayed]
+            relayed = [r for k, r in zip(keys, upserts, strict=True) if k in self._relayed]
             try:
-                await self.store.write(upserts, removals, now=self.clock())
+                redundant = await self.store.write(
+                    local, removals, now=self.clock(), relayed=relayed
+                )
             except StoreUnavailable as exc:
                 self._writing = False
                 self._failed(exc.reason, delay)
@@ -293,6 +315,9 @@ class JobsWriter:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._hurry.wait()
+                # Closing hurries one attempt, not a loop of them: left set, a store that
+                # keeps refusing was retried ~1,000 times a second for the close bound.
+                self._hurry.clear()
                 delay = min(self.retry_cap_s, delay * 2)
                 continue
             finally:
@@ -302,6 +327,8 @@ class JobsWriter:
         for key, record in zip(keys, upserts, strict=True):
             if self._upserts.get(key) is record:  # not replaced by a newer one meanwhile
                 del self._upserts[key]
+                self._relayed.discard(key)
+        self.redundant += redundant
         del self._removals[: len(removals)]
         self._removals_done += len(removals)
         self._resolve(keys, upserts)

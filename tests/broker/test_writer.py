@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -112,8 +112,13 @@ class Broken:
     """A store with a bug: its write raises something that is not StoreUnavailable."""
 
     async def write(
-        self, upserts: Iterable[Workload], removals: Iterable[WorkloadRemoval], *, now: float
-    ) -> None:
+        self,
+        upserts: Iterable[Workload],
+        removals: Iterable[WorkloadRemoval],
+        *,
+        now: float,
+        relayed: Sequence[Workload] = (),
+    ) -> int:
         raise TypeError("a bug in the store")
 
 
@@ -199,3 +204,30 @@ async def test_a_durable_write_to_a_dead_writer_fails_at_once() -> None:
         with pytest.raises(StoreUnavailable, match="a bug in the store"):
             await writer.upsert_durable(rec("2", 1), timeout_s=30)
         assert time.monotonic() - started < 5
+
+
+async def test_a_relayed_record_the_store_already_holds_is_counted_redundant(
+    store: JobsStore,
+) -> None:
+    async with JobsWriter(store, interval_s=0) as writer:
+        # Controls: new records and newer seqs from the relay, and a local record the store
+        # has (a client retrying an event), are not redundant.
+        writer.upsert(rec("a", 1), relayed=True)
+        await writer.flush()
+        writer.upsert(rec("a", 2), relayed=True)
+        writer.upsert(rec("b", 1))
+        await writer.flush()
+        writer.upsert(rec("b", 1))
+        await writer.flush()
+        assert writer.redundant == 0
+        # The same seq again and an older one, from the store and from the pending batch.
+        writer.upsert(rec("a", 2), relayed=True)
+        writer.upsert(rec("a", 1), relayed=True)
+        writer.upsert(rec("b", 1), relayed=True)
+        await writer.flush()
+        assert writer.redundant == 3
+        writer.upsert(rec("c", 2), relayed=True)
+        writer.upsert(rec("c", 2), relayed=True)  # held already, not yet written
+        await writer.flush()
+        assert writer.redundant == 4
+    assert sorted((j.id, j.seq) for j in await store.jobs()) == [("a", 2), ("b", 1), ("c", 2)]

@@ -44,13 +44,15 @@ class Figures:
     lost: int = 0  # (member, job) pairs missing or older than acknowledged
     extra: int = 0  # (member, job) pairs listed that were never acknowledged, or newer
     diverged: int = 0  # members whose list differs from what the client was told
+    duplicates: int = 0  # records the relays delivered to a broker that it already held
     converge_s: float = 0.0  # from the end of the faults until every member agreed
 
     def line(self, scenario: str) -> str:
         return (
             f"{scenario}: events accepted {self.accepted} (jobs {self.jobs}, retried "
             f"{self.retried}, unacknowledged {self.unacknowledged}), lost {self.lost}, "
-            f"extra {self.extra}, diverged {self.diverged}, converged in {self.converge_s:.1f}s"
+            f"extra {self.extra}, duplicates {self.duplicates}, diverged {self.diverged}, "
+            f"converged in {self.converge_s:.1f}s"
         )
 
 
@@ -218,6 +220,7 @@ class RememberingClient:
             self.figures.diverged = sum(1 for d in diffs if d)
         bad = [str(d) for d in diffs if d]
         assert not bad, "; ".join(bad)
+        self.figures.duplicates = await duplicates_delivered(members)
 
     def states(self) -> dict[JobKey, str]:
         """What the client was told, as each job's state."""
@@ -239,6 +242,17 @@ async def list_jobs(session: aiohttp.ClientSession, member: Member) -> dict[JobK
         if page["next"] is None:
             return listed
         url = f"{member.node.api}/v1/jobs?limit={PAGE}&after={page['next']}"
+
+
+async def duplicates_delivered(members: list[Member]) -> int:
+    """Records the members' workload managers delivered to their brokers as first seen that
+    the Jobs stores already held (`supervisor.redundant` at `/v1/manager`), summed: counted
+    since each agent started."""
+    total = 0
+    for member in members:
+        status = await member.node.get("/v1/manager")
+        total += int(status["supervisor"]["redundant"])
+    return total
 
 
 def _interleave(plan: list[tuple[Member, dict[str, Any]]], rng: random.Random) -> None:
