@@ -26,6 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
@@ -291,7 +292,16 @@ class Agent:
     def _write_state(self, api_url: str) -> None:
         state = self.config.state_file
         state.write_text(json.dumps({"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}))
-        self._stack.callback(lambda: state.unlink(missing_ok=True))
+        self._stack.callback(_forget_state, state)
+
+
+def _forget_state(state: Path) -> None:
+    # On a home turned read-only the unlink fails: a stale state file is harmless (its pid
+    # is gone), a traceback and exit status 1 on a clean stop are not.
+    try:
+        state.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s on stopping: %s", state.name, exc.strerror)
 
 
 def _port_in_use(setting: str, port: int) -> PortInUse:
