@@ -31,8 +31,11 @@ __all__ = [
 # (a model name, a ULID, a node id) and tight enough that 10,000 live records stay a few MB.
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Text = Annotated[str, Meta(max_length=4096)]
-_EpochMs = Annotated[int, Meta(ge=0)]
-_Seq = Annotated[int, Meta(ge=1)]
+# Integers stay within int64: the Jobs store (SQLite INTEGER) and the plane (bigint) hold no
+# more, and a larger one taken here would fail every write of the batch it is in.
+_INT64_MAX: Final = 2**63 - 1
+_EpochMs = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
+_Seq = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
 
 
 class WorkloadState(enum.Enum):

@@ -96,6 +96,10 @@ def test_scheduled_on_absent_until_chosen_and_never_null() -> None:
         ({"state": "exploded"}, "state"),
         ({"state": None}, "state"),
         ({"createdAt": -1}, "createdAt"),
+        # Past int64: the Jobs store's INTEGER cannot hold it (it failed the writer's batch).
+        ({"seq": 2**63}, "seq"),
+        ({"createdAt": 2**200}, "createdAt"),
+        ({"completedAt": 2**63}, "completedAt"),
         ({"createdAt": "yesterday"}, "createdAt"),
         ({"startedAt": "noon"}, "startedAt"),
         ({"id": 7}, "id"),
