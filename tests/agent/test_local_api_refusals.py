@@ -13,8 +13,11 @@ import pytest_asyncio
 
 from agent.daemon import Agent
 from tests.agent.test_local_api import call, event, solo_config
+from tests.fixtures.records import workload_record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RECORD = workload_record("bad", 1, origin="nod_elsewhere")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -44,6 +47,19 @@ async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent
         ("GET", "/v1/jobs?state=lost", None),
         ("GET", "/v1/jobs?limit=many", None),
         ("GET", "/v1/explain", None),
+        # Nested past the recursion limit: msgspec's RecursionError was a 500.
+        ("POST", "/v1/jobs/events", b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
+        ("POST", "/v1/jobs/events", b'{"method": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("POST", "/v1/ops", b"[" * 100_000),
+        ("POST", "/v1/jobs/ok/remove", b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
+        # A method that is not a string (was a TypeError, a 500), a seq past int64 (taken,
+        # it failed every later write of the Jobs store: the control below saw a 503).
+        ("POST", "/v1/jobs/events", {"method": [], "params": {"workloadInfo": RECORD}}),
+        (
+            "POST",
+            "/v1/jobs/events",
+            {"method": "workload:submitted", "params": {"workloadInfo": {**RECORD, "seq": 2**63}}},
+        ),
         ("POST", "/v1/ops", b"[]"),
         ("POST", "/v1/ops", {"kind": "reboot", "target": "x"}),
         ("POST", "/v1/ops", {"kind": "drain", "target": "nod_nobody"}),
