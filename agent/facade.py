@@ -134,13 +134,19 @@ class Facade:
         requester = self._requester(request)
         if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            # aiohttp's own 413 is plain text: OpenAI clients parse an error object.
+            message = f"the body is over {MAX_BODY} bytes"
+            return openai_error(413, message, "invalid_request_error", "request_too_large")
         try:
             body = _body_decoder.decode(raw)
             model = body["model"]
             if not isinstance(model, str) or not model:
                 raise TypeError
-        except (msgspec.DecodeError, KeyError, TypeError):
+        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
+            # RecursionError: msgspec's answer to JSON nested past the recursion limit.
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
         cluster, load = self._view.current()
         if model not in cluster.models():
@@ -193,7 +199,7 @@ class Facade:
         """Run a request another member placed here, on a local engine."""
         try:
             model = _body_decoder.decode(raw)["model"]
-        except (msgspec.DecodeError, KeyError, TypeError):
+        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
         url = self._engines.url_for(str(model))
         if url is None:
@@ -308,7 +314,7 @@ async def _relay(
 def _normalise(status: int, body: bytes) -> str:
     # The engine's own words may quote the prompt: keep only the status and the error type.
     kind = "error"
-    with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+    with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError, RecursionError):
         kind = str(msgspec.json.decode(body).get("error", {}).get("type") or kind)
     return f"engine answered {status} ({kind[:64]})"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 from collections.abc import AsyncIterator
 
@@ -327,3 +328,20 @@ async def test_drain_waits_for_in_flight_jobs_then_force_cancels(
 async def _running_on(node: Node, target: str, before: set[JobKey]) -> bool:
     jobs = [j for j in await node.jobs() if job_key(j) not in before]
     return any(j["state"] == "running" and j.get("scheduledOn") == target for j in jobs)
+
+
+async def test_a_body_too_deep_or_too_big_is_an_openai_error_and_no_job(
+    cluster: list[Node], before: set[JobKey]
+) -> None:
+    # Nested past the recursion limit was a 500; over 8 MiB was aiohttp's plain-text 413.
+    url = f"http://127.0.0.1:{cluster[0].ports['facade']}/v1/chat/completions"
+    deep = b'{"model": "llama", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    big = b'{"model": "llama"}' + b" " * (8 * 1024 * 1024)
+    async with aiohttp.ClientSession() as session:
+        for body, status in ((deep, 400), (io.BytesIO(big), 413)):
+            async with session.post(
+                url, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                assert response.status == status
+                assert (await response.json())["error"]["type"] == "invalid_request_error"
+    assert {job_key(j) for j in await cluster[0].jobs()} == before
