@@ -32,7 +32,14 @@ from tests.workload_manager.cluster_harness import free_port
 
 from .ledger import Divergence, RememberingClient
 
-__all__ = ["ADMIN", "PlaneProcess", "fresh_database", "plane_divergence", "postgres"]
+__all__ = [
+    "ADMIN",
+    "PlaneProcess",
+    "fresh_database",
+    "plane_divergence",
+    "postgres",
+    "sync_open",
+]
 
 ADMIN: Final = "nvpadm1.fault-harness-admin-token"
 PAGE: Final = 1000  # the most the plane gives in one page
@@ -189,6 +196,25 @@ class PlaneProcess:
         status, body = await self.call("GET", f"/v1/clusters/{cluster}")
         assert status == 200, body
         return {str(k): int(v) for k, v in body["jobs"]["byState"].items()}
+
+
+# What a sync's transaction runs (plane/sync.py); the token checks and reads run others.
+_SYNC_STATEMENTS: Final = (
+    "{%FROM nodes WHERE id%,%INSERT INTO nodes%,%devices%,%topology_domains%,%staged_jobs%,"
+    "%last_sync_at%}"
+)
+
+
+async def sync_open(watch: psycopg.AsyncConnection[Any], dsn: str) -> bool:
+    """Whether a sync's transaction is open in the plane's database now (`watch`: an
+    autocommit connection to the same server)."""
+    cursor = await watch.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND xact_start IS NOT NULL "
+        "AND pid <> pg_backend_pid() AND query ILIKE ANY (%s::text[])",
+        (dsn.rsplit("/", 1)[1], _SYNC_STATEMENTS),
+    )
+    row = await cursor.fetchone()
+    return row is not None and int(row[0]) > 0
 
 
 def plane_divergence(

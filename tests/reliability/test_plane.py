@@ -11,14 +11,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from tests.fixtures.waiting import eventually
 
 from .cluster import Member, fault_cluster, fault_rng
 from .ledger import Divergence, RememberingClient
-from .plane import PlaneProcess, fresh_database, plane_divergence, postgres
+from .plane import PlaneProcess, fresh_database, plane_divergence, postgres, sync_open
 from .tiers import Tier
 
 pytestmark = [pytest.mark.reliability, pytest.mark.quick]
@@ -29,6 +31,26 @@ def pg_server() -> Iterator[str]:
     """One throw-away PostgreSQL for the module; each scenario takes a fresh database."""
     with postgres() as dsn:
         yield dsn
+
+
+class Aim:
+    """Waits for a moment a sync's transaction is open in the plane's database."""
+
+    def __init__(self, watch: psycopg.AsyncConnection[Any], dsn: str) -> None:
+        self.watch = watch
+        self.dsn = dsn
+        self.tries = 0
+        self.caught = 0
+
+    async def sync_open(self, *, within_s: float) -> None:
+        """Until a sync is open, or `within_s` went by without one (counted)."""
+        self.tries += 1
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if await sync_open(self.watch, self.dsn):
+                self.caught += 1
+                return
+            await asyncio.sleep(0.002)  # polling: a sync's transaction lasts milliseconds
 
 
 async def sync_failures(members: list[Member]) -> list[int]:
@@ -49,8 +71,10 @@ async def test_the_plane_killed_under_load_loses_and_duplicates_nothing(
             async with (
                 fault_cluster(tmp_path, 3, rng, toml=plane.toml(token)) as members,
                 RememberingClient(random.Random(rng.random())) as client,
+                await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as watch,
             ):
-                await scenario(plane, cluster, members, client, rng, tier)
+                aim = Aim(watch, dsn)
+                await scenario(plane, cluster, members, client, aim, rng, tier)
         finally:
             await plane.stop()
 
@@ -60,6 +84,7 @@ async def scenario(
     cluster: str,
     members: list[Member],
     client: RememberingClient,
+    aim: Aim,
     rng: random.Random,
     tier: Tier,
 ) -> None:
@@ -76,8 +101,14 @@ async def scenario(
     async def kill_plane(load: asyncio.Task[None]) -> None:
         nonlocal last_restart
         while not load.done():
-            # The plane's uptime before the next kill: the faults' own pace.
-            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            # The plane's uptime before the next kill (the faults' own pace), or, for about
+            # half the kills, until a sync's transaction is open in PostgreSQL: a kill at a
+            # moment drawn at random almost always falls between two syncs.
+            uptime, aimed = rng.uniform(0.5, 2.0), rng.random() < 0.5
+            if aimed:
+                await aim.sync_open(within_s=uptime + 5.0)  # the sync's backoff cap is 5 s
+            else:
+                await asyncio.sleep(uptime)
             if load.done():
                 return
             before = plane.pid
@@ -125,10 +156,15 @@ async def scenario(
     finally:
         plane_s = time.monotonic() - last_restart
         print(client.figures.line(f"kill -9 of the plane {len(outages)} times, members"))
+        refused = sum(m.node.log_count("plane sync failed (ClientConnectorError") for m in members)
+        failed = sum(m.node.log_count("plane sync failed (") for m in members)
         print(
-            f"the plane after {len(outages)} kills (outages "
-            f"{min(outages, default=0):.1f}-{max(outages, default=0):.1f}s, members' syncs "
-            f"failing {failing_seen}): jobs {len(listed)} of {len(client.acked)}, lost "
+            f"the plane after {len(outages)} kills ({aim.caught} of {aim.tries} while a sync's "
+            f"transaction was open; outages {min(outages, default=0):.1f}-"
+            f"{max(outages, default=0):.1f}s; members' syncs failed {failed} times, "
+            f"{failed - refused} of them cut in flight, members failing per outage "
+            f"{min(failing_seen, default=0)}-{max(failing_seen, default=0)}): "
+            f"jobs {len(listed)} of {len(client.acked)}, lost "
             f"{len(diff.missing) + len(diff.older)}, extra {len(diff.newer) + len(diff.unknown)}, "
             f"converged in {plane_s:.1f}s after the last restart"
         )
