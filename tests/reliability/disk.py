@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -99,16 +100,19 @@ class Ext4Disk:
     """An ext4 image under `image`, mounted `errors=remount-ro` on `path` through a loop
     device; `force_read_only()` makes the kernel turn it read-only under its writers."""
 
-    def __init__(self, path: Path, image: Path, size: str = "64M") -> None:
+    def __init__(self, path: Path, image: Path, size_mib: int = 64) -> None:
         self.path = path
         self.image = image
-        self.size = size
+        self.size_mib = size_mib
 
     def mount(self) -> None:
         """Make the image (first time) and mount it; the mount point stays 0700."""
         self.path.mkdir(parents=True, exist_ok=True)
         if not self.image.exists():
-            _must("truncate", "-s", self.size, str(self.image))
+            if shutil.which("mkfs.ext4") is None or shutil.which("e2fsck") is None:
+                pytest.skip("a read-only disk needs mkfs.ext4 and e2fsck (e2fsprogs)")
+            with self.image.open("wb") as image:
+                image.truncate(self.size_mib * 2**20)  # sparse
             _must("mkfs.ext4", "-q", "-F", str(self.image))
         _mount_or_skip("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.path))
         self.path.chmod(0o700)
