@@ -33,7 +33,7 @@ from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir
-from workload_manager.workload import Workload, WorkloadRemoval
+from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .config import PORTS, AgentConfig
 from .engines import Engines
@@ -172,6 +172,8 @@ class Agent:
             exchange_at=client.repair_exchange,
             retention_h=config.job_retention_h,
             interval_s=config.anti_entropy_s,
+            relay=lambda record: supervisor.send_event(METHOD_FOR_STATE[record.state], record),
+            relay_removal=supervisor.send_removal,
         )
         node_api = NodeApi(
             self.cluster,

@@ -33,7 +33,7 @@ from broker.anti_entropy import (
 from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
 from broker.repair_reads import compared_keys, compared_removals, data_version, records_for
-from workload_manager.workload import WorkloadRemoval
+from workload_manager.workload import Workload, WorkloadRemoval
 
 from .errors import MemberRefused, MemberUnreachable
 
@@ -78,6 +78,8 @@ class AntiEntropy:
         exchange_at: Callable[[str, Exchange], Awaitable[ExchangeAnswer]],
         retention_h: float,
         interval_s: float = INTERVAL_S,
+        relay: Callable[[Workload], None] = lambda record: None,
+        relay_removal: Callable[[WorkloadRemoval], None] = lambda removal: None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -86,6 +88,11 @@ class AntiEntropy:
         self._peers = peers
         self._digest_at = digest_at
         self._exchange_at = exchange_at
+        # What a repair takes is handed to our workload manager as well, as a local event:
+        # its relay then knows the record (a later delivery of it is a duplicate it drops,
+        # not one it hands our broker again) and passes it on to any peer still without it.
+        self._relay = relay
+        self._relay_removal = relay_removal
         self._retention_s = retention_h * 3600
         self._interval_s = interval_s
         self._clock = clock
@@ -144,15 +151,23 @@ class AntiEntropy:
             peer, Exchange(records=give, removals=removals, want=plan.want)
         )
         for pair in plan.take_removals:
-            self._writer.remove(_removal(pair))
+            self._take_removal(_removal(pair))
         for record in answer.records:
-            self._writer.upsert(record)
+            self._take(record)
         self.counters.records_in += len(answer.records) + len(plan.take_removals)
         self.counters.records_out += len(give) + len(removals)
         moved = len(answer.records) + len(give) + len(plan.take_removals) + len(removals)
         if moved:
             log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
         return moved
+
+    def _take(self, record: Workload) -> None:
+        self._writer.upsert(record)
+        self._relay(record)
+
+    def _take_removal(self, removal: WorkloadRemoval) -> None:
+        self._writer.remove(removal)
+        self._relay_removal(removal)
 
     async def answer_digest(self, theirs: Digest) -> Differences:
         """The responder's side of step 2: our keys and removals where the digests differ."""
@@ -168,9 +183,9 @@ class AntiEntropy:
     async def answer_exchange(self, exchange: Exchange) -> ExchangeAnswer:
         """Take what the initiator sends (newest seq wins) and send what it asked for."""
         for removal in exchange.removals:
-            self._writer.remove(removal)
+            self._take_removal(removal)
         for record in exchange.records:
-            self._writer.upsert(record)
+            self._take(record)
         self.counters.records_in += len(exchange.records) + len(exchange.removals)
         records = await records_for(self._store, exchange.want)
         self.counters.records_out += len(records)

@@ -68,6 +68,7 @@ async def test_a_state_only_one_member_holds_reaches_the_other(pair: list[Node])
     now = int(time.time() * 1000)
     await post_event(a, workload_record("newer-1", 1, origin=origin, created_at=now))
     await eventually(lambda: _equal(b, "newer-", {"newer-1": "queued"}), "b sees it queued")
+    told = await relay_counters(b)
     # a's own store moves on behind its manager's back: no event is relayed for it.
     completed = workload_record("newer-1", 3, origin=origin, created_at=now)
     with sqlite3.connect(a.home / "jobs.db", timeout=5) as raw:
@@ -78,6 +79,23 @@ async def test_a_state_only_one_member_holds_reaches_the_other(pair: list[Node])
     await eventually(
         lambda: _equal(b, "newer-", {"newer-1": "completed"}), "b learns it completed", within_s=30
     )
+    # b's workload manager is handed the repaired record too, so its relay knows it (and
+    # passes it on): a later delivery of it is a duplicate, not a new record for b's store.
+    # (The control: that queued record reached b through the relay, not as a local event.)
+    await eventually(
+        lambda: _told_more(b, told), "b's manager is told of the repaired record", within_s=10
+    )
+    assert (await relay_counters(b))["received_remote"] == told["received_remote"]
+
+
+async def relay_counters(node: Node) -> dict[str, int]:
+    status = await node.get("/v1/manager")
+    return dict(status["status"]["counters"])
+
+
+async def _told_more(node: Node, before: dict[str, int]) -> bool:
+    now = await relay_counters(node)
+    return now["received_local"] > before["received_local"] and now["accepted"] > before["accepted"]
 
 
 async def _equal(node: Node, prefix: str, want: dict[str, str]) -> bool:
