@@ -143,7 +143,7 @@ class Dispatcher:
         except RpcError as exc:
             self.errors_sent += 1
             return encode_error(request.id, exc.to_object()), True
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # a ValidationError, or params not UTF-8
             self.errors_sent += 1
             return encode_error(request.id, _bad_params(exc)), True
         except Exception:
@@ -174,7 +174,7 @@ class Dispatcher:
         except RpcError as exc:
             self.notification_errors += 1
             log.warning("ignoring bad %s notification: %s", _printable(notification.method), exc)
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # a ValidationError, or params not UTF-8
             self.notification_errors += 1
             log.warning(
                 "ignoring %s notification with invalid params at %s",
@@ -189,12 +189,14 @@ class Dispatcher:
         return False
 
 
-def _bad_params(exc: msgspec.ValidationError) -> ErrorObject:
-    # msgspec names the path and the expected type, never the offending value.
+def _bad_params(exc: msgspec.DecodeError) -> ErrorObject:
+    # msgspec names the path and the expected type (or that the bytes are not UTF-8), never
+    # the offending value. Params travel as raw JSON, undecoded until their handler runs, so
+    # bytes that are not UTF-8 inside them are found only here.
     return ErrorObject(code=INVALID_PARAMS, message="Invalid params", data=str(exc))
 
 
-def _where(exc: msgspec.ValidationError) -> str:
+def _where(exc: msgspec.DecodeError) -> str:
     # Log only where the params went wrong: the message may quote the offending value.
     _, sep, path = str(exc).rpartition(" - at ")
     return path if sep else "$"

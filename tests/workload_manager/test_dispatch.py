@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from msgspec import Raw, UnsetType
 
 from workload_manager.dispatch import Deferred, Dispatcher, Reply
-from workload_manager.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, RequestId
+from workload_manager.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RequestId
 
 
 def echo(params: Raw | UnsetType) -> Any:
@@ -69,3 +70,17 @@ def test_deferring_with_no_one_to_answer_is_an_internal_error() -> None:
     reply = Dispatcher({"later": later}).answer(b'{"jsonrpc":"2.0","method":"later","id":1}')
     assert reply.invalid == 1
     assert json.loads(reply.body or b"")["error"]["code"] == INTERNAL_ERROR
+
+
+def test_params_that_are_not_utf8_are_invalid_params_not_an_internal_error() -> None:
+    # Params stay raw JSON until their handler decodes them, so bytes that are not UTF-8
+    # inside them surface there as a DecodeError: that was answered -32603 (and logged as
+    # a failed handler); it is the sender's fault, -32602.
+    def decode(params: Raw | UnsetType) -> Any:
+        return msgspec.json.decode(params, type=dict[str, str]) if isinstance(params, Raw) else None
+
+    dispatcher = Dispatcher({"decode": decode})
+    reply = dispatcher.answer(b'{"jsonrpc":"2.0","method":"decode","params":{"a":"\xff"},"id":1}')
+    assert json.loads(reply.body or b"")["error"]["code"] == INVALID_PARAMS
+    notice = dispatcher.answer(b'{"jsonrpc":"2.0","method":"decode","params":{"a":"\xc0\x80"}}')
+    assert (notice.invalid, dispatcher.notification_errors) == (1, 1)
