@@ -120,6 +120,12 @@ class PlaneServer:
             return _unavailable(str(exc), exc.retry_after_s)
         except PlaneError as exc:
             return _error(exc.status, str(exc))
+        except web.HTTPException as exc:
+            # aiohttp's own refusals (413 past MAX_BODY, 404, 405) are plain text: every
+            # error body here is {"error": "..."}.
+            if exc.status < 400 or exc.content_type == "application/json":
+                raise
+            return _error(exc.status, exc.text or exc.reason)
 
     # -- who is calling -------------------------------------------------------------------
 
@@ -162,7 +168,7 @@ class PlaneServer:
         await self._admin(request)
         try:
             name = _enrol_decoder.decode(await request.read()).name
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return _error(400, 'the body is {"name": "1 to 128 characters"}')
         cluster_id, token = await self.store.enrol(name)  # 409 when the name is taken
         return _json({"id": cluster_id, "name": name, "token": token}, 201)
@@ -200,6 +206,8 @@ class PlaneServer:
             batch = _batch_decoder.decode(await request.read())
         except msgspec.DecodeError as exc:
             return _error(400, f"malformed sync batch: {exc}")
+        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
+            return _error(400, "malformed sync batch: nested too deeply")
         written = await self.store.sync(cluster_id, batch)  # SyncRefused: 400
         return _json({"written": written})
 

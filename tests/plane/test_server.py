@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
+import aiohttp
 import msgspec
 import pytest
 
 from plane.ids import new_id
+from plane.server import MAX_BODY
 
 from .plane_client import ADMIN, Plane, enrol
 from .test_store import batch, job
@@ -41,6 +45,8 @@ async def test_tokens(plane: Plane) -> None:
         (b'{"nodeId": "nod_x", "generation": 1}', "application/json", 400),
         (b'{"nodeId": "nod_01arz3ndektsv4rrffq69g5fav", "generation": 0}', "application/json", 400),
         (b"[]", "text/plain", 415),
+        # Nested past the recursion limit (msgspec's RecursionError was a 500).
+        (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "application/json", 400),
     ],
 )
 async def test_malformed_sync_writes_nothing(
@@ -54,6 +60,22 @@ async def test_malformed_sync_writes_nothing(
     assert answer["error"]
     summary = await plane.store.fleet_summary()
     assert summary["clusters"][0]["nodes"] == {"reachable": 0, "unreachable": 0, "cordoned": 0}
+
+
+async def test_aiohttp_refusals_are_error_objects_too(plane: Plane) -> None:
+    # A body past MAX_BODY and a route's wrong method were aiohttp's plain-text answers.
+    _, token = await enrol(plane, "a")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    big = io.BytesIO(b" " * (MAX_BODY + 1))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(plane.url + "/v1/sync", data=big, headers=headers) as response,
+    ):
+        assert response.status == 413
+        assert "Maximum request body size" in (await response.json())["error"]
+    got, answer = await plane.call("GET", "/v1/sync", token)
+    assert got == 405
+    assert answer["error"]
 
 
 async def test_half_bad_batch_writes_nothing(plane: Plane) -> None:
