@@ -103,6 +103,7 @@ class LocalApi:
             dropped=lambda: ports.manager.dropped,
             redundant=lambda: ports.writer.redundant,
             repairs=ports.repairs,
+            writer_pending=lambda: ports.writer.pending,
         )
         self.registry.register(self.collector)
         app = web.Application(client_max_size=1024 * 1024)

@@ -26,7 +26,9 @@ class AgentMetrics(Collector):
         dropped: Callable[[], int] = lambda: 0,
         redundant: Callable[[], int] = lambda: 0,
         repairs: Callable[[], dict[str, int]] = dict,
+        writer_pending: Callable[[], int] = lambda: 0,
     ) -> None:
+        self._writer_pending = writer_pending  # rows handed to the Jobs writer, not committed
         self._repairs = repairs  # anti-entropy counters: rounds, failed, records_in, ...
         self._gpus = gpus
         self._restarts = restarts
@@ -96,6 +98,12 @@ class AgentMetrics(Collector):
         )
         redundant.add_metric([], self._redundant())
         yield redundant
+        pending = GaugeMetricFamily(
+            "nvpair_jobs_writer_pending",
+            "Records and removals handed to the Jobs writer and not yet committed",
+        )
+        pending.add_metric([], self._writer_pending())
+        yield pending
         for name, value in sorted(self._repairs().items()):
             gauge = GaugeMetricFamily(
                 f"nvpair_anti_entropy_{name}", f"Anti-entropy rounds with members: {name}"
