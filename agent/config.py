@@ -99,6 +99,7 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
     facade_bind: _Text | None = None
     anti_entropy_s: Annotated[float, Meta(ge=0.1, le=3600)] = 5.0
+    dial_from: _Text | None = None
 
 
 class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
@@ -144,6 +145,9 @@ class AgentConfig:
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
     facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
     anti_entropy_s: float = 5.0  # a Jobs-store comparison with the next member this often
+    # The local address this node's connections to members leave from (a multi-homed host
+    # that must use one interface); None: the system's choice.
+    dial_from: str | None = None
     plane: PlaneSettings | None = None
 
     @property
@@ -225,8 +229,19 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         queue_limit=table.queue_limit,
         facade_bind=table.facade_bind,
         anti_entropy_s=float(table.anti_entropy_s),
+        dial_from=_ip_address(path, "dial_from", table.dial_from),
         plane=plane,
     )
+
+
+def _ip_address(path: Path, key: str, value: str | None) -> str | None:
+    # An address of this host to bind outgoing connections to: a literal IP, not a name.
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ConfigError(f"{path}: agent.{key} must be an IP address, not {value!r}") from None
 
 
 _AT: Final = re.compile(r" - at `\$\.?([^`]*)`$")

@@ -101,7 +101,7 @@ class Agent:
             port=config.manager_port,
             cluster_dir=self.cluster.path,
             log_level=config.log_level,
-            extra_env={"NVPAIR_WM_BIND": bind or ""},
+            extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
         )
         health.watch("workload-manager", supervisor.problem)
         self.members = members = Members(
@@ -111,7 +111,7 @@ class Agent:
             unreachable_after_s=3 * config.heartbeat_s,
             set_peers=supervisor.set_peers,
         )
-        client = NodeClient(self.cluster, members.record)
+        client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
         # An engine that changes is in the next record at once (heartbeat is bound below).
         engines = Engines(config.engines, on_change=lambda: heartbeat.push_now())

@@ -35,9 +35,16 @@ _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
 class NodeClient:
     """Calls to members by node id; `record_of` says where a member is."""
 
-    def __init__(self, cluster: ClusterDir, record_of: Callable[[str], NodeRecord | None]) -> None:
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        record_of: Callable[[str], NodeRecord | None],
+        *,
+        dial_from: str | None = None,
+    ) -> None:
         self._contexts = ClientContexts(cluster)
         self._record_of = record_of
+        self._dial_from = dial_from
         self._short: aiohttp.ClientSession | None = None
         self._long: aiohttp.ClientSession | None = None
 
@@ -59,11 +66,18 @@ class NodeClient:
     def _session(self, long: bool = False) -> aiohttp.ClientSession:
         if long:
             if self._long is None:
-                self._long = aiohttp.ClientSession(timeout=LONG_TIMEOUT)
+                self._long = self._new_session(LONG_TIMEOUT)
             return self._long
         if self._short is None:
-            self._short = aiohttp.ClientSession(timeout=SHORT_TIMEOUT)
+            self._short = self._new_session(SHORT_TIMEOUT)
         return self._short
+
+    def _new_session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        # Connections leave from `dial_from` when it is set (`[agent] dial_from`).
+        local = (self._dial_from, 0) if self._dial_from else None
+        return aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(local_addr=local)
+        )
 
     async def _post(self, node_id: str, path: str, body: bytes) -> bytes:
         url = self._base(node_id) + path

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 from collections.abc import Callable
 from typing import Any, Final
@@ -87,8 +88,15 @@ class Broadcaster:
         self._tasks: asyncio.TaskGroup | None = None
 
     async def __aenter__(self) -> Broadcaster:
+        # Connections leave from NVPAIR_WM_DIAL_FROM when the agent sets it (its `[agent]
+        # dial_from`): a multi-homed host that must reach its peers over one interface.
+        dial_from = os.environ.get("NVPAIR_WM_DIAL_FROM") or None
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+            connector=aiohttp.TCPConnector(
+                limit=0,
+                enable_cleanup_closed=True,
+                local_addr=(dial_from, 0) if dial_from else None,
+            ),
             timeout=self.timeout,
         )
         self._tasks = asyncio.TaskGroup()

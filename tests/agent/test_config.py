@@ -208,3 +208,12 @@ def test_the_record_carries_the_advertised_address_and_ports(tmp_path: Path) -> 
     )
     plain = OwnRecord(load_config(tmp_path, {}), "nod_x", simulate("l4:1", "nod_x"), list).current
     assert (plain.addresses, plain.managerPort, plain.nodePort) == (["127.0.0.1"], 14320, 14321)
+
+
+def test_dial_from_is_an_ip_address_or_refused_naming_the_key(tmp_path: Path) -> None:
+    assert load_config(tmp_path, {}).dial_from is None
+    (tmp_path / "nvpair.toml").write_text('[agent]\ndial_from = "127.0.0.2"\n')
+    assert load_config(tmp_path, {}).dial_from == "127.0.0.2"
+    (tmp_path / "nvpair.toml").write_text('[agent]\ndial_from = "gpu-a.example.com"\n')
+    with pytest.raises(ConfigError, match=r"agent\.dial_from must be an IP address"):
+        load_config(tmp_path, {})
