@@ -30,7 +30,9 @@ __all__ = [
     "Member",
     "fault_cluster",
     "fault_rng",
+    "heal_partition",
     "manager_pid",
+    "partition",
     "process_gone",
 ]
 
@@ -57,6 +59,7 @@ class Member:
 
     node: Node
     proxies: dict[str, FaultProxy]  # port kind -> the proxy its peers dial
+    address: str = "127.0.0.1"  # the address it dials members from (`dial_from`)
     node_id: str = ""  # known once started
 
     @property
@@ -75,6 +78,17 @@ class Member:
         """Every incoming link forwards again."""
         for proxy in self.proxies.values():
             proxy.heal()
+
+    def cut_from(self, caller: Member) -> None:
+        """One link, one way: `caller` no longer reaches this member; everyone else does,
+        and this member still reaches `caller`."""
+        for proxy in self.proxies.values():
+            proxy.drop_from(caller.address)
+
+    def heal_from(self, caller: Member) -> None:
+        """`caller` reaches this member again."""
+        for proxy in self.proxies.values():
+            proxy.heal_from(caller.address)
 
     # -- process faults ------------------------------------------------------------------------
 
@@ -173,7 +187,10 @@ async def fault_cluster(
             node.home.mkdir(parents=True)
             if prepare_home is not None:
                 prepare_home(name, node.home)
-            config = f"[agent]\nanti_entropy_s = {anti_entropy_s}\n{toml}"
+            # Each member dials its peers from its own loopback address, so a proxy can tell
+            # the callers apart (one-way partitions of a single link, `Member.cut_from`).
+            address = f"127.0.0.{2 + len(members)}"
+            config = f'[agent]\nanti_entropy_s = {anti_entropy_s}\ndial_from = "{address}"\n{toml}'
             (node.home / "nvpair.toml").write_text(config)
             # Each proxy draws its jitter from its own generator, seeded from the scenario's:
             # how many chunks pass is up to the machine, and must not move the scenario's draws.
@@ -185,7 +202,7 @@ async def fault_cluster(
             }
             ports = (proxies["manager"].port, proxies["node"].port, node.ports["facade"])
             node.extra = ["--advertise", "127.0.0.1:{},{},{}".format(*ports)]
-            members.append(Member(node, proxies))
+            members.append(Member(node, proxies, address))
         # aclosing: start_cluster stops the agents in its `finally`, which an async
         # generator runs only when closed -- on a failure too, not only when exhausted.
         # (start_cluster is an async generator typed as an iterator: the cast says so.)
@@ -201,6 +218,22 @@ async def fault_cluster(
                     yield members
                 finally:
                     await _stop_all(members)
+
+
+def partition(member: Member, members: list[Member]) -> None:
+    """Cut `member` off both ways: nobody reaches it and it reaches nobody."""
+    member.isolate()
+    for other in members:
+        if other is not member:
+            other.cut_from(member)
+
+
+def heal_partition(member: Member, members: list[Member]) -> None:
+    """Undo `partition(member, members)`."""
+    member.heal()
+    for other in members:
+        if other is not member:
+            other.heal_from(member)
 
 
 async def _stop_all(members: list[Member]) -> None:

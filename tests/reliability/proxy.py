@@ -51,7 +51,8 @@ class FaultProxy:
         self._retransmit_s = 0.0
         self._server: asyncio.Server | None = None
         self._tasks: asyncio.TaskGroup | None = None
-        self._open: set[asyncio.StreamWriter] = set()
+        self._open: dict[asyncio.StreamWriter, str] = {}  # each open socket -> the caller's address
+        self._cut_from: set[str] = set()  # callers (source addresses) dropped
 
     def __repr__(self) -> str:
         return f"FaultProxy({self.name}: {self.port} -> {self.target})"
@@ -100,16 +101,29 @@ class FaultProxy:
             raise ValueError(f"lose needs 0 <= fraction < 1, not {fraction}, {retransmit_ms}")
         self._loss, self._retransmit_s = fraction, retransmit_ms / 1000
 
-    def reset(self) -> None:
-        """Cut every open connection (both sides see it closed)."""
-        for writer in list(self._open):
-            self.counters.resets += 1
-            writer.transport.abort()
-        self._open.clear()
+    def drop_from(self, caller: str) -> None:
+        """`drop()` for the connections from one source address only: its open connections
+        are cut, new ones closed at once; every other caller still gets through. With each
+        member dialling from its own address (`dial_from`), that cuts one link one way."""
+        self._cut_from.add(caller)
+        self.reset(caller)
+
+    def heal_from(self, caller: str) -> None:
+        """Let `caller` through again."""
+        self._cut_from.discard(caller)
+
+    def reset(self, caller: str | None = None) -> None:
+        """Cut every open connection (both sides see it closed), or only `caller`'s."""
+        for writer, source in list(self._open.items()):
+            if caller is None or source == caller:
+                self.counters.resets += 1
+                writer.transport.abort()
+                del self._open[writer]
 
     def heal(self) -> None:
-        """Forward again, at once: no drop, no delay."""
+        """Forward again, at once: no drop, no delay, no loss, every caller let through."""
         self._dropped = False
+        self._cut_from.clear()
         self._delay_s = self._jitter_s = 0.0
         self._loss = self._retransmit_s = 0.0
 
@@ -117,7 +131,8 @@ class FaultProxy:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         assert self._tasks is not None
-        if self._dropped:
+        caller = str(client_w.get_extra_info("peername")[0])
+        if self._dropped or caller in self._cut_from:
             self.counters.refused += 1
             client_w.transport.abort()
             return
@@ -128,7 +143,7 @@ class FaultProxy:
             client_w.transport.abort()
             return
         self.counters.accepted += 1
-        self._open |= {client_w, server_w}
+        self._open[client_w] = self._open[server_w] = caller
         self._tasks.create_task(self._pair(client_r, client_w, server_r, server_w))
 
     async def _pair(
@@ -148,7 +163,7 @@ class FaultProxy:
             await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for writer in (client_w, server_w):
-                self._open.discard(writer)
+                self._open.pop(writer, None)
                 writer.transport.abort()
             for task in directions:
                 task.cancel()

@@ -142,6 +142,29 @@ async def test_lose_delays_chunks_like_retransmissions_and_keeps_every_byte(
         proxy.lose(1.0)
 
 
+async def test_drop_from_cuts_one_caller_and_lets_the_others_through(proxy: FaultProxy) -> None:
+    opened: list[asyncio.StreamWriter] = []
+
+    async def from_(source: str) -> Conn:
+        conn = await asyncio.open_connection("127.0.0.1", proxy.port, local_addr=(source, 0))
+        opened.append(conn[1])
+        return conn
+
+    cut, kept = await from_("127.0.0.2"), await from_("127.0.0.3")
+    for conn in (cut, kept):
+        assert await round_trip(conn, b"x") == b"x"
+    proxy.drop_from("127.0.0.2")
+    assert await closed(cut)
+    assert await closed(await from_("127.0.0.2"))
+    # The control: another caller's open and new connections still pass.
+    assert await round_trip(kept, b"still") == b"still"
+    assert await round_trip(await from_("127.0.0.3"), b"new") == b"new"
+    proxy.heal_from("127.0.0.2")
+    assert await round_trip(await from_("127.0.0.2"), b"back") == b"back"
+    for writer in opened:
+        writer.close()
+
+
 def test_the_seed_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SEED_ENV, "424242")
     assert fault_rng(1).random() == random.Random(424242).random()
