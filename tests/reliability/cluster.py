@@ -182,27 +182,11 @@ async def fault_cluster(
         raise ValueError(f"a fault cluster has 1 to {len(NAMES)} members, not {size}")
     async with contextlib.AsyncExitStack() as stack:
         members: list[Member] = []
-        for name in NAMES[:size]:
-            node = make_node(root, name, "l4:1")
-            node.home.mkdir(parents=True)
-            if prepare_home is not None:
-                prepare_home(name, node.home)
-            # Each member dials its peers from its own loopback address, so a proxy can tell
-            # the callers apart (one-way partitions of a single link, `Member.cut_from`).
-            address = f"127.0.0.{2 + len(members)}"
-            config = f'[agent]\nanti_entropy_s = {anti_entropy_s}\ndial_from = "{address}"\n{toml}'
-            (node.home / "nvpair.toml").write_text(config)
-            # Each proxy draws its jitter from its own generator, seeded from the scenario's:
-            # how many chunks pass is up to the machine, and must not move the scenario's draws.
-            proxies = {
-                kind: await stack.enter_async_context(
-                    FaultProxy(f"->{name}:{kind}", node.ports[kind], random.Random(rng.random()))
-                )
-                for kind in PROXIED
-            }
-            ports = (proxies["manager"].port, proxies["node"].port, node.ports["facade"])
-            node.extra = ["--advertise", "127.0.0.1:{},{},{}".format(*ports)]
-            members.append(Member(node, proxies, address))
+        for index, name in enumerate(NAMES[:size]):
+            member = await _new_member(
+                stack, root, name, index, rng, anti_entropy_s, toml, prepare_home
+            )
+            members.append(member)
         # aclosing: start_cluster stops the agents in its `finally`, which an async
         # generator runs only when closed -- on a failure too, not only when exhausted.
         # (start_cluster is an async generator typed as an iterator: the cast says so.)
@@ -218,6 +202,66 @@ async def fault_cluster(
                     yield members
                 finally:
                     await _stop_all(members)
+
+
+async def _new_member(
+    stack: contextlib.AsyncExitStack,
+    root: Path,
+    name: str,
+    index: int,
+    rng: random.Random,
+    anti_entropy_s: float,
+    toml: str = "",
+    prepare_home: Callable[[str, Path], None] | None = None,
+) -> Member:
+    # A member's home, nvpair.toml and proxies (entered into `stack`); not started.
+    node = make_node(root, name, "l4:1")
+    node.home.mkdir(parents=True)
+    if prepare_home is not None:
+        prepare_home(name, node.home)
+    # Each member dials its peers from its own loopback address, so a proxy can tell the
+    # callers apart (one-way partitions of a single link, `Member.cut_from`).
+    address = f"127.0.0.{2 + index}"
+    config = f'[agent]\nanti_entropy_s = {anti_entropy_s}\ndial_from = "{address}"\n{toml}'
+    (node.home / "nvpair.toml").write_text(config)
+    # Each proxy draws its jitter from its own generator, seeded from the scenario's: how
+    # many chunks pass is up to the machine, and must not move the scenario's draws.
+    proxies = {
+        kind: await stack.enter_async_context(
+            FaultProxy(f"->{name}:{kind}", node.ports[kind], random.Random(rng.random()))
+        )
+        for kind in PROXIED
+    }
+    ports = (proxies["manager"].port, proxies["node"].port, node.ports["facade"])
+    node.extra = ["--advertise", "127.0.0.1:{},{},{}".format(*ports)]
+    return Member(node, proxies, address)
+
+
+@contextlib.asynccontextmanager
+async def joined(
+    root: Path, members: list[Member], rng: random.Random, *, anti_entropy_s: float = 5.0
+) -> AsyncIterator[Member]:
+    """One more member behind its proxies, admitted by the first member (invite, then join
+    over the network) and started; `members` gets it appended while it runs. Stopped, and
+    its proxies closed, on exit."""
+    name = NAMES[len(members)]
+    async with contextlib.AsyncExitStack() as stack:
+        member = await _new_member(stack, root, name, len(members), rng, anti_entropy_s)
+        admitter = members[0].node
+        code, token, err = await admitter.cli("cluster", "invite")
+        assert code == 0, err
+        address = f"127.0.0.1:{admitter.ports['node']}"
+        code, _, err = await member.node.cli(
+            "cluster", "join", address, token.strip(), "--name", name
+        )
+        assert code == 0, err
+        try:
+            await member.node.start()
+            member.node_id = await member.node.node_id()
+            members.append(member)
+            yield member
+        finally:
+            await _stop_all([member])
 
 
 def partition(member: Member, members: list[Member]) -> None:
