@@ -88,8 +88,9 @@ class Divergence:
 class RememberingClient:
     """Enters events and remembers each acknowledgement; `async with` owns its session."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, *, sized: bool = False) -> None:
         self.rng = rng
+        self.sized = sized  # records of every legal size (4 KiB error texts), not small ones
         self.figures = Figures()
         self.acked: dict[JobKey, int] = {}  # job -> highest seq answered 202
         self.maybe: dict[JobKey, int] = {}  # job -> a seq sent but never answered 202
@@ -150,7 +151,12 @@ class RememberingClient:
             plan = plans[n % workers]
             for seq in range(1, last + 1):
                 record = workload_record(
-                    f"{prefix}-{n}", seq, origin=origin.node_id, run=f"{prefix}-run", created_at=now
+                    f"{prefix}-{n}",
+                    seq,
+                    origin=origin.node_id,
+                    run=f"{prefix}-run",
+                    created_at=now,
+                    **(self._sizes() if self.sized else {}),
                 )
                 plan.append((origin, record))
         for plan in plans:
@@ -160,6 +166,17 @@ class RememberingClient:
         async with asyncio.TaskGroup() as posters:
             for plan in plans:
                 posters.create_task(self._post_all(plan, pause))
+
+    def _sizes(self) -> dict[str, Any]:
+        # The free-text fields at lengths up to their bounds (seed 002's record; the bounds
+        # of workload_manager/workload.py): a third small, a third middling, a third at the
+        # largest, so pages and frames meet records of ~9 KiB as well as of ~200 bytes.
+        def text(bound: int) -> str:
+            kind = self.rng.randrange(3)
+            length = (self.rng.randint(1, 16), self.rng.randint(17, bound - 1), bound)[kind]
+            return self.rng.choice("abcdefghijklmnopqrstuvwxyz") * length
+
+        return {"model": text(256), "error": text(4096), "requesterId": text(256)}
 
     async def _post_all(self, plan: list[tuple[Member, dict[str, Any]]], pause: float) -> None:
         given_up: set[JobKey] = set()
