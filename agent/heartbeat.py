@@ -136,10 +136,17 @@ class Heartbeat:
     async def _push(self, node_id: str) -> None:
         try:
             answer = await self._client.push_records(node_id, self._members.push_body())
+            self._members.merge(answer)
         except (MemberUnreachable, MemberRefused) as exc:
             self.pushes_failed += 1
             log.debug("record push to %s failed: %s", node_id, exc)
             return
-        self._members.merge(answer)
+        except Exception:
+            # Anything else (a pin that cannot be written to a full disk, a bug) fails this
+            # push, not the heartbeat: an exception out of a push would end the task group
+            # and with it every later push to every member.
+            self.pushes_failed += 1
+            log.exception("record push to %s failed; the next beat tries again", node_id)
+            return
         self._members.heard_from(node_id)
         self.pushes_ok += 1

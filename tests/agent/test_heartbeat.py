@@ -1,0 +1,90 @@
+"""The heartbeat's pushes: one member's failure, of any kind, fails that push only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+
+from agent.config import AgentConfig
+from agent.errors import MemberUnreachable
+from agent.heartbeat import Heartbeat, OwnRecord
+from agent.members import Members
+from agent.node_client import NodeClient
+from broker.inventory import GpuInventory
+from tests.fixtures.waiting import eventually
+
+
+class Peer:
+    def __init__(self, node_id: str) -> None:
+        self.nodeId = node_id
+
+
+class FakeMembers:
+    """What the heartbeat asks of `Members`; merging b's answer raises, as a pin write to
+    a full disk would."""
+
+    def __init__(self) -> None:
+        self.heard: dict[str, int] = {}
+
+    def offer(self, records: list[Any]) -> None:
+        pass
+
+    def peers(self) -> list[Peer]:
+        return [Peer("nod_a"), Peer("nod_b"), Peer("nod_c")]
+
+    def push_body(self) -> bytes:
+        return b"[]"
+
+    def merge(self, answer: Any) -> None:
+        if answer == "from nod_b":
+            raise OSError(28, "No space left on device")
+
+    def heard_from(self, node_id: str) -> None:
+        self.heard[node_id] = self.heard.get(node_id, 0) + 1
+
+
+class FakeClient:
+    async def push_records(self, node_id: str, body: bytes) -> str:
+        if node_id == "nod_a":
+            raise RuntimeError("a bug in the client")
+        if node_id == "nod_c":
+            raise MemberUnreachable("down")
+        return f"from {node_id}"
+
+
+class Ok(FakeClient):
+    async def push_records(self, node_id: str, body: bytes) -> str:
+        return "fine"
+
+
+@pytest.mark.parametrize("client", [FakeClient(), Ok()], ids=["failing", "control"])
+async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
+    tmp_path: Any, client: FakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    members = FakeMembers()
+    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
+    heartbeat = Heartbeat(
+        own=own,
+        members=cast(Members, members),
+        client=cast(NodeClient, client),
+        interval_s=0.01,
+    )
+    beating = asyncio.create_task(heartbeat.run())
+    try:
+        # Several beats' worth of pushes to every peer: the heartbeat outlives every failure.
+        await eventually(lambda: heartbeat.pushes_failed + heartbeat.pushes_ok >= 30, "many pushes")
+        assert not beating.done()
+    finally:
+        beating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beating
+    if isinstance(client, Ok):
+        assert heartbeat.pushes_failed == 0
+        assert set(members.heard) == {"nod_a", "nod_b", "nod_c"}
+    else:
+        assert heartbeat.pushes_ok == 0
+        assert members.heard == {}  # a push whose answer could not be merged is not heard
+        assert "a bug in the client" in caplog.text
+        assert "No space left on device" in caplog.text
