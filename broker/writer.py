@@ -92,6 +92,11 @@ class JobsWriter:
         # Records the relay delivered that the writer or the store already held at that seq
         # or a later one: the duplicates the relay let through (issue 11; 0 when it is right).
         self.redundant = 0
+        # After a batch failed with anything but StoreUnavailable (a record the store cannot
+        # take: a bug upstream), this many rows are written one at a time to find it; the
+        # row that fails alone is dropped (`refused`), logged, and its waiters told.
+        self._singles = 0
+        self.refused = 0
         self._removals: list[WorkloadRemoval] = []
         # Callers waiting for one job's record to be committed: key -> [(seq, future)].
         self._waiters: dict[tuple[str, str, str], list[tuple[int, asyncio.Future[None]]]] = {}
@@ -296,9 +301,9 @@ class JobsWriter:
         delay = self.retry_base_s
         while True:
             # Taken afresh on every attempt: what arrived since coalesces into the batch.
-            keys = list(itertools.islice(self._upserts, self.max_batch))
+            keys = list(itertools.islice(self._upserts, 1 if self._singles else self.max_batch))
             upserts = [self._upserts[key] for key in keys]
-            removals = list(self._removals)
+            removals = list(self._removals[: 0 if keys else 1] if self._singles else self._removals)
             self._writing = True
             self._in_flight = dict(zip(keys, upserts, strict=True))
             local = [r for k, r in zip(keys, upserts, strict=True) if k not in self._relayed]
@@ -320,6 +325,19 @@ class JobsWriter:
                 self._hurry.clear()
                 delay = min(self.retry_cap_s, delay * 2)
                 continue
+            except Exception as exc:
+                rows = len(upserts) + len(removals)
+                if rows > 1:
+                    log.error(
+                        "the Jobs store failed a batch of %d rows (%s); writing them one at a "
+                        "time to find the one it cannot take",
+                        rows,
+                        describe(exc),
+                    )
+                    self._singles = rows
+                    continue
+                self._refuse(keys, upserts, removals, exc)
+                return
             finally:
                 self._writing = False
                 self._in_flight = {}
@@ -329,6 +347,7 @@ class JobsWriter:
                 del self._upserts[key]
                 self._relayed.discard(key)
         self.redundant += redundant
+        self._singles = max(0, self._singles - 1)
         del self._removals[: len(removals)]
         self._removals_done += len(removals)
         self._resolve(keys, upserts)
@@ -356,6 +375,36 @@ class JobsWriter:
                 self._waiters[key] = keep
             else:
                 del self._waiters[key]
+
+    def _refuse(
+        self,
+        keys: list[tuple[str, str, str]],
+        upserts: list[Workload],
+        removals: list[WorkloadRemoval],
+        exc: Exception,
+    ) -> None:
+        # The one row a store failed alone: dropped, so it cannot hold up every later write;
+        # named by its key only (a record's text never reaches the log).
+        self.refused += 1
+        self._singles = max(0, self._singles - 1)
+        why = f"the Jobs store cannot take this record ({type(exc).__name__})"
+        for key, record in zip(keys, upserts, strict=True):
+            log.error("dropped job %s seq %d: %s", key, record.seq, describe(exc))
+            if self._upserts.get(key) is record:
+                del self._upserts[key]
+                self._relayed.discard(key)
+            for _, done in self._waiters.pop(key, []):
+                if not done.done():
+                    done.set_exception(StoreUnavailable(why))
+        for removal in removals:
+            log.error(
+                "dropped the removal of %s from %s: %s",
+                removal.workloadId,
+                removal.originatedFrom,
+                describe(exc),
+            )
+            del self._removals[:1]
+            self._removals_done += 1
 
     def _failed(self, reason: str, delay: float) -> None:
         self.failed_writes += 1
