@@ -46,6 +46,7 @@ class Figures:
     diverged: int = 0  # members whose list differs from what the client was told
     duplicates: int = 0  # records the relays delivered to a broker that it already held
     converge_s: float = 0.0  # from the end of the faults until every member agreed
+    after_load_s: float | None = None  # from the end of the last load until they agreed
 
     def line(self, scenario: str) -> str:
         return (
@@ -53,6 +54,11 @@ class Figures:
             f"{self.retried}, unacknowledged {self.unacknowledged}), lost {self.lost}, "
             f"extra {self.extra}, duplicates {self.duplicates}, diverged {self.diverged}, "
             f"converged in {self.converge_s:.1f}s"
+            + (
+                f" ({self.after_load_s:.1f}s after the load)"
+                if self.after_load_s is not None
+                else ""
+            )
         )
 
 
@@ -95,6 +101,7 @@ class RememberingClient:
         self.acked: dict[JobKey, int] = {}  # job -> highest seq answered 202
         self.maybe: dict[JobKey, int] = {}  # job -> a seq sent but never answered 202
         self._session: aiohttp.ClientSession | None = None
+        self._load_ended: float | None = None
 
     async def __aenter__(self) -> RememberingClient:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -166,6 +173,7 @@ class RememberingClient:
         async with asyncio.TaskGroup() as posters:
             for plan in plans:
                 posters.create_task(self._post_all(plan, pause))
+        self._load_ended = time.monotonic()
 
     def _sizes(self) -> dict[str, Any]:
         # The free-text fields at lengths up to their bounds (seed 002's record; the bounds
@@ -231,7 +239,10 @@ class RememberingClient:
         try:
             await eventually(converged, "every member lists what it was told", within_s=within_s)
         finally:
-            self.figures.converge_s = time.monotonic() - start
+            now = time.monotonic()
+            self.figures.converge_s = now - start
+            if self._load_ended is not None:
+                self.figures.after_load_s = max(0.0, now - self._load_ended)
             self.figures.lost = sum(len(d.missing) + len(d.older) for d in diffs)
             self.figures.extra = sum(len(d.newer) + len(d.unknown) for d in diffs)
             self.figures.diverged = sum(1 for d in diffs if d)
