@@ -34,7 +34,14 @@ from ._db import first_line
 from .errors import DatabaseUnavailable, PlaneError
 from .ids import is_id
 from .store import PlaneStore
-from .wire import JOB_STATES, EnrolRequest, SyncBatch, decode_cursor, encode_cursor
+from .wire import (
+    JOB_STATES,
+    EnrolRequest,
+    SyncBatch,
+    decode_cursor,
+    encode_cursor,
+    without_nul,
+)
 
 __all__ = ["MAX_BODY", "MAX_WINDOW_S", "PlaneServer"]
 
@@ -202,12 +209,15 @@ class PlaneServer:
             return _error(403, "sync needs a cluster token")
         if request.content_type != "application/json":
             return _error(415, "use Content-Type: application/json")
+        body = await request.read()
         try:
-            batch = _batch_decoder.decode(await request.read())
+            batch = _batch_decoder.decode(body)
         except msgspec.DecodeError as exc:
             return _error(400, f"malformed sync batch: {exc}")
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return _error(400, "malformed sync batch: nested too deeply")
+        if b"\\u0000" in body:  # a NUL in a string (JSON must escape it): rare, walk it
+            batch = without_nul(batch)
         written = await self.store.sync(cluster_id, batch)  # SyncRefused: 400
         return _json({"written": written})
 

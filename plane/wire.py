@@ -74,3 +74,21 @@ def decode_cursor(text: str) -> JobsCursor:
     """The cursor in an `after` parameter; `msgspec.ValidationError` or `DecodeError` when it
     is not one a page gave."""
     return _cursor_decoder.decode(text)
+
+
+def without_nul(batch: SyncBatch) -> SyncBatch:
+    """`batch` with every NUL in its strings replaced by U+FFFD. JSON and the agents' stores
+    carry a NUL; PostgreSQL's text cannot, and refusing the batch would stop that node's
+    sync for good (its outbox resends the same job forever). The plane is a view: it keeps
+    the job, marked where the NUL was."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("\x00", "\ufffd")
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        return value
+
+    return msgspec.convert(clean(msgspec.to_builtins(batch)), SyncBatch)

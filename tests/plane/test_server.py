@@ -105,3 +105,23 @@ async def test_jobs_filters_and_bad_queries(plane: Plane) -> None:
     assert len(rest["jobs"]) == 1
     for query in ("state=exploded", "cluster=nope", "limit=x", "after=[1]"):
         assert (await plane.call("GET", f"/v1/jobs?{query}", ADMIN))[0] == 400
+
+
+async def test_a_nul_in_a_jobs_text_is_kept_as_a_replacement_character(plane: Plane) -> None:
+    # PostgreSQL's text cannot hold a NUL; refusing the batch would stop the node's sync for
+    # good (its outbox sends the same job again and again). The control: the job beside it.
+    cluster, token = await enrol(plane, "a")
+    node = new_id("nod")
+    sync = msgspec.json.encode(
+        batch(node, 1, [job(node, "1", 3, error="bad\x00byte", model="m\x00"), job(node, "2", 1)])
+    )
+    assert b"\\u0000" in sync
+    status, answer = await plane.call(
+        "POST", "/v1/sync", token, sync, headers={"Content-Type": "application/json"}
+    )
+    assert status == 200, answer
+    _, listed = await plane.call("GET", f"/v1/jobs?cluster={cluster}", token)
+    jobs = {j["id"]: j for j in listed["jobs"]}
+    assert set(jobs) == {"1", "2"}
+    assert (jobs["1"]["error"], jobs["1"]["model"]) == ("bad\ufffdbyte", "m\ufffd")
+    assert jobs["2"]["model"] == "llama"
