@@ -47,7 +47,10 @@ async def start_inter_node(
         cluster,
         host=os.environ.get("NVPAIR_WM_BIND") or None,  # None: every interface
         port=manager.port,
-        broker_ready=lambda: manager.broker_ready(),
+        # Peers' events wait (503) while the broker's view is loading: taken before the page
+        # holding them, the relay would think them new and hand the broker what it stored
+        # already -- a restarted node's whole catch-up, delivered twice.
+        broker_ready=lambda: manager.broker_ready() and manager.view_state != "loading",
     )
     manager.port = await server.start()
     stack.push_async_callback(server.aclose)
