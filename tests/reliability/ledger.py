@@ -102,6 +102,7 @@ class RememberingClient:
         self.maybe: dict[JobKey, int] = {}  # job -> a seq sent but never answered 202
         self._session: aiohttp.ClientSession | None = None
         self._load_ended: float | None = None
+        self._carried = 0  # duplicates counted by agents since killed (their counters gone)
 
     async def __aenter__(self) -> RememberingClient:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -248,7 +249,12 @@ class RememberingClient:
             self.figures.diverged = sum(1 for d in diffs if d)
         bad = [str(d) for d in diffs if d]
         assert not bad, "; ".join(bad)
-        self.figures.duplicates = await duplicates_delivered(members)
+        self.figures.duplicates = self._carried + await duplicates_delivered(members)
+
+    async def before_kill(self, members: list[Member]) -> None:
+        """Keep the duplicates `members` counted so far: an agent's counters die with it.
+        (What one counts between this and the kill is not seen.)"""
+        self._carried += await duplicates_delivered(members)
 
     def states(self) -> dict[JobKey, str]:
         """What the client was told, as each job's state."""

@@ -122,6 +122,7 @@ async def test_managers_killed_under_load_lose_nothing(tmp_path: Path, tier: Tie
             while not load.done():
                 victim = rng.choice(members)
                 if tier.long and rng.random() < 0.3:
+                    await client.before_kill([victim])
                     await victim.kill_agent()
                     kills.append(f"{victim.name} agent")
                     await victim.restart()
@@ -169,6 +170,7 @@ async def test_an_agent_killed_under_load_and_restarted_loses_nothing(
             )
             await accepted_at_least(client, 20, "load under way")
             before = victim.pid
+            await client.before_kill([victim])
             await victim.kill_agent()
             # The control: its events are refused while it is down (the client tries again).
             await eventually(lambda: client.figures.retried > 0, f"{victim.name} refuses events")
