@@ -73,7 +73,11 @@ async def test_a_steady_load_leaves_nothing_growing(tmp_path: Path, tier: Tier) 
     print(f"queues drained {drained_s:.1f}s after the load")
     print("anti-entropy records taken / redundant deliveries per member: " + ", ".join(repairs))
     warm = began + WARM_UP * (ended - began)
-    for line in _resource_lines(usage, warm, ended) + _depth_lines(depths, began, ended):
+    # A steady load enters jobs at a steady pace: the thirds' middles are 2/3 of the window
+    # apart, so about this many jobs were entered between them.
+    between = client.figures.jobs * (1 - WARM_UP) * 2 / 3
+    lines = _resource_lines(usage, warm, ended, between) + _depth_lines(depths, began, ended)
+    for line in lines:
         print(line)
     # The control: the load went through (most of what was offered was acknowledged).
     assert rates.accepted >= 0.5 * rate * duration_s, rates.line()
@@ -109,15 +113,16 @@ def _window(usage: Usage, start: float, end: float) -> dict[str, tuple[list[int]
     return found
 
 
-def _resource_lines(usage: Usage, start: float, end: float) -> list[str]:
+def _resource_lines(usage: Usage, start: float, end: float, jobs_between: float) -> list[str]:
     lines = []
     for name, (rss, fds) in _window(usage, start, end).items():
-        first_mib, last_mib = (v / 1024 for v in thirds(rss))
+        first_kib, last_kib = thirds(rss)
+        per_job = (last_kib - first_kib) / max(jobs_between, 1)
         first_fds, last_fds = thirds(fds)
         lines.append(
-            f"{name}: RSS {first_mib:.1f} -> {last_mib:.1f} MiB (first third -> last, "
-            f"peak {max(rss) / 1024:.1f}), fds {first_fds:.1f} -> {last_fds:.1f} "
-            f"(peak {max(fds)}), {len(rss)} samples"
+            f"{name}: RSS {first_kib / 1024:.1f} -> {last_kib / 1024:.1f} MiB (first third -> "
+            f"last, {per_job:.2f} KiB per job entered, peak {max(rss) / 1024:.1f}), "
+            f"fds {first_fds:.1f} -> {last_fds:.1f} (peak {max(fds)}), {len(rss)} samples"
         )
     return lines
 
@@ -155,5 +160,7 @@ def _check_depths(depths: Depths, start: float, end: float, rate: float) -> None
         ):
             first, last = thirds(series)
             assert last <= QUEUE_FACTOR * first + slack, f"{name}'s {what} grows: {series}"
+        # The control: the reads are live -- every member's writer held rows at some sample.
+        assert max(s.writer for s in got) > 0, f"{name}'s Jobs writer never seen busy"
         dropped = [s.dropped for s in got]
         assert dropped[-1] == dropped[0], f"{name}'s supervisor dropped frames: {dropped}"
