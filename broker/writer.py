@@ -35,6 +35,7 @@ from typing import Final, Protocol
 from workload_manager.tasks import FailureHandler, describe, reporting
 from workload_manager.workload import Workload, WorkloadRemoval
 
+from .commit_waiters import CommitWaiters
 from .errors import StoreUnavailable
 
 __all__ = ["BatchStore", "JobsWriter"]
@@ -99,7 +100,7 @@ class JobsWriter:
         self.refused = 0
         self._removals: list[WorkloadRemoval] = []
         # Callers waiting for one job's record to be committed: key -> [(seq, future)].
-        self._waiters: dict[tuple[str, str, str], list[tuple[int, asyncio.Future[None]]]] = {}
+        self._waiters = CommitWaiters()
         self._removals_in = 0  # removals handed in since start, and of those committed
         self._removals_done = 0
         self._wake = asyncio.Event()
@@ -132,7 +133,7 @@ class JobsWriter:
                 unavailable.reason,
             )
         finally:
-            self._fail_waiters("the Jobs writer stopped")
+            self._waiters.fail_all("the Jobs writer stopped")
             tasks, self._tasks = self._tasks, None
             if self._task is not None:
                 self._task.cancel()
@@ -199,10 +200,8 @@ class JobsWriter:
             raise StoreUnavailable(self.failure)
         if key not in self._upserts and key not in self._in_flight:
             return  # written already (or never handed in: nothing to wait for)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = (seq, done)
-        self._waiters.setdefault(key, []).append(waiter)
-        await self._wait(done, timeout_s, lambda: self._forget(key, waiter))
+        waiter = self._waiters.add(key, seq)
+        await self._wait(waiter[1], timeout_s, lambda: self._waiters.forget(key, waiter))
 
     async def remove_durable(
         self, removal: WorkloadRemoval, timeout_s: float = FLUSH_TIMEOUT_S
@@ -235,22 +234,8 @@ class JobsWriter:
         finally:
             forget()  # a caller that gave up (timeout, cancel) leaves no waiter behind
 
-    def _forget(self, key: tuple[str, str, str], waiter: tuple[int, asyncio.Future[None]]) -> None:
-        waiters = self._waiters.get(key)
-        if waiters is not None and waiter in waiters:
-            waiters.remove(waiter)
-            if not waiters:
-                del self._waiters[key]
-
     def _why_not(self, timeout_s: float) -> str:
         return self.failure or self.last_error or f"nothing written within {timeout_s:g}s"
-
-    def _fail_waiters(self, reason: str) -> None:
-        waiters, self._waiters = self._waiters, {}
-        for held in waiters.values():
-            for _, done in held:
-                if not done.done():
-                    done.set_exception(StoreUnavailable(reason))
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait until everything handed in so far is committed.
@@ -282,7 +267,7 @@ class JobsWriter:
         await reporting(PART, self._run(), self._died)
         # The task died (reporting() returned): wake every flush() so it raises at once
         # instead of waiting out its bound.
-        self._fail_waiters(self.failure or "the Jobs writer stopped")
+        self._waiters.fail_all(self.failure or "the Jobs writer stopped")
         async with self._written:
             self._written.notify_all()
 
@@ -350,31 +335,12 @@ class JobsWriter:
         self._singles = max(0, self._singles - 1)
         del self._removals[: len(removals)]
         self._removals_done += len(removals)
-        self._resolve(keys, upserts)
+        self._waiters.resolve(zip(keys, upserts, strict=True), self._upserts.__contains__)
         if self.last_error is not None:
             log.warning("the Jobs store takes writes again; %d pending", self.pending)
             self.last_error = None
         self.commits += 1
         self.rows += len(upserts) + len(removals)
-
-    def _resolve(self, keys: list[tuple[str, str, str]], written: list[Workload]) -> None:
-        # A waiter for a seq at or below the one committed is done (its record was that one
-        # or coalesced into it); so is every waiter of a job with nothing newer pending.
-        for key, record in zip(keys, written, strict=True):
-            waiters = self._waiters.get(key)
-            if not waiters:
-                continue
-            newer_pending = key in self._upserts
-            keep = []
-            for seq, done in waiters:
-                if newer_pending and seq > record.seq:
-                    keep.append((seq, done))
-                elif not done.done():
-                    done.set_result(None)
-            if keep:
-                self._waiters[key] = keep
-            else:
-                del self._waiters[key]
 
     def _refuse(
         self,
@@ -393,9 +359,7 @@ class JobsWriter:
             if self._upserts.get(key) is record:
                 del self._upserts[key]
                 self._relayed.discard(key)
-            for _, done in self._waiters.pop(key, []):
-                if not done.done():
-                    done.set_exception(StoreUnavailable(why))
+            self._waiters.fail(key, why)
         for removal in removals:
             log.error(
                 "dropped the removal of %s from %s: %s",

@@ -32,7 +32,6 @@ from .cluster_harness import (
     make_cluster,
     record,
 )
-from .manager_process import ManagerProcess
 
 
 async def start_all(members: list[Member], links: dict[str, list[str]] | None = None) -> None:
@@ -339,75 +338,6 @@ async def post(sender: Member, receiver: Member, body: bytes) -> int:
     ):
         await response.read()
         return response.status
-
-
-async def test_events_wait_while_no_broker_listens(trio: list[Member], tmp_path: Path) -> None:
-    # With --ipc and no broker connected, the manager cannot tell anyone: it answers 503 and
-    # the sender keeps the events until a broker is there.
-    a, b, _ = trio
-    sock = tmp_path / "a.sock"
-    proc = await ManagerProcess.start(
-        "--cluster-dir", str(a.cluster.path), "--port", str(a.port), "--log-level", "debug",
-        ipc=sock, env={"NVPAIR_WM_BIND": "127.0.0.1"},
-    )  # fmt: skip
-    try:
-        body = json.dumps(
-            [{"jsonrpc": "2.0", "method": "workload:submitted",
-              "params": {"workloadInfo": record(b.node_id, "1", 1)}}]
-        ).encode()  # fmt: skip
-        assert await post(b, a, body) == 503
-        chan = await proc.connect()
-        await chan.handshake()
-        assert await post(b, a, body) == 202
-        told = await chan.recv()
-        assert told["method"] == "workloads:upsert"
-        assert told["params"]["workloadInfo"]["id"] == "1"
-        await chan.close()
-    finally:
-        await proc.aclose()
-
-
-async def test_events_wait_while_the_brokers_view_loads(trio: list[Member], tmp_path: Path) -> None:
-    # Taken before the snapshot page that holds them, peers' events would look new to the
-    # relay and reach the broker a second time (seen as ~15,000 redundant deliveries when
-    # agents restarted under load). So they wait (503) until the view is in.
-    a, b, _ = trio
-    sock = tmp_path / "a.sock"
-    proc = await ManagerProcess.start(
-        "--cluster-dir", str(a.cluster.path), "--port", str(a.port), "--log-level", "debug",
-        ipc=sock, env={"NVPAIR_WM_BIND": "127.0.0.1"},
-    )  # fmt: skip
-    try:
-        held = record(b.node_id, "1", 1)
-        body = json.dumps(
-            [{"jsonrpc": "2.0", "method": "workload:submitted",
-              "params": {"workloadInfo": held}}]
-        ).encode()  # fmt: skip
-        chan = await proc.connect()
-        assert (await chan.recv())["method"] == "ready"
-        snapshot = await chan.recv()
-        assert snapshot["method"] == "workloads:snapshot"
-        assert await post(b, a, body) == 503  # the view is still loading
-        view = {"workloads": [held], "removed": []}
-        await chan.send({"jsonrpc": "2.0", "result": view, "id": snapshot["id"]})
-        # The control: once it is in, events are taken -- and the one the broker holds
-        # already is a duplicate the relay drops, while a new one reaches the broker.
-        new = record(b.node_id, "2", 1)
-        both = json.dumps(
-            [{"jsonrpc": "2.0", "method": "workload:submitted", "params": {"workloadInfo": w}}
-             for w in (held, new)]
-        ).encode()  # fmt: skip
-        await eventually(lambda: _accepted(b, a, both), "events taken once the view is in")
-        told = await chan.recv()
-        assert told["method"] == "workloads:upsert"
-        assert told["params"]["workloadInfo"]["id"] == "2"
-        await chan.close()
-    finally:
-        await proc.aclose()
-
-
-async def _accepted(sender: Member, receiver: Member, body: bytes) -> bool:
-    return await post(sender, receiver, body) == 202
 
 
 async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
