@@ -69,13 +69,13 @@ CREATE TABLE IF NOT EXISTS removed (
 # out before the statement runs: a NOT EXISTS subquery here halves the insert rate.)
 _UPSERT: Final = """
 INSERT INTO jobs (origin, run_id, id, seq, state, model, engine, scheduled_on,
-                  created_at, completed_at, record)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                  created_at, completed_at, record, stored_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (origin, run_id, id) DO UPDATE SET
     seq = excluded.seq, state = excluded.state, model = excluded.model,
     engine = excluded.engine, scheduled_on = excluded.scheduled_on,
     created_at = excluded.created_at, completed_at = excluded.completed_at,
-    record = excluded.record
+    record = excluded.record, stored_at = excluded.stored_at
 WHERE excluded.seq > jobs.seq
 """
 
@@ -146,6 +146,10 @@ class JobsStore:
             if "plane_seq" not in columns:
                 # The seq of each job the plane has acknowledged: the durable sync outbox.
                 await db.execute("ALTER TABLE jobs ADD COLUMN plane_seq INTEGER NOT NULL DEFAULT 0")
+            if "stored_at" not in columns:
+                # When this store last took a newer record of the job (epoch s): anti-entropy
+                # hands on only what settled here, not what the relay is still delivering.
+                await db.execute("ALTER TABLE jobs ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
             await db.commit()
             async with db.execute("SELECT origin, id FROM removed") as rows:
                 removed = {(str(origin), str(wid)) for origin, wid in await rows.fetchall()}
@@ -177,8 +181,8 @@ class JobsStore:
         gone = self._removed
         if removal_rows:  # a copy, kept only once committed: a refused batch leaves no trace
             gone = gone | {(origin, wid) for origin, wid, _ in removal_rows}
-        upsert_rows = [_row(r) for r in upserts if (r.originatedFrom, r.id) not in gone]
-        relayed_rows = [_row(r) for r in relayed if (r.originatedFrom, r.id) not in gone]
+        upsert_rows = [(*_row(r), now) for r in upserts if (r.originatedFrom, r.id) not in gone]
+        relayed_rows = [(*_row(r), now) for r in relayed if (r.originatedFrom, r.id) not in gone]
         redundant = 0
         async with self._refused_as_unavailable(), self._transaction():
             if removal_rows:

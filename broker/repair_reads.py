@@ -46,13 +46,19 @@ async def compared_removals(store: JobsStore, *, since: float) -> list[tuple[str
         return [(str(o), str(i)) for o, i in await cursor.fetchall()]
 
 
-async def records_for(store: JobsStore, keys: Sequence[JobKey]) -> list[Workload]:
-    """The records of these jobs that the store holds, as stored."""
+async def records_for(
+    store: JobsStore, keys: Sequence[JobKey], *, stored_before: float | None = None
+) -> list[Workload]:
+    """The records of these jobs that the store holds, as stored; with `stored_before`
+    (epoch s), only those it took before then."""
     found: list[Workload] = []
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         where = " OR ".join("(origin = ? AND run_id = ? AND id = ?)" for _ in chunk)
-        args: list[str] = [part for key in chunk for part in key]
+        args: list[str | float] = [part for key in chunk for part in key]
+        if stored_before is not None:
+            where = f"({where}) AND stored_at < ?"
+            args.append(stored_before)
         async with store.db.execute(f"SELECT record FROM jobs WHERE {where}", args) as cursor:
             found += [_decode(row[0]) for row in await cursor.fetchall()]
     return found

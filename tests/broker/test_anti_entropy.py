@@ -3,9 +3,11 @@ rounds between two real Jobs stores that repair any difference and then move not
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.repair import AntiEntropy
+from agent.repair import SETTLE_S, AntiEntropy
 from broker.anti_entropy import (
     Differences,
     Digest,
@@ -90,9 +92,12 @@ def workload(wid: str, seq: int, **fields: Any) -> Any:
 
 
 class Side:
-    def __init__(self, store: JobsStore, writer: JobsWriter) -> None:
+    def __init__(self, store: JobsStore, writer: JobsWriter, *, ahead_s: float = 60.0) -> None:
         self.store, self.writer = store, writer
         self.peer: AntiEntropy | None = None
+        # The side's clock runs `ahead_s` ahead of the stores' writes: what they hold has
+        # settled (anti-entropy hands on only records a store took SETTLE_S ago or more).
+        self.ahead_s = ahead_s
         self.repair = AntiEntropy(
             store=store,
             writer=writer,
@@ -100,6 +105,7 @@ class Side:
             digest_at=self._digest,
             exchange_at=self._exchange,
             retention_h=168,
+            clock=lambda: time.time() + self.ahead_s,
         )
 
     async def _digest(self, node: str, d: Digest) -> Differences:
@@ -118,9 +124,8 @@ class Side:
 async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
     tmp_path: Path,
 ) -> None:
-    stores = [await JobsStore.open(tmp_path / f"{name}.db") for name in "ab"]
-    async with JobsWriter(stores[0]) as wa, JobsWriter(stores[1]) as wb:
-        a, b = Side(stores[0], wa), Side(stores[1], wb)
+    async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
+        a, b = Side(sa, wa), Side(sb, wb)
         a.peer, b.peer = b.repair, a.repair
         for n in range(300):
             record = workload(str(n), 1 + n % 3, origin="nod_a" if n % 2 else "nod_b")
@@ -148,5 +153,33 @@ async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
         # Nothing differs any more: the next round, either way, moves nothing.
         assert await a.repair.round_with("nod_b") == 0
         assert await b.repair.round_with("nod_a") == 0
-    for store in stores:
-        await store.close()
+
+
+async def test_a_record_is_handed_on_only_once_it_has_settled(tmp_path: Path) -> None:
+    # One a store took moments ago is most likely on its way to the other member through
+    # the relay: repairing it too would deliver it there twice.
+    async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
+        a, b = Side(sa, wa, ahead_s=0.0), Side(sb, wb, ahead_s=0.0)
+        a.peer, b.peer = b.repair, a.repair
+        wa.upsert(workload("fresh", 1, origin="nod_a"))
+        wb.upsert(workload("theirs", 1, origin="nod_b"))
+        await wa.flush()
+        await wb.flush()
+        assert await a.repair.round_with("nod_b") == 0  # neither side hands on its fresh one
+        assert ("nod_a", "fresh") not in await b.view()
+        a.ahead_s = b.ahead_s = SETTLE_S + 1  # the control: once settled, both move
+        assert await a.repair.round_with("nod_b") == 2
+        assert await a.view() == await b.view()
+
+
+@contextlib.asynccontextmanager
+async def two_stores(tmp_path: Path) -> AsyncIterator[list[tuple[JobsStore, JobsWriter]]]:
+    """Two stores with their writers, closed however the test ends (an open store's thread
+    would keep the test process alive)."""
+    async with contextlib.AsyncExitStack() as stack:
+        pairs = []
+        for name in "ab":
+            store = await JobsStore.open(tmp_path / f"{name}.db")
+            stack.push_async_callback(store.close)
+            pairs.append((store, await stack.enter_async_context(JobsWriter(store))))
+        yield pairs
