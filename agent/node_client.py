@@ -3,7 +3,8 @@
 The one place that builds member URLs and client contexts: record pushes, forwarded
 inference, cordon, cancel and anti-entropy rounds. The server's certificate is checked
 against the cluster CA and the member's node id (`server_hostname_for`), so connecting by
-IP address still names who must answer. Two sessions: short calls time out after 5 s;
+IP address still names who must answer -- and, once connected, the server's certificate must
+be that member's pin (`PinnedConnector`). Two sessions: short calls time out after 5 s;
 forwarded inference has no total timeout (a generation may be long) but a connect timeout
 and a read timeout between chunks.
 """
@@ -15,14 +16,20 @@ from typing import Any, Final
 
 import aiohttp
 import msgspec
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.tracing import Trace
 
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from certs.ids import DNS_SUFFIX
+from certs.pin_check import pinned_peer
+from certs.pins import PinStore
 
 from .errors import MemberRefused, MemberUnreachable
 
-__all__ = ["NodeClient"]
+__all__ = ["NodeClient", "PinnedConnector"]
 
 SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
@@ -30,6 +37,39 @@ _JSON: Final = {"Content-Type": "application/json"}
 _NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
 _differences: Final = msgspec.json.Decoder(Differences)
 _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
+
+
+class PinnedConnector(aiohttp.TCPConnector):
+    """Connections to members that check whom they reached: after the handshake the server's
+    certificate must be the pin of the member the request is for (named by its server
+    hostname, `server_hostname_for`), or the connection is closed before a byte of the
+    request goes out. TLS alone proves only a certificate of the cluster CA; a record that
+    points a member's address elsewhere must not get that member's traffic. Pooled
+    connections are keyed by server hostname too, so one checked for a member serves only
+    requests for that member."""
+
+    def __init__(self, pins: PinStore, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pins = pins
+
+    async def _create_connection(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+    ) -> ResponseHandler:
+        proto = await super()._create_connection(req, traces, timeout)
+        hostname = req.server_hostname or ""
+        expected = hostname.removesuffix(DNS_SUFFIX) if hostname.endswith(DNS_SUFFIX) else None
+        transport = proto.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        if expected is None or pinned_peer(ssl_object, self._pins) != expected:
+            proto.close()
+            raise aiohttp.ClientConnectionError(
+                f"the server at {req.url.host}:{req.url.port} is not {expected or hostname!r}: "
+                "its certificate is not that member's pin"
+            )
+        return proto
 
 
 class NodeClient:
@@ -43,6 +83,7 @@ class NodeClient:
         dial_from: str | None = None,
     ) -> None:
         self._contexts = ClientContexts(cluster)
+        self._pins = cluster.pins
         self._record_of = record_of
         self._dial_from = dial_from
         self._short: aiohttp.ClientSession | None = None
@@ -76,7 +117,7 @@ class NodeClient:
         # Connections leave from `dial_from` when it is set (`[agent] dial_from`).
         local = (self._dial_from, 0) if self._dial_from else None
         return aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(local_addr=local)
+            timeout=timeout, connector=PinnedConnector(self._pins, local_addr=local)
         )
 
     async def _post(self, node_id: str, path: str, body: bytes) -> bytes:

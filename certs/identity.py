@@ -12,6 +12,7 @@ import datetime
 import functools
 import hashlib
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -24,6 +25,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .errors import BadCertificate, PinRefused
 from .ids import DNS_SUFFIX, node_dns_name, node_id_from_uri, node_uri
+
+# A host name an operator may put in a certificate: letters, digits and hyphens in labels of
+# at most 63, no wildcard (checked lower-cased).
+_DNS_NAME: Final = re.compile(
+    r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
+)
 
 __all__ = [
     "CA_VALIDITY",
@@ -182,7 +189,7 @@ def issue_node_cert(
     general: list[x509.GeneralName] = [
         x509.UniformResourceIdentifier(node_uri(node_id)),
         x509.DNSName(node_dns_name(node_id)),
-        *_general_names(sans),
+        *_general_names(operator_names(sans)),
     ]
     not_after = min(now + NODE_VALIDITY, ca_cert.not_valid_after_utc)
     return (
@@ -224,14 +231,36 @@ def issue_node_cert(
     )
 
 
+def operator_names(sans: Iterable[str]) -> list[str]:
+    """The extra names an operator may have in a node certificate: IP addresses, and DNS
+    names outside the cluster's own namespace. A name under `.nvpair.internal` in any case
+    (DNS matching ignores case: `NOD_X.NVPAIR.INTERNAL` is node X's name), a wildcard or a
+    malformed name is dropped: the node-id names are the issuer's to add, never a CSR's."""
+    kept: list[str] = []
+    for san in sans:
+        try:
+            kept.append(str(ipaddress.ip_address(san)))
+            continue
+        except ValueError:
+            pass
+        name = san.rstrip(".").lower()
+        if name.endswith(DNS_SUFFIX) or name == DNS_SUFFIX[1:] or not _DNS_NAME.fullmatch(name):
+            continue
+        kept.append(san)
+    return kept
+
+
 def operator_sans(extensions: x509.Extensions) -> list[str]:
     """The DNS names and IPs in a certificate or CSR, without the node-id name we add."""
     try:
         sans = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
-    dns = [n for n in sans.get_values_for_type(x509.DNSName) if not n.endswith(DNS_SUFFIX)]
-    return dns + [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    names = [
+        *sans.get_values_for_type(x509.DNSName),
+        *map(str, sans.get_values_for_type(x509.IPAddress)),
+    ]
+    return operator_names(names)
 
 
 def spki_sha256(cert: x509.Certificate) -> bytes:

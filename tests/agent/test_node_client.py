@@ -1,0 +1,133 @@
+"""`NodeClient` checks whom it reached: a server whose certificate is not the pin of the
+member a call is for gets nothing, not a byte of the request (issue 12, item 3)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from agent.errors import MemberUnreachable
+from agent.node_client import NodeClient
+from broker.records import NodeRecord
+from certs import ClusterDir, ServerContexts
+from certs.identity import load_cert, new_key
+from certs.ids import new_node_id, node_dns_name, node_uri
+from tests.fixtures.records import node_record
+from tests.workload_manager.cluster_harness import Member, free_port, make_cluster
+
+
+def impostor(root: Path, ca_holder: Member, victim: Member) -> Member:
+    """A node whose certificate, signed by the cluster CA, also carries the victim's DNS name
+    in capitals (DNS matching ignores case): what the admitter used to issue to a joiner
+    that asked for it in its CSR. It is not pinned anywhere."""
+    ca_key, ca_cert = ca_holder.cluster.load_ca()
+    key = new_key()
+    now = datetime.datetime.now(datetime.UTC)
+    names = [
+        x509.UniformResourceIdentifier(node_uri(new_node_id())),
+        x509.DNSName(node_dns_name(victim.node_id).upper()),
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mallory")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cluster = ClusterDir(root / "mallory")
+    pins = [load_cert(pem) for pem in ca_holder.cluster.pins.pems()]
+    cluster.write_identity(key, cert, ca_cert, pins=pins)
+    return Member("mallory", cluster, free_port())
+
+
+@contextlib.asynccontextmanager
+async def node_api(member: Member, hits: list[str]) -> AsyncIterator[int]:
+    """A TLS server with `member`'s identity that records every request it is sent."""
+
+    async def cordon(request: web.Request) -> web.Response:
+        hits.append(member.name)
+        await request.read()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/cordon", cordon)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(
+        runner, "127.0.0.1", port, ssl_context=ServerContexts(member.cluster).listening
+    )
+    await site.start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_record_pointing_a_member_elsewhere_gets_that_server_nothing(
+    tmp_path: Path,
+) -> None:
+    a, b, c = make_cluster(tmp_path, ["a", "b", "c"])
+    mallory = impostor(tmp_path, a, b)
+    hits: list[str] = []
+    async with (
+        node_api(b, hits) as b_port,
+        node_api(c, hits) as c_port,
+        node_api(mallory, hits) as mallory_port,
+    ):
+        records: dict[str, NodeRecord] = {}
+        client = NodeClient(a.cluster, records.get)
+        try:
+            # The control: b's record points at b, and b takes the call.
+            records[b.node_id] = node_record(b.node_id, node_port=b_port)
+            await client.cordon(b.node_id, True)
+            assert hits == ["b"]
+            # A record that points b's address at a member that is not b: TLS refuses c (its
+            # certificate names only c) ...
+            records[b.node_id] = node_record(b.node_id, node_port=c_port)
+            with pytest.raises(MemberUnreachable, match="Hostname mismatch"):
+                await client.cordon(b.node_id, True)
+            # ... and the pin check refuses one whose certificate passes TLS as b.
+            records[b.node_id] = node_record(b.node_id, node_port=mallory_port)
+            with pytest.raises(MemberUnreachable, match="not that member's pin"):
+                await client.cordon(b.node_id, True)
+            assert hits == ["b"]
+            # c itself, by its own record, still answers: nothing else broke.
+            records[c.node_id] = node_record(c.node_id, node_port=c_port)
+            await client.cordon(c.node_id, True)
+            assert hits == ["b", "c"]
+        finally:
+            await client.aclose()
+
+
+def test_the_admitter_drops_names_of_the_clusters_own_namespace(tmp_path: Path) -> None:
+    a, b = make_cluster(tmp_path, ["a", "b"])
+    issued = a.cluster.issue(
+        "joiner",
+        tmp_path / "joiner",
+        [node_dns_name(b.node_id).upper(), "*.example.com", "gpu-7.example.com", "10.0.0.7"],
+    )
+    cert = ClusterDir(tmp_path / "joiner").load_identity().cert
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = sans.get_values_for_type(x509.DNSName)
+    # Its own node-id name (added by the issuer) and the operator's plain name, nothing else.
+    assert sorted(dns) == sorted([node_dns_name(issued.node_id), "gpu-7.example.com"])
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
