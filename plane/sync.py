@@ -137,6 +137,20 @@ def check_batch(batch: SyncBatch) -> None:
             raise SyncRefused(f"{device.id!r} is not a device id")
 
 
+async def _refuse_foreign(cur: Any, cluster_id: str, batch: SyncBatch) -> None:
+    """`SyncRefused` when a device or domain of `batch` is another node's (or cluster's)."""
+    params = {
+        "devices": [d.id for d in batch.devices],
+        "domains": [d.id for d in batch.domains],
+        "node": batch.nodeId,
+        "cluster": cluster_id,
+    }
+    await cur.execute(_FOREIGN, params)
+    foreign = await cur.fetchone()
+    if foreign is not None:
+        raise SyncRefused(f"{foreign[0]} belongs to another node")
+
+
 _UPSERT_NODE: Final = (
     b"INSERT INTO nodes (id, cluster_id, name, reachable, cordoned, version, generation) "
     b"VALUES (%s, %s, %s, true, %s, %s, %s) "
@@ -152,14 +166,27 @@ _UPSERT_DEVICE: Final = (
     b"ON CONFLICT (id) DO UPDATE SET health = excluded.health, "
     b"memory_total = excluded.memory_total, memory_used = excluded.memory_used, "
     b"utilization = excluded.utilization, domain_id = excluded.domain_id, "
-    b"generation = excluded.generation WHERE excluded.generation > devices.generation"
+    b"generation = excluded.generation WHERE excluded.generation > devices.generation "
+    b"AND devices.node_id = excluded.node_id AND devices.cluster_id = excluded.cluster_id"
 )
 _UPSERT_DOMAIN: Final = (
     b"INSERT INTO topology_domains (id, node_id, cluster_id, kind, device_ids, generation) "
     b"VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
     b"kind = excluded.kind, device_ids = excluded.device_ids, "
     b"generation = excluded.generation "
-    b"WHERE excluded.generation > topology_domains.generation"
+    b"WHERE excluded.generation > topology_domains.generation "
+    b"AND topology_domains.node_id = excluded.node_id "
+    b"AND topology_domains.cluster_id = excluded.cluster_id"
+)
+# A device or domain id is its node's alone (the agent derives it from the node id). The
+# upserts above never touch another owner's row; this check, run after them in the same
+# transaction, sees a row another node holds -- committed before, or by a sync racing this
+# one, which the upsert waited for -- and refuses the whole batch.
+_FOREIGN: Final = (
+    b"SELECT id FROM devices WHERE id = ANY(%(devices)s) "
+    b"AND (node_id <> %(node)s OR cluster_id <> %(cluster)s) "
+    b"UNION ALL SELECT id FROM topology_domains WHERE id = ANY(%(domains)s) "
+    b"AND (node_id <> %(node)s OR cluster_id <> %(cluster)s) LIMIT 1"
 )
 
 
@@ -223,6 +250,8 @@ async def sync_batch(conn: Conn, cluster_id: str, batch: SyncBatch) -> dict[str,
                     ],
                 )
                 written["domains"] = len(batch.domains)
+            if node is not None and (batch.devices or batch.domains):
+                await _refuse_foreign(cur, cluster_id, batch)
             if batch.jobs:
                 written["jobs"] = await _merge_jobs(cur, cluster_id, batch.jobs)
         await conn.execute(b"UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,))
