@@ -46,6 +46,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .gpus import known_device_class, parse_simulation
+from .home import shared_file_problem, shared_home_problem
 
 __all__ = [
     "ENGINE_KINDS",
@@ -191,7 +192,9 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
     """Read `home/nvpair.toml` (if present), apply non-None `overrides`, check everything."""
     path = home / "nvpair.toml"
     data: dict[str, Any] = {}
+    _refuse(shared_home_problem(home))
     if path.exists():
+        _refuse(shared_file_problem(path, holds_secret=None))
         try:
             data = tomllib.loads(path.read_text())
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -205,6 +208,9 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {_name_the_key(str(exc))}") from None
     table = parsed.agent
+    if table.api_keys or parsed.plane:
+        secret = "API keys" if table.api_keys else "a plane token"
+        _refuse(shared_file_problem(path, holds_secret=secret))
     if table.simulate_gpus:
         _check_simulation(path, table.simulate_gpus)
     advertise_host, advertise_ports = parse_advertise(table.advertise)
@@ -232,6 +238,11 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         dial_from=_ip_address(path, "dial_from", table.dial_from),
         plane=plane,
     )
+
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _ip_address(path: Path, key: str, value: str | None) -> str | None:
@@ -352,6 +363,7 @@ def _joined_plane(home: Path) -> PlaneSettings | None:
     path = home / "plane.json"
     if not path.exists():
         return None
+    _refuse(shared_file_problem(path, holds_secret="a plane token"))
     try:
         return msgspec.json.decode(path.read_bytes(), type=PlaneSettings)
     except (OSError, msgspec.DecodeError) as exc:

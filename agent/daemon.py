@@ -32,7 +32,7 @@ from typing import Any, Final
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
-from certs import ClusterDir
+from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .config import PORTS, AgentConfig
@@ -293,7 +293,8 @@ class Agent:
 
     def _write_state(self, api_url: str) -> None:
         state = self.config.state_file
-        state.write_text(json.dumps({"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}))
+        about = {"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}
+        write_atomic(state, json.dumps(about).encode())  # 0600: where the CLI sends its calls
         self._stack.callback(_forget_state, state)
 
 

@@ -4,13 +4,19 @@ invite, then send the secret and a CSR over TLS verified against that CA."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 
 import aiohttp
 import msgspec
 
-from certs import CertsError, ClusterDir, JoinResponse, complete_join, prepare_join
+from certs import (
+    CertsError,
+    ClusterDir,
+    JoinResponse,
+    complete_join,
+    prepare_join,
+    write_atomic,
+)
 from certs.identity import ca_fingerprint, load_cert
 from certs.invites import parse_token
 
@@ -75,7 +81,5 @@ async def _join(address: str, token: str, name: str, sans: list[str], cluster: C
         cluster, token, key, JoinResponse(cert=answer.cert, ca=answer.ca, pins=answer.pins)
     )
     seeds = cluster.path.parent / SEEDS_FILE
-    seeds.write_bytes(msgspec.json.encode(answer.records))
-    with contextlib.suppress(OSError):
-        seeds.chmod(0o600)
+    write_atomic(seeds, msgspec.json.encode(answer.records))  # 0600 from the start
     return node_id

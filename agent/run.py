@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from broker.errors import BrokerError
-from certs import CertsError
+from certs import CertsError, make_private_dir
 
 from .config import AgentConfig
 from .errors import AgentLocked, HomeUnusable, StartupError
@@ -58,8 +58,9 @@ def hold_home(home: Path) -> Iterator[None]:
     """
     lock_path = home / "agent.lock"
     try:
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(home)  # 0700 whatever the umask, as is every file written in it
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
     except OSError as exc:
         raise HomeUnusable(str(home), exc.strerror or str(exc)) from None
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
@@ -121,6 +122,16 @@ def _refusal(exc: sqlite3.Error) -> str:
     return f"{describe(exc)} ({name})" if name else describe(exc)
 
 
+def _make_private(path: Path) -> None:
+    # jobs.db holds every job's metadata: 0600 whatever the umask (SQLite would create it
+    # 0644 less the umask). SQLite gives the -wal and -shm it creates the database file's
+    # mode; ones left by an older run are narrowed too.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(file, 0o600)
+
+
 class JobsStore:
     """Reads and batched writes over one SQLite file."""
 
@@ -136,6 +147,7 @@ class JobsStore:
     async def open(cls, path: Path) -> JobsStore:
         """Open (creating if needed) the store at `path`, in WAL mode."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(path)
         db = await aiosqlite.connect(path, timeout=BUSY_TIMEOUT_S)
         try:
             await db.execute("PRAGMA journal_mode=WAL")

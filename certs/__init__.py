@@ -3,6 +3,7 @@ contexts. No network I/O and no web framework here: the servers and clients that
 the aiohttp pin guard (`workload_manager.guard`), live elsewhere.
 """
 
+from ._files import make_private_dir, write_atomic
 from .cluster_dir import ClusterDir, Identity, default_cluster_dir
 from .errors import (
     BadCertificate,
@@ -46,10 +47,12 @@ __all__ = [
     "create_invite",
     "default_cluster_dir",
     "is_node_id",
+    "make_private_dir",
     "new_node_id",
     "pinned_peer",
     "prefixed_ulid",
     "prepare_join",
     "server_hostname_for",
     "spki_sha256",
+    "write_atomic",
 ]

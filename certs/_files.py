@@ -8,15 +8,41 @@ from pathlib import Path
 
 from .errors import InsecurePermissions
 
-__all__ = ["check_private", "ensure_private_dir", "file_stamp", "write_atomic"]
+__all__ = [
+    "check_private",
+    "ensure_private_dir",
+    "file_stamp",
+    "make_private_dir",
+    "write_atomic",
+]
 
 # Any permission bit for group or others.
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
 
 
+def make_private_dir(path: Path) -> None:
+    """Create `path` and any missing parents as 0700, whatever the umask.
+
+    `mkdir(parents=True)` gives the parents it creates 0777 less the umask: under
+    `umask 000` an `NVPAIR_HOME` made on the way to its cluster dir was world-writable, and
+    another user could plant a `nvpair.toml` in it. A directory that exists is left alone.
+    """
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made by someone else meanwhile: theirs, not ours to chmod
+        os.chmod(directory, 0o700)  # mkdir's mode is narrowed by the umask; say it exactly
+
+
 def ensure_private_dir(path: Path) -> None:
     """Create `path` (and parents) as 0700 if missing; refuse it if others can use it."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(path)
     check_private(path)
 
 
@@ -31,7 +57,7 @@ def check_private(path: Path) -> None:
         )
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Write a file so readers see the old or the new content, never half of it.
 
     The temporary file is created with `mode` from the start (no window where a key is
@@ -45,7 +71,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, mode)  # the umask may have narrowed it; never widens a key
+        os.chmod(tmp, mode)  # the umask may have changed it: the mode is exactly `mode`
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from typing import Final
 
 from cryptography import x509
 
-from ._files import write_atomic
+from ._files import make_private_dir, write_atomic
 from .errors import PinRefused
 from .identity import (
     NodeCert,
@@ -134,7 +134,7 @@ class PinStore:
                 f"{info.node_id} was removed from the cluster; a removed member cannot come "
                 "back with the same identity (issue it a new one)"
             )
-        self.trusted.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(self.trusted)
         write_atomic(self.trusted / f"{info.node_id}.pem", cert_pem(cert))
         return self._current().members[info.node_id]
 
@@ -144,7 +144,7 @@ class PinStore:
         existing = self._current().members.get(node_id)
         if existing is None:
             raise PinRefused(f"{node_id} is not a member")
-        self.removed.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(self.removed)
         tombstone = self.removed / f"{node_id}.json"
         if not tombstone.exists():
             record = {

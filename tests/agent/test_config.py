@@ -44,8 +44,10 @@ def test_bad_settings_are_named(tmp_path: Path, text: str, message: str) -> None
 def test_plane_settings_from_toml_or_join(tmp_path: Path) -> None:
     assert plane_settings(tmp_path) is None
     (tmp_path / "plane.json").write_text('{"url": "http://plane:14330/", "token": "hgro1.x"}')
+    (tmp_path / "plane.json").chmod(0o600)  # it holds a token (tests/agent/test_home_modes.py)
     assert plane_settings(tmp_path) == ("http://plane:14330", "hgro1.x")
     (tmp_path / "nvpair.toml").write_text('[plane]\nurl = "http://other"\ntoken = "hgro1.y"\n')
+    (tmp_path / "nvpair.toml").chmod(0o600)
     assert plane_settings(tmp_path) == ("http://other", "hgro1.y")
 
 
@@ -81,6 +83,7 @@ def test_the_control_a_good_file_loads(tmp_path: Path) -> None:
         "[agent]\nnode_port = 15000\nheartbeat_s = 0.5\nqueue_limit = 1\n"
         '[plane]\nurl = "http://plane:14330"\ntoken = "hgro1.x"\n'
     )
+    (tmp_path / "nvpair.toml").chmod(0o600)
     config = load_config(tmp_path, {})
     assert (config.node_port, config.heartbeat_s, config.queue_limit) == (15000, 0.5, 1)
     assert config.plane is not None

@@ -22,6 +22,7 @@ async def single(tmp_path: Path) -> AsyncIterator[tuple[Node, Engine]]:
     (node.home / "nvpair.toml").write_text(
         '[agent]\nqueue_limit = 1\napi_keys = { "team-a" = "sk-test-123" }\n'
     )
+    (node.home / "nvpair.toml").chmod(0o600)  # it holds API keys: others may not read it
     try:
         async for started in start_cluster([node]):
             yield started[0], engine

@@ -105,6 +105,7 @@ async def two_clusters(
         for node in nodes:
             node.home.mkdir(parents=True)
             (node.home / "plane.json").write_text(json.dumps({"url": plane.url, "token": token}))
+            (node.home / "plane.json").chmod(0o600)  # others may not read a token
         generator = start_cluster(nodes)
         clusters.append(await generator.__anext__())
         stack.push_async_callback(_finish, generator)

@@ -224,6 +224,7 @@ async def _new_member(
     address = f"127.0.0.{2 + index}"
     config = f'[agent]\nanti_entropy_s = {anti_entropy_s}\ndial_from = "{address}"\n{toml}'
     (node.home / "nvpair.toml").write_text(config)
+    (node.home / "nvpair.toml").chmod(0o600)  # a [plane] table holds a token
     # Each proxy draws its jitter from its own generator, seeded from the scenario's: how
     # many chunks pass is up to the machine, and must not move the scenario's draws.
     proxies = {
