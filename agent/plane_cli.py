@@ -13,6 +13,8 @@ import sys
 import urllib.parse
 from typing import Any
 
+from certs import make_private_dir, write_atomic
+
 from .cli_http import CliError, request
 from .config import nvpair_home
 
@@ -165,9 +167,8 @@ def _join(args: argparse.Namespace) -> int:
         print("nvpair: not a cluster enrolment token (hgro1.…)", file=sys.stderr)
         return 2
     path = nvpair_home() / "plane.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"url": args.url.rstrip("/"), "token": args.token}, out)
+    make_private_dir(path.parent)  # 0700 whatever the umask: a home others can write is refused
+    settings = {"url": args.url.rstrip("/"), "token": args.token}
+    write_atomic(path, json.dumps(settings).encode())  # 0600 even over an older, wider file
     print(f"this node syncs into {args.url} from its next start (token kept in {path}, 0600)")
     return 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from plane.ids import new_id
+from plane.tokens import mint_token
 from tests.agent.harness import TIMEOUT, Node, eventually, make_node
 
 
@@ -112,3 +114,12 @@ async def test_a_home_others_can_write_is_refused(tmp_path: Path) -> None:
     assert f"NVPAIR_HOME={node.home}" in line
     assert "chmod 700" in line
     assert not (node.home / "agent.lock").exists()  # refused before anything was written
+
+
+async def test_plane_join_under_umask_000_keeps_the_token_private(tmp_path: Path) -> None:
+    node = make_node(tmp_path / "made-by-nvpair", "a", None)
+    join = await _nvpair(node, "plane", "join", "http://127.0.0.1:9", mint_token(new_id("clu")))
+    _, err = await asyncio.wait_for(join.communicate(), TIMEOUT)
+    assert join.returncode == 0, err.decode()
+    assert _modes(node.home) == {".": 0o700, "plane.json": 0o600}
+    assert stat.S_IMODE(node.home.parent.stat().st_mode) == 0o700
