@@ -321,6 +321,8 @@ class JobsWriter:
                     )
                     self._singles = rows
                     continue
+                if not await self._store_works():
+                    raise  # not this row: the store takes nothing (closed, broken) -- a death
                 self._refuse(keys, upserts, removals, exc)
                 return
             finally:
@@ -341,6 +343,15 @@ class JobsWriter:
             self.last_error = None
         self.commits += 1
         self.rows += len(upserts) + len(removals)
+
+    async def _store_works(self) -> bool:
+        # An empty transaction: whether the store takes writes at all, so that a row is
+        # dropped only when it alone is what the store cannot take.
+        try:
+            await self.store.write([], [], now=self.clock())
+        except Exception:
+            return False
+        return True
 
     def _refuse(
         self,

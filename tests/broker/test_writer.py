@@ -279,3 +279,15 @@ async def test_a_relayed_record_the_store_already_holds_is_counted_redundant(
         await writer.flush()
         assert writer.redundant == 4
     assert sorted((j.id, j.seq) for j in await store.jobs()) == [("a", 2), ("b", 1), ("c", 2)]
+
+
+async def test_a_store_that_takes_nothing_is_a_death_not_a_row_dropped(tmp_path: Path) -> None:
+    # A closed database fails every write, empty ones too: no row is to blame, so none is
+    # dropped -- the writer dies and says so (the control for "dropped alone" above).
+    store = await JobsStore.open(tmp_path / "jobs.db")
+    await store.db.close()
+    async with JobsWriter(store, interval_s=0) as writer:
+        with pytest.raises(StoreUnavailable):
+            await writer.upsert_durable(rec("1", 1))
+        await eventually(lambda: writer.failure is not None, "the writer reports its death")
+        assert writer.refused == 0

@@ -353,7 +353,8 @@ async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
             a, a_member.cluster, stack, backoff=Backoff(base_s=10.0, cap_s=10.0), draw=lambda: 0.9
         )
         a.on_peers((Peer(nodeId=b.node_id, host="127.0.0.1", port=b.port),))
-        a.on_view_loaded()  # no broker here: a's view is empty, and complete
+        a.view_state = "loaded"  # no broker here: a's view is empty, and complete
+        a.on_view_loaded()
         rec = record(a_member.node_id, "1", 1)
         frame = {"jsonrpc": "2.0", "method": "workload:submitted", "params": {"workloadInfo": rec}}
         a.handle_local(json.dumps(frame).encode())
