@@ -15,7 +15,6 @@ an event, a log line, a metric or the plane.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -34,6 +33,7 @@ from workload_manager.workload import Workload, WorkloadState
 
 from .engines import Engines
 from .errors import MemberUnreachable
+from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .view import SchedulingView
 
@@ -166,19 +166,25 @@ class Facade:
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.setdefault(target, set()).add(handler)
-        outcome: tuple[WorkloadState, str | None] = (WorkloadState.FAILED, "internal error")
+        outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
         try:
             answer, outcome = await self._run(request, path, raw, target, model)
             return answer
         except asyncio.CancelledError:
-            outcome = (WorkloadState.CANCELLED, "cancelled: client disconnected or node drained")
+            outcome = (WorkloadState.CANCELLED, JobError.CANCELLED)
             raise
         finally:
             self.in_flight[target] -= 1
             if handler is not None:
                 self._handlers.get(target, set()).discard(handler)
+            # The error is a phrase of the closed vocabulary, never an engine's words.
             state, error = outcome
-            self._advance(job, state=state, completedAt=_now_ms(), error=error)
+            self._advance(
+                job,
+                state=state,
+                completedAt=_now_ms(),
+                error=None if error is None else error.value,
+            )
             self._emit(
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,
@@ -216,22 +222,24 @@ class Facade:
 
     async def _run(
         self, request: web.Request, path: str, raw: bytes, target: str, model: str
-    ) -> tuple[web.StreamResponse, tuple[WorkloadState, str | None]]:
+    ) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
         try:
             if target == self.node_id:
                 url = self._engines.url_for(model)
                 if url is None:
                     return openai_error(503, "no engine here serves the model", "server_error"), (
-                        WorkloadState.FAILED, "engine unavailable")  # fmt: skip
+                        WorkloadState.FAILED, JobError.NO_ENGINE)  # fmt: skip
                 upstream = self._engines.post(url, path, raw)
             else:
                 upstream = self._forward(target, path, raw)
             async with upstream as reply:
                 return await _relay(request, reply)
         except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
-            log.warning("request %s on %s failed: %s", path, target, type(exc).__name__)
-            error = "engine unreachable" if target == self.node_id else "member unreachable"
-            return openai_error(502, error, "server_error"), (WorkloadState.FAILED, error)
+            error = for_exception(exc, local=target == self.node_id)
+            log.warning(
+                "request %s on %s failed: %s (%s)", path, target, error.value, type(exc).__name__
+            )
+            return openai_error(502, error.value, "server_error"), (WorkloadState.FAILED, error)
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -286,11 +294,12 @@ def _refused(refusal: Refusal | None, model: str) -> web.Response:
 
 async def _relay(
     request: web.Request, reply: aiohttp.ClientResponse
-) -> tuple[web.StreamResponse, tuple[WorkloadState, str | None]]:
+) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
     """Pass the engine's answer through, streaming what streams."""
     if reply.status >= 400:
+        # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
-        outcome = (WorkloadState.FAILED, _normalise(reply.status, body))
+        outcome = (WorkloadState.FAILED, for_status(reply.status))
         return web.Response(
             status=reply.status, body=body, content_type=reply.content_type
         ), outcome
@@ -309,14 +318,6 @@ async def _relay(
         WorkloadState.COMPLETED,
         None,
     )
-
-
-def _normalise(status: int, body: bytes) -> str:
-    # The engine's own words may quote the prompt: keep only the status and the error type.
-    kind = "error"
-    with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError, RecursionError):
-        kind = str(msgspec.json.decode(body).get("error", {}).get("type") or kind)
-    return f"engine answered {status} ({kind[:64]})"
 
 
 def _now_ms() -> int:

@@ -3,8 +3,10 @@
 `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions`, non-streaming and
 streaming (server-sent events, ending `data: [DONE]`). It answers with `max_tokens` tokens
 (default 16) after `--latency-ms`, at `--tokens-per-s`, and fails a `--fail-rate` share of
-requests with a 500. The reply never repeats the prompt: a test that looks for a prompt
-marker in nvpair's output must not find it planted by the engine.
+requests with `--fail-status` (500). The reply never repeats the prompt -- a test that looks
+for a prompt marker in nvpair's output must not find it planted by the engine -- except with
+`--echo-errors`: a failure then quotes the whole request body in every field of its error
+(`message`, `type`, `code`, `param`) and beside it, as an engine that echoes the prompt does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class MockEngine:
         tokens_per_s: float = 0.0,  # 0: as fast as possible
         latency_ms: float = 0.0,
         fail_rate: float = 0.0,
+        fail_status: int = 500,
+        echo_errors: bool = False,
         seed: int | None = None,
     ) -> None:
         self.models = [m for m in model.split(",") if m]
@@ -45,6 +49,8 @@ class MockEngine:
         self.tokens_per_s = tokens_per_s
         self.latency_s = latency_ms / 1000
         self.fail_rate = fail_rate
+        self.fail_status = fail_status
+        self.echo_errors = echo_errors
         self.random = random.Random(seed)
         self.requests = 0
         self.in_flight = 0
@@ -97,7 +103,7 @@ class MockEngine:
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             if self.fail_rate and self.random.random() < self.fail_rate:
-                return _error(500, "mock engine failure", "server_error")
+                return self._failure(json.dumps(body))
             words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
             created = int(time.time())
             if body.get("stream"):
@@ -129,6 +135,12 @@ class MockEngine:
             )
         finally:
             self.in_flight -= 1
+
+    def _failure(self, request_text: str) -> web.Response:
+        if not self.echo_errors:
+            return _error(self.fail_status, "mock engine failure", "server_error")
+        echoed = dict.fromkeys(("message", "type", "code", "param"), request_text)
+        return web.json_response({"error": echoed, "detail": request_text}, status=self.fail_status)
 
     async def _pace(self, count: int) -> None:
         if self.tokens_per_s:
@@ -190,12 +202,19 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--tokens-per-s", type=float, default=0.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument("--fail-status", type=int, default=500, help="the status of a failure")
+    parser.add_argument(
+        "--echo-errors", action="store_true", help="failures quote the request in every field"
+    )
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.fail_rate <= 1.0:
         print("nvpair: --fail-rate is between 0 and 1", file=sys.stderr)
+        return 2
+    if not 400 <= args.fail_status <= 599:
+        print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
         return 2
 
     async def serve() -> None:
@@ -206,6 +225,8 @@ def _run(args: argparse.Namespace) -> int:
             tokens_per_s=args.tokens_per_s,
             latency_ms=args.latency_ms,
             fail_rate=args.fail_rate,
+            fail_status=args.fail_status,
+            echo_errors=args.echo_errors,
         )
         await engine.start()
         print(f"mock engine serving {engine.models} on {engine.url}", flush=True)
