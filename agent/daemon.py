@@ -165,6 +165,7 @@ class Agent:
             heartbeat.push_now()
 
         repair = AntiEntropy(
+            node_id=node_id,
             store=store,
             writer=writer,
             peers=members.reachable_peers,

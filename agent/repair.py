@@ -5,6 +5,10 @@ stores with it: a digest there, the differing buckets' keys back, then the recor
 lacks both ways. Whatever made two stores differ -- a frame dropped on the way, a row lost
 behind the agent's back, a peer's events lost for a while -- is repaired within a few rounds,
 without a reconnect. The same object answers the other side of a round (node API).
+
+A node's own jobs are its own (docs/security.md): a round never asks a member for them nor
+hands a member its own, and what a member sends claiming to originate here -- a record or a
+removal -- is dropped and counted (`own_origin`), never stored or relayed.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from broker.anti_entropy import (
     MAX_KEYS,
@@ -55,6 +59,7 @@ CACHE_S: Final = 60.0
 # repairing it too delivers it there twice (~13,000 times per member in a 5-minute soak).
 SETTLE_S: Final = 3.0
 
+_Event = TypeVar("_Event", Workload, WorkloadRemoval)
 _Local = tuple[list[tuple[str, str, str, int]], list[tuple[str, str]]]
 
 
@@ -67,6 +72,7 @@ class RepairCounters:
     differing_buckets: int = 0
     records_in: int = 0
     records_out: int = 0
+    own_origin: int = 0  # records and removals a member sent claiming this node's origin
 
 
 class AntiEntropy:
@@ -75,6 +81,7 @@ class AntiEntropy:
     def __init__(
         self,
         *,
+        node_id: str | None = None,
         store: JobsStore,
         writer: JobsWriter,
         peers: Callable[[], list[str]],
@@ -87,6 +94,7 @@ class AntiEntropy:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        self._node_id = node_id
         self._store = store
         self._writer = writer
         self._peers = peers
@@ -149,14 +157,17 @@ class AntiEntropy:
         plan = plan_repair(
             keys_in(rows, buckets), mine_removed, theirs, all_my_removed=set(removed)
         )
-        give = await records_for(self._store, plan.give, stored_before=self._settled())
-        removals = [_removal(pair) for pair in plan.give_removals]
-        answer = await self._exchange_at(
-            peer, Exchange(records=give, removals=removals, want=plan.want)
-        )
+        # Neither side's own jobs go to it: it is their only writer.
+        own = self._node_id
+        their_keys = [key for key in plan.give if key[0] != peer]
+        give = await records_for(self._store, their_keys, stored_before=self._settled())
+        removals = [_removal(pair) for pair in plan.give_removals if pair[0] != peer]
+        want = [key for key in plan.want if key[0] != own]
+        answer = await self._exchange_at(peer, Exchange(records=give, removals=removals, want=want))
         for pair in plan.take_removals:
-            self._take_removal(_removal(pair))
-        for record in answer.records:
+            if pair[0] != own:
+                self._take_removal(_removal(pair))
+        for record in self._not_own(answer.records):
             self._take(record)
         self.counters.records_in += len(answer.records) + len(plan.take_removals)
         self.counters.records_out += len(give) + len(removals)
@@ -164,6 +175,14 @@ class AntiEntropy:
         if moved:
             log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
         return moved
+
+    def _not_own(self, events: list[_Event]) -> list[_Event]:
+        # A member's record or removal claiming to originate here is a forgery: dropped.
+        kept = [event for event in events if event.originatedFrom != self._node_id]
+        if len(kept) != len(events):
+            self.counters.own_origin += len(events) - len(kept)
+            log.warning("dropped %d event(s) a member sent as this node's", len(events) - len(kept))
+        return kept
 
     def _settled(self) -> float:
         return self._clock() - SETTLE_S
@@ -189,9 +208,9 @@ class AntiEntropy:
 
     async def answer_exchange(self, exchange: Exchange) -> ExchangeAnswer:
         """Take what the initiator sends (newest seq wins) and send what it asked for."""
-        for removal in exchange.removals:
+        for removal in self._not_own(exchange.removals):
             self._take_removal(removal)
-        for record in exchange.records:
+        for record in self._not_own(exchange.records):
             self._take(record)
         self.counters.records_in += len(exchange.records) + len(exchange.removals)
         records = await records_for(self._store, exchange.want, stored_before=self._settled())

@@ -205,12 +205,16 @@ class _Sender:
 
     def queue_view(self) -> int:
         workloads, removals = self.owner.view()
-        for record in workloads:
-            self.outbox.add(record)
-        for removal in removals:
-            self.outbox.add(removal)
+        # Not the peer's own jobs: it is their only writer, and drops them from anyone else.
+        peer = self.peer.nodeId
+        queued = 0
+        events: list[Event] = [*workloads, *removals]
+        for event in events:
+            if event.originatedFrom != peer:
+                self.outbox.add(event)
+                queued += 1
         self.wake.set()
-        return len(workloads) + len(removals)
+        return queued
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -236,6 +236,10 @@ class Manager:
         inter-node server turns into its HTTP status.
         """
         self.on_peer_heard(sender)
+        if self.relay.own_id is None:
+            # Read once: a node's id does not change while it runs (a new one needs a
+            # restart), and a node without one takes no peer's payload (handshakes fail).
+            self.relay.own_id = self.identity()
         if self.fast_path and self._relay_notifications(payload, sender):
             return NOTHING
         self._sender = sender

@@ -19,6 +19,10 @@ The rules (seed 002, docs/protocol.md):
   view (the trade-off, a reused id hidden for the retention, is in docs/protocol.md).
 - Local events go to the peers and are not echoed to the broker; first-seen remote events
   go to the broker once and on to every peer except the sender and the origin.
+- A node's own jobs are its own: only it writes their events, and no honest peer sends them
+  back to it (the relay excludes the origin, catch-up and anti-entropy leave them out). A
+  peer's record or removal claiming `originatedFrom` == this node (`own_id`) is a forgery --
+  taken, it would overwrite or pin this node's own job -- so it is dropped and counted.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class DropReason(enum.Enum):
     DUPLICATE = "duplicate"  # same seq as the latest seen
     STALE = "stale"  # lower seq than the latest seen
     REMOVED = "removed"  # the workload was removed; a tombstone holds it down
+    OWN_ORIGIN = "own origin"  # a peer's event claiming to originate from this node
 
 
 class Drop(Struct, frozen=True, gc=False):
@@ -85,6 +90,7 @@ Action = DeliverToBroker | SendToPeers | Drop
 _DROPPED_DUPLICATE: Final = (Drop(DropReason.DUPLICATE),)
 _DROPPED_STALE: Final = (Drop(DropReason.STALE),)
 _DROPPED_REMOVED: Final = (Drop(DropReason.REMOVED),)
+_DROPPED_OWN_ORIGIN: Final = (Drop(DropReason.OWN_ORIGIN),)
 _NO_EXCLUDE: Final[tuple[str, ...]] = ()
 _TERMINAL: Final = tuple(state for state in WorkloadState if state.is_terminal)
 
@@ -103,6 +109,7 @@ class RelayCounters:
     duplicate_removals: int = 0
     pruned: int = 0
     evicted: int = 0
+    own_origin: int = 0  # peers' events claiming this node as their origin, dropped
 
 
 class RelayCore:
@@ -116,6 +123,7 @@ class RelayCore:
         "_runs",
         "counters",
         "max_workloads",
+        "own_id",
         "retention_s",
     )
 
@@ -125,6 +133,9 @@ class RelayCore:
         self.retention_s = retention_s
         self.max_workloads = max_workloads
         self.counters = RelayCounters()
+        # This node's id, once it has one (the manager sets it): peers' events claiming it as
+        # their origin are dropped.
+        self.own_id: str | None = None
         self._latest: dict[_Key, Workload] = {}
         # Live runIds under (originatedFrom, id), for removal. Tuples of strings, not lists:
         # the collector stops tracking them, so full collections do not walk every workload.
@@ -156,6 +167,9 @@ class RelayCore:
             counters.received_local += 1
         else:
             counters.received_remote += 1
+            if event.originatedFrom == self.own_id:
+                counters.own_origin += 1
+                return _DROPPED_OWN_ORIGIN
         if type(event) is not Workload:
             assert type(event) is WorkloadRemoval
             drop = self._remove((event.originatedFrom, event.workloadId), now)

@@ -16,6 +16,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 __all__ = [
     "LIFECYCLE_METHODS",
+    "MAX_SEQ",
     "METHOD_FOR_STATE",
     "REMOVE_METHOD",
     "LifecycleParams",
@@ -35,7 +36,15 @@ _Text = Annotated[str, Meta(max_length=4096)]
 # more, and a larger one taken here would fail every write of the batch it is in.
 _INT64_MAX: Final = 2**63 - 1
 _EpochMs = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
-_Seq = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
+# A seq past this is refused. Not 2**31: `seq` counts a facade's events over its whole run
+# (3 a job), and one taking 1,000 events/s passes 2**31 in 25 days. 2**53 - 1 is the largest
+# integer every JSON reader holds exactly (a JavaScript Number: the web page, many clients),
+# so past it two seqs may compare equal; an honest facade at 10,000 events/s takes ~28,000
+# years to reach it. It does not stop a member forging a third node's job with a huge seq
+# (only the origin signing its events would); a node's own jobs are guarded by the relay,
+# which drops any peer's event claiming to originate here (relay.py).
+MAX_SEQ: Final = 2**53 - 1
+_Seq = Annotated[int, Meta(ge=1, le=MAX_SEQ)]
 
 
 class WorkloadState(enum.Enum):

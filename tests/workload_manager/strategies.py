@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from workload_manager.workload import LIFECYCLE_METHODS, WorkloadState
+from workload_manager.workload import LIFECYCLE_METHODS, MAX_SEQ, WorkloadState
 
 ABSENT: Any = object()
 
@@ -34,7 +34,7 @@ def workload_dicts(draw: st.DrawFn) -> dict[str, Any]:
         "completedAt": draw(nullable_ms),
         "error": draw(nullable_name),
         "requesterId": draw(nullable_name),
-        "seq": draw(st.integers(min_value=1, max_value=2**62)),
+        "seq": draw(st.integers(min_value=1, max_value=MAX_SEQ)),
     }
     return {key: value for key, value in record.items() if value is not ABSENT}
 

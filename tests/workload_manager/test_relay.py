@@ -271,3 +271,19 @@ def test_cap_evicts_the_oldest_live_record_skipping_forgotten_ones() -> None:
         relay.receive_remote(event(1, wid=f"x{i}"), "nod_b", now=0)
     assert relay.live_count == 3
     assert [relay.latest("run-a", f"x{i}") is not None for i in (4997, 4998, 4999)] == [True] * 3
+
+
+def test_a_peers_event_claiming_this_node_as_origin_is_dropped_and_counted() -> None:
+    relay = RelayCore()
+    relay.own_id = ORIGIN
+    removal = WorkloadRemoval(workloadId="1", originatedFrom=ORIGIN)
+    for forged in (event(1), removal):
+        assert relay.receive_remote(forged, "nod_peer", 0.0) == (Drop(DropReason.OWN_ORIGIN),)
+    assert relay.counters.own_origin == 2
+    assert relay.live_count == 0
+    assert relay.tombstone_count == 0
+    # The controls: our own broker's event is ours to send; a peer's own event is taken.
+    assert relay.receive_local(event(1), 0.0) == (SendToPeers(event(1), ()),)
+    theirs = event(1, wid="2", origin="nod_peer")
+    assert type(relay.receive_remote(theirs, "nod_peer", 0.0)[0]) is DeliverToBroker
+    assert relay.counters.own_origin == 2

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workload_manager.workload import Workload, WorkloadState, decode_workload, encode_workload
+from workload_manager.workload import (
+    MAX_SEQ,
+    Workload,
+    WorkloadState,
+    decode_workload,
+    encode_workload,
+)
 
 from .strategies import workload_dicts
 
@@ -98,6 +104,8 @@ def test_scheduled_on_absent_until_chosen_and_never_null() -> None:
         ({"createdAt": -1}, "createdAt"),
         # Past int64: the Jobs store's INTEGER cannot hold it (it failed the writer's batch).
         ({"seq": 2**63}, "seq"),
+        # Past the sane bound (MAX_SEQ, workload.py says why).
+        ({"seq": 2**53}, "seq"),
         ({"createdAt": 2**200}, "createdAt"),
         ({"completedAt": 2**63}, "completedAt"),
         ({"createdAt": "yesterday"}, "createdAt"),
@@ -126,3 +134,8 @@ def test_records_are_immutable() -> None:
     workload = decode_workload(json.dumps(base()))
     with pytest.raises(AttributeError):
         workload.seq = 2  # type: ignore[misc]
+
+
+def test_the_largest_seq_taken_is_max_seq() -> None:
+    assert MAX_SEQ == 2**53 - 1
+    assert decode_workload(json.dumps(base(seq=MAX_SEQ))).seq == MAX_SEQ
