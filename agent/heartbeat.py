@@ -43,8 +43,10 @@ class OwnRecord:
         node_id: str,
         gpus: GpuInventory,
         engines: Callable[[], list[Engine]],
+        sign: Callable[[NodeRecord], NodeRecord] = lambda record: record,
     ) -> None:
         self._config = config
+        self._sign = sign  # with this node's key (broker/record_signing.py)
         self._node_id = node_id
         self.gpus = gpus
         self._engines = engines
@@ -59,22 +61,24 @@ class OwnRecord:
         config = self._config
         # What peers dial, which may differ from where this node listens (NAT, forwards).
         manager_port, node_port, facade_port = config.advertised_ports
-        self.current = NodeRecord(
-            nodeId=self._node_id,
-            name=config.name,
-            addresses=[config.advertise_host],
-            managerPort=manager_port,
-            nodePort=node_port,
-            facadePort=facade_port,
-            version=VERSION,
-            devices=self.gpus.devices,
-            domains=self.gpus.domains,
-            engines=self._engines(),
-            queueLimit=config.queue_limit,
-            cordoned=self.cordoned,
-            gpuNote=self.gpus.reason,
-            updatedAt=now_ms,
-            generation=self._generation,
+        self.current = self._sign(
+            NodeRecord(
+                nodeId=self._node_id,
+                name=config.name,
+                addresses=[config.advertise_host],
+                managerPort=manager_port,
+                nodePort=node_port,
+                facadePort=facade_port,
+                version=VERSION,
+                devices=self.gpus.devices,
+                domains=self.gpus.domains,
+                engines=self._engines(),
+                queueLimit=config.queue_limit,
+                cordoned=self.cordoned,
+                gpuNote=self.gpus.reason,
+                updatedAt=now_ms,
+                generation=self._generation,
+            )
         )
         return self.current
 

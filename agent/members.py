@@ -17,6 +17,7 @@ import msgspec
 from cryptography import x509
 
 from broker.membership import manager_peers, plan_push
+from broker.record_signing import RecordVerifier
 from broker.records import Membership, NodeRecord, RecordsPush, Removal
 from certs import ClusterDir, PinRefused
 from workload_manager.manager import Peer
@@ -59,6 +60,7 @@ class Members:
         self._set_peers = set_peers
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
+        self.verifier = RecordVerifier()  # records refused: `verifier.refused`
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -134,6 +136,9 @@ class Members:
             ca=self._ca,
             is_member=self._cluster.pins.is_member,
             is_removed=self.membership.is_removed,
+            key_of=self._cluster.pins.public_key_of,
+            verifier=self.verifier,
+            now_ms=int(time.time() * 1000),  # generations are wall-clock ms
         )
         self._tombstone(plan.tombstones)
         for pin in plan.pins:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
 from workload_manager.manager import Peer
 
+from .record_signing import RecordVerifier
 from .records import NodeRecord, RecordsPush, Removal
 
 __all__ = ["NewPin", "PushPlan", "manager_peers", "plan_push"]
@@ -51,8 +53,14 @@ def plan_push(
     ca: x509.Certificate,
     is_member: Callable[[str], bool],
     is_removed: Callable[[str], bool],
+    key_of: Callable[[str], ec.EllipticCurvePublicKey | None],
+    verifier: RecordVerifier,
+    now_ms: int,
 ) -> PushPlan:
-    """Decide what `push` changes; pure (time and files stay with the caller)."""
+    """Decide what `push` changes; pure but for the verifier's cache (time and files stay
+    with the caller). A record is offered only when its owner signed it (`key_of` gives a
+    pinned member's key; a member pinned by this push is checked against its certificate)
+    and its generation is not from the future."""
     tombstones: dict[str, Removal] = {}
     for removal in push.removals:
         # A removed node keeps its own view; the others stop talking to it.
@@ -80,14 +88,26 @@ def plan_push(
             continue
         pins[info.node_id] = NewPin(info.node_id, info.name, cert)
 
-    offers = tuple(
-        record
-        for record in push.records
-        if record.nodeId != self_id
-        and not removed(record.nodeId)
-        and (record.nodeId in pins or is_member(record.nodeId))
-    )
-    return PushPlan(tuple(tombstones.values()), tuple(pins.values()), offers, tuple(refused))
+    offers: list[NodeRecord] = []
+    for record in push.records:
+        node_id = record.nodeId
+        if node_id == self_id or removed(node_id):
+            continue
+        new = pins.get(node_id)
+        if new is None and not is_member(node_id):
+            continue
+        key = _ec_key(new.cert) if new is not None else key_of(node_id)
+        why = verifier.why_not(record, key, now_ms=now_ms)
+        if why is not None:
+            refused.append(why)
+            continue
+        offers.append(record)
+    return PushPlan(tuple(tombstones.values()), tuple(pins.values()), tuple(offers), tuple(refused))
+
+
+def _ec_key(cert: x509.Certificate) -> ec.EllipticCurvePublicKey | None:
+    key = cert.public_key()
+    return key if isinstance(key, ec.EllipticCurvePublicKey) else None
 
 
 def manager_peers(records: Iterable[NodeRecord], is_member: Callable[[str], bool]) -> list[Peer]:

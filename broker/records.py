@@ -56,6 +56,10 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     gpuNote: str | None = None  # why there are no devices, when there are none
     updatedAt: Annotated[int, Meta(ge=0)]  # epoch ms
     generation: Annotated[int, Meta(ge=1)]
+    # The owner's signature (broker/record_signing.py): base64url ECDSA P-256 over the record
+    # with this field empty. Members take a record only when it verifies against its
+    # owner's pinned certificate.
+    signature: Annotated[str, Meta(max_length=256)] = ""
 
 
 class Removal(Struct, kw_only=True, frozen=True):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from ._files import make_private_dir, write_atomic
 from .errors import PinRefused
@@ -84,6 +85,7 @@ class PinStore:
         self.trusted = trusted
         self.removed = removed
         self._view = _View({}, {}, frozenset())
+        self._keys: dict[str, ec.EllipticCurvePublicKey] = {}  # pin (hex) -> its key
         self._view_files: list[Path] = []
         self._dirs: _DirStamps | None = None
         self._files: _FileStamps = ()
@@ -113,6 +115,24 @@ class PinStore:
         except ValueError:
             return None
         return self.node_id_of(pin)
+
+    def public_key_of(self, node_id: str) -> ec.EllipticCurvePublicKey | None:
+        """The key of current member `node_id` (what its records are signed with), or None."""
+        member = self._current().members.get(node_id)
+        if member is None or member.removed is not None or not member.pin:
+            return None
+        cached = self._keys.get(member.pin)
+        if cached is None:
+            try:
+                key = load_cert((self.trusted / f"{node_id}.pem").read_bytes()).public_key()
+            except (OSError, ValueError):
+                return None
+            if not isinstance(key, ec.EllipticCurvePublicKey):
+                return None
+            if len(self._keys) > 1024:
+                self._keys.clear()
+            self._keys[member.pin] = cached = key
+        return cached
 
     def members(self) -> list[Member]:
         """Every member, pinned and removed, by node id."""
