@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
+from broker.record_signing import sign_record
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
@@ -116,7 +117,14 @@ class Agent:
         # An engine that changes is in the next record at once (heartbeat is bound below).
         engines = Engines(config.engines, on_change=lambda: heartbeat.push_now())
         stack.push_async_callback(engines.aclose)
-        self.own = own = OwnRecord(config, node_id, gpus, lambda: engines.current)
+        key = identity.key
+        self.own = own = OwnRecord(
+            config,
+            node_id,
+            gpus,
+            lambda: engines.current,
+            sign=lambda record: sign_record(record, key),
+        )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
         read_gpus = None if config.simulate_gpus else self._gpu_reader(node_id)
         heartbeat = Heartbeat(
