@@ -1,0 +1,72 @@
+"""A member cannot speak for another: records pushed to a real agent for a third node --
+signed with the pusher's key, unsigned, altered after signing, or with a generation from the
+future -- change nothing there; the pusher's own record is taken (issue 12, item 1)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from agent.node_client import NodeClient
+from broker.record_signing import MAX_SKEW_MS, sign_record
+from broker.records import NodeRecord, RecordsPush
+from certs import ClusterDir
+from tests.fixtures.records import node_record
+
+from .harness import Node, eventually, make_node, start_cluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
+    root = tmp_path_factory.mktemp("forged")
+    nodes = [make_node(root, name, "l4:1") for name in "abc"]
+    async for started in start_cluster(nodes):
+        yield started
+
+
+async def record_at(at: Node, node_id: str) -> dict[str, object]:
+    return next(n for n in await at.get("/v1/nodes") if n["nodeId"] == node_id)
+
+
+async def test_records_for_another_node_change_nothing(trio: list[Node]) -> None:
+    a, b, _ = trio
+    ids = [await n.node_id() for n in trio]
+    await eventually(lambda: _knows(a, ids), "a knows every member")
+    b_cluster = ClusterDir(b.home / "cluster")
+    b_key = b_cluster.load_identity().key
+    a_record = node_record(ids[0], node_port=a.ports["node"])
+    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    before = await record_at(a, ids[2])
+    now = int(time.time() * 1000)
+    hijack = node_record(ids[2], 2**62, addresses=("10.6.6.6",), cordoned=True)
+    own_c = msgspec.convert(before, NodeRecord, strict=False)
+    forged = [
+        sign_record(hijack, b_key),  # b signs c's record
+        hijack,  # unsigned
+        msgspec.structs.replace(own_c, cordoned=True, generation=own_c.generation + 1),
+        sign_record(node_record(ids[1], now + MAX_SKEW_MS + 600_000), b_key),  # b's, future
+    ]
+    try:
+        await client.push_records(ids[0], RecordsPush(records=forged))
+        after = await record_at(a, ids[2])
+        assert (after["addresses"], after["cordoned"]) == (before["addresses"], False)
+        assert int(str(after["generation"])) < 2**62
+        assert int(str((await record_at(a, ids[1]))["generation"])) < now + MAX_SKEW_MS
+        # The control: b's own record, signed by b, is taken at once.
+        mine = sign_record(node_record(ids[1], now + 1000, name="b-renamed"), b_key)
+        await client.push_records(ids[0], RecordsPush(records=[mine]))
+        assert (await record_at(a, ids[1]))["name"] == "b-renamed"
+    finally:
+        await client.aclose()
+    assert a.log_count("ignoring a record for") >= len(forged)  # each refusal is logged
+    assert a.log_count("did not sign") >= 1
+
+
+async def _knows(node: Node, ids: list[str]) -> bool:
+    return {n["nodeId"] for n in await node.get("/v1/nodes")} >= set(ids)
