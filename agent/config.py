@@ -23,6 +23,7 @@
     [plane]                     # or `nvpair plane join` ($NVPAIR_HOME/plane.json)
     url = "https://plane:14330"
     token = "hgro1...."
+    ca = "plane-ca.pem"         # verifies an https plane (relative to NVPAIR_HOME)
 
 The file and the flags are decoded together into one typed structure with bounds
 (`msgspec.convert`): a wrong type, a value out of bounds, an unknown key or table is refused
@@ -108,6 +109,7 @@ class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
 
     url: _Url
     token: Annotated[str, Meta(min_length=1, max_length=1024)]
+    ca: _Text | None = None  # PEM file of the CA an https plane's certificate is verified with
 
 
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
@@ -216,7 +218,8 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
     advertise_host, advertise_ports = parse_advertise(table.advertise)
     plane = parsed.plane or _joined_plane(home)
     if plane is not None:
-        plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token)
+        ca = None if plane.ca is None else str(home / plane.ca)  # relative to NVPAIR_HOME
+        plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token, ca=ca)
     return AgentConfig(
         home=home,
         name=table.name or socket.gethostname(),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import urllib.parse
 from typing import Any
@@ -28,6 +30,13 @@ def add_commands(commands: Any) -> None:
     serve = sub.add_parser("serve", help="run the plane service")
     serve.add_argument("--dsn", required=True, help="postgresql://…")
     serve.add_argument("--listen", default="127.0.0.1:14330", metavar="HOST:PORT")
+    serve.add_argument("--cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    serve.add_argument("--key", metavar="FILE", help="the certificate's private key (PEM)")
+    serve.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain HTTP on a non-loopback address (tokens cross the network in clear)",
+    )
     serve.set_defaults(run=_serve)
     enrol = sub.add_parser("enrol-cluster", help="enrol a cluster; prints its hgro1. token once")
     enrol.add_argument("name")
@@ -44,6 +53,9 @@ def add_commands(commands: Any) -> None:
     join = sub.add_parser("join", help="have this node's agent sync into a plane")
     join.add_argument("url", metavar="URL")
     join.add_argument("token", metavar="TOKEN")
+    join.add_argument(
+        "--ca", metavar="FILE", help="the CA that signed an https plane's certificate"
+    )
     join.set_defaults(run=_join)
 
 
@@ -54,15 +66,50 @@ def _listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def _tls(args: argparse.Namespace, host: str) -> ssl.SSLContext | None:
+    """The server's TLS context from --cert/--key; None for plain HTTP, which only loopback
+    gets unless --insecure-http says otherwise (enrolment tokens travel in every call)."""
+    if (args.cert is None) != (args.key is None):
+        raise CliError("--cert and --key go together")
+    if args.cert is None:
+        if not _is_loopback(host) and not args.insecure_http:
+            raise CliError(
+                f"refusing plain HTTP on {host}, which is not a loopback address: "
+                "give --cert FILE --key FILE, or --insecure-http"
+            )
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(args.cert, args.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(f"cannot load --cert {args.cert} / --key {args.key}: {exc}") from None
+    return context
+
+
 def _serve(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
+    try:
+        tls = _tls(args, host)
+    except CliError as exc:
+        _say(f"nvpair: {exc}")  # a usage error, like a port in use: status 2
+        return 2
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run_plane(args.dsn, host, port))
+        return asyncio.run(_run_plane(args.dsn, host, port, tls))
     return 0
 
 
@@ -70,7 +117,7 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def _run_plane(dsn: str, host: str, port: int) -> int:
+async def _run_plane(dsn: str, host: str, port: int, tls: ssl.SSLContext | None) -> int:
     """Serve until SIGTERM/SIGINT; 2 when the port cannot be bound, 1 when the plane cannot
     start for a reason retrying does not fix (a failing migration, a malformed DSN)."""
     from plane.service import PlaneService
@@ -86,6 +133,7 @@ async def _run_plane(dsn: str, host: str, port: int) -> int:
         admin_token=os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN"),
         on_admin_token=lambda fresh: _say(f"admin token (shown once, stored hashed): {fresh}"),
         on_migrated=lambda applied: _say(f"applied migrations {applied}"),
+        ssl_context=tls,
     )
     try:
         bound = await service.start()
@@ -96,7 +144,7 @@ async def _run_plane(dsn: str, host: str, port: int) -> int:
             "choose another address with --listen HOST:PORT"
         )
         return 2
-    url = f"http://{host}:{bound}"
+    url = f"{'https' if tls else 'http'}://{host}:{bound}"
     _say(f"plane bound to {url}; waiting for its database (calls get 503 until it answers)")
     stopping = asyncio.ensure_future(stop.wait())
     serving = asyncio.ensure_future(service.serving.wait())
@@ -169,6 +217,8 @@ def _join(args: argparse.Namespace) -> int:
     path = nvpair_home() / "plane.json"
     make_private_dir(path.parent)  # 0700 whatever the umask: a home others can write is refused
     settings = {"url": args.url.rstrip("/"), "token": args.token}
+    if args.ca is not None:
+        settings["ca"] = os.path.abspath(args.ca)
     write_atomic(path, json.dumps(settings).encode())  # 0600 even over an older, wider file
     print(f"this node syncs into {args.url} from its next start (token kept in {path}, 0600)")
     return 0

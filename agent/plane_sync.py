@@ -6,6 +6,10 @@ sends every job that changed since, in batches, until the plane has all of them.
 upserts newer-wins, so a batch sent twice changes nothing. Each batch also carries this
 node's row, devices and topology domains, which keeps the node reachable in the plane.
 Retries back off exponentially with full jitter up to 5 s.
+
+An https plane's certificate is verified against `[plane] ca` (else the system's CAs) and
+its host name; one that does not verify fails the sync (counted, retried), and nothing is
+ever sent to it, nor in clear instead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import logging
 import random
 import sqlite3
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -55,6 +60,7 @@ class PlaneSync:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.url = settings.url + "/v1/sync"
+        self._ca = settings.ca
         self._token = settings.token
         self._node_id = node_id
         self._store = store
@@ -68,12 +74,24 @@ class PlaneSync:
         self.synced = 0
         self.last_error: str | None = None
 
+    def _tls(self) -> ssl.SSLContext | bool:
+        """What verifies an https plane: the `ca` file's context, or the system's CAs."""
+        if not self.url.startswith("https://"):
+            return True  # plain http: aiohttp's default, no TLS involved
+        if self._ca is None:
+            return ssl.create_default_context()
+        return ssl.create_default_context(cafile=self._ca)
+
     async def run(self) -> None:
         """Sync, then again every `INTERVAL_S` (at once while batches come back full)."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            tls: ssl.SSLContext | bool | None = None
             while True:
                 try:
-                    more = await self._once(session)
+                    # Built inside the retry loop: a CA file that cannot be read is a failed
+                    # sync, counted and logged, not an agent that stops.
+                    tls = self._tls() if tls is None else tls
+                    more = await self._once(session, tls)
                     self.failures = 0
                     self.last_error = None
                     if more:
@@ -93,7 +111,7 @@ class PlaneSync:
                     log.info("plane sync failed (%s); retry in %.1fs", self.last_error, delay)
                 await self._sleep(delay)
 
-    async def _once(self, session: aiohttp.ClientSession) -> bool:
+    async def _once(self, session: aiohttp.ClientSession, tls: ssl.SSLContext | bool) -> bool:
         await self._writer.flush()
         jobs = await self._store.unsynced(self._node_id, BATCH)
         record = self._record()
@@ -109,6 +127,7 @@ class PlaneSync:
             self.url,
             data=msgspec.json.encode(batch),
             headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+            ssl=tls,
         ) as response:
             body = await response.read()
             if response.status != 200:

@@ -21,6 +21,7 @@ Statuses say whose fault: 400 bad input (nothing written), 401 a wrong or revoke
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -88,10 +89,12 @@ class PlaneServer:
         host: str | None,
         port: int,
         not_ready: Callable[[], str | None] = _always_ready,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context  # HTTPS with it (`nvpair plane serve --cert --key`)
         self.not_ready = not_ready
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._faults])
         app.router.add_get("/healthz", self._healthz)
@@ -106,7 +109,9 @@ class PlaneServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
-        self.port = await start_site(self._runner, self.host, self.port)
+        self.port = await start_site(
+            self._runner, self.host, self.port, ssl_context=self.ssl_context
+        )
         return self.port
 
     async def aclose(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Final
 
@@ -53,6 +54,7 @@ class PlaneService:
         on_migrated: Callable[[list[int]], None] = _ignore,
         pool_timeout_s: float = 5.0,
         max_connections: int = 10,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.dsn = dsn
         self.admin_token = admin_token
@@ -71,7 +73,9 @@ class PlaneService:
             kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
         )
         self.store = PlaneStore(self.pool)
-        self.server = PlaneServer(self.store, host=host, port=port, not_ready=self._not_ready)
+        self.server = PlaneServer(
+            self.store, host=host, port=port, not_ready=self._not_ready, ssl_context=ssl_context
+        )
         self.serving = asyncio.Event()  # set once the database answered and is migrated
         self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._why: str | None = "the plane's database has not answered yet"  # what callers see
