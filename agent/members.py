@@ -61,6 +61,12 @@ class Members:
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
+        # Removals are durable: the tombstones under removed/ are loaded and pushed again, so
+        # a member that was down during a removal learns it after any restart of the others.
+        for member in cluster.pins.members():
+            if member.removed is not None:
+                removed_at = int(member.removed.timestamp() * 1000)
+                self.membership.remove(Removal(nodeId=member.node_id, removedAt=removed_at))
 
     # -- reads ------------------------------------------------------------------------------
 
