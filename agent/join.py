@@ -78,7 +78,10 @@ async def _join(address: str, token: str, name: str, sans: list[str], cluster: C
                 )
     answer = msgspec.json.decode(body, type=JoinAnswer)
     node_id = complete_join(
-        cluster, token, key, JoinResponse(cert=answer.cert, ca=answer.ca, pins=answer.pins)
+        cluster,
+        token,
+        key,
+        JoinResponse(cert=answer.cert, ca=answer.ca, pins=answer.pins, removed=answer.removed),
     )
     seeds = cluster.path.parent / SEEDS_FILE
     write_atomic(seeds, msgspec.json.encode(answer.records))  # 0600 from the start

@@ -36,6 +36,7 @@ from certs import (
     ServerContexts,
     admit,
 )
+from certs.invites import Tombstone
 from workload_manager.guard import peer_node_id, pinned
 from workload_manager.sites import start_site
 
@@ -74,6 +75,7 @@ class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
     ca: str
     pins: list[str]
     records: list[NodeRecord]
+    removed: list[Tombstone] = []
 
 
 class NodeApi:
@@ -159,7 +161,13 @@ class NodeApi:
             log.warning("refused a join: %s", exc)
             raise web.HTTPForbidden(text=f"{exc}\n") from None
         self.on_admitted()
-        body = JoinAnswer(cert=answer.cert, ca=answer.ca, pins=answer.pins, records=self.records())
+        body = JoinAnswer(
+            cert=answer.cert,
+            ca=answer.ca,
+            pins=answer.pins,
+            records=self.records(),
+            removed=answer.removed,
+        )
         return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:

@@ -59,12 +59,14 @@ __all__ = [
     "Invite",
     "JoinRequest",
     "JoinResponse",
+    "Tombstone",
     "admit",
     "check_admitter",
     "complete_join",
     "create_invite",
     "parse_token",
     "prepare_join",
+    "tombstones",
 ]
 
 TOKEN_PREFIX: Final = "nvp1."
@@ -102,12 +104,24 @@ class JoinRequest(msgspec.Struct, kw_only=True, frozen=True):
     csr: _Pem
 
 
+class Tombstone(msgspec.Struct, kw_only=True, frozen=True):
+    """A removed member, as the admitter knows it: written by a joiner before it pins
+    anything, so a stale member's push cannot bring the removed one back through it."""
+
+    nodeId: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^nod_[0-9a-z]+$")]
+    name: Annotated[str, Meta(max_length=256)] = ""
+    pin: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*$")] = ""
+    removedAt: Annotated[float, Meta(ge=0)] = 0.0
+
+
 class JoinResponse(msgspec.Struct, kw_only=True, frozen=True):
-    """Admitter → joiner: the new certificate, the CA and every member's certificate."""
+    """Admitter → joiner: the new certificate, the CA, every member's certificate and every
+    removed member's tombstone."""
 
     cert: _Pem
     ca: _Pem
     pins: Annotated[list[_Pem], Meta(max_length=1024)]
+    removed: Annotated[list[Tombstone], Meta(max_length=4096)] = []
 
 
 def create_invite(
@@ -213,7 +227,17 @@ def admit(cluster: ClusterDir, request: JoinRequest, *, now: float | None = None
         cert=cert_pem(cert).decode(),
         ca=cert_pem(ca_cert).decode(),
         pins=[pem.decode() for pem in cluster.pins.pems()],
+        removed=tombstones(cluster),
     )
+
+
+def tombstones(cluster: ClusterDir) -> list[Tombstone]:
+    """Every removed member this node knows of."""
+    return [
+        Tombstone(nodeId=m.node_id, name=m.name, pin=m.pin, removedAt=m.removed.timestamp())
+        for m in cluster.pins.members()
+        if m.removed is not None
+    ]
 
 
 def check_admitter(token: str, ca_pem: bytes, server_cert_der: bytes) -> None:
@@ -242,6 +266,12 @@ def complete_join(cluster: ClusterDir, token: str, key: PrivateKey, response: Jo
     if cert.public_key() != key.public_key():
         raise BadJoinResponse("the new certificate is not for our key")
     node_id = describe(cert).node_id
+    # The removals first: nothing pinned from here on can bring a removed member back.
+    for tomb in response.removed:
+        if tomb.nodeId != node_id:
+            cluster.pins.tombstone(tomb.nodeId, name=tomb.name, pin=tomb.pin, at=tomb.removedAt)
+    removed = {t.nodeId for t in response.removed}
+    pins = [c for c in pins if describe(c).node_id not in removed]
     cluster.write_identity(key, cert, ca, pins=[cert, *pins])
     return node_id
 

@@ -177,6 +177,16 @@ class PinStore:
         path.unlink(missing_ok=True)
         return self._current().members[node_id]
 
+    def tombstone(self, node_id: str, *, name: str, pin: str, at: float) -> None:
+        """Record a removal learned from another member (a joiner's admitter): the node is
+        removed here too, whether or not it was ever pinned here."""
+        make_private_dir(self.removed)
+        tombstone = self.removed / f"{node_id}.json"
+        if not tombstone.exists():
+            record = {"nodeId": node_id, "name": name, "pin": pin, "removedAt": at}
+            write_atomic(tombstone, json.dumps(record).encode())
+        (self.trusted / f"{node_id}.pem").unlink(missing_ok=True)
+
     def pems(self) -> list[bytes]:
         """The PEM of every current member, for handing to a new member."""
         self._current()

@@ -14,6 +14,7 @@ from certs import (
     ClusterDir,
     InviteRefused,
     JoinRequest,
+    PinRefused,
     admit,
     complete_join,
     create_invite,
@@ -168,3 +169,23 @@ def test_only_a_ca_holder_can_invite(admitter: ClusterDir, tmp_path: Path) -> No
 def test_invite_lifetime_is_bounded(admitter: ClusterDir) -> None:
     with pytest.raises(ValueError, match="between 1 second and 7 days"):
         create_invite(admitter, ttl=datetime.timedelta(days=30))
+
+
+def test_a_joiner_gets_the_removals_before_it_pins_anything(
+    admitter: ClusterDir, tmp_path: Path
+) -> None:
+    # b joined and was removed; a stale member still offers b's certificate. The joiner
+    # learns the removal with its identity, so it never pins b.
+    b_id = join(admitter, tmp_path / "b", create_invite(admitter).token())
+    b_cert = ClusterDir(tmp_path / "b").load_identity().cert
+    admitter.pins.unpin(b_id)
+    c_id = join(admitter, tmp_path / "c", create_invite(admitter).token())
+    joiner = ClusterDir(tmp_path / "c")
+    members = {m.node_id: m for m in joiner.pins.members()}
+    assert members[b_id].removed is not None
+    assert not joiner.pins.is_member(b_id)
+    with pytest.raises(PinRefused):
+        joiner.pins.pin(b_cert)
+    # The control: the admitter is pinned, and so is the joiner itself.
+    assert joiner.pins.is_member(admitter.node_id() or "")
+    assert joiner.pins.is_member(c_id)
