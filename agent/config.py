@@ -146,7 +146,7 @@ class AgentConfig:
     engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
-    facade_bind: str | None = None  # default: NVPAIR_BIND, else every interface
+    facade_bind: str | None = None  # default: NVPAIR_BIND, else loopback unless api_keys
     anti_entropy_s: float = 5.0  # a Jobs-store comparison with the next member this often
     # The local address this node's connections to members leave from (a multi-homed host
     # that must use one interface); None: the system's choice.

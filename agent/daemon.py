@@ -39,7 +39,7 @@ from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemova
 from .config import PORTS, AgentConfig
 from .engines import Engines
 from .errors import PortInUse
-from .facade import Facade
+from .facade import Facade, facade_address
 from .gpus import discover, simulate
 from .heartbeat import Heartbeat, OwnRecord
 from .lifetime import Health, Tasks
@@ -143,13 +143,14 @@ class Agent:
             reachable=members.reachable,
             remote_load=lambda: load.remote,
         )
+        facade_host, facade_why = facade_address(config.facade_bind, bind, bool(config.api_keys))
         self.facade = facade = Facade(
             node_id=node_id,
             view=view,
             engines=engines,
             forward=client.forward,
             submit=self.submit,
-            host=config.facade_bind or bind,
+            host=facade_host,
             port=config.facade_port,
             api_keys=dict(config.api_keys),
             queue_limit=config.queue_limit,
@@ -240,6 +241,7 @@ class Agent:
         await _bind("api_port", config.api_port, local_api.start())
         stack.push_async_callback(facade.aclose)
         await _bind("facade_port", config.facade_port, facade.start())
+        log.info("facade listening on %s:%d (%s)", facade.host or "*", facade.port, facade_why)
         stack.push_async_callback(tasks.aclose)
         supervisor.set_peers(members.manager_peers())
         try:

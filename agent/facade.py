@@ -28,7 +28,7 @@ from aiohttp import web
 from ulid import ULID
 
 from scheduler import Refusal, Request, rank
-from workload_manager.sites import start_site
+from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import Workload, WorkloadState
 
 from .engines import Engines
@@ -37,7 +37,7 @@ from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .view import SchedulingView
 
-__all__ = ["Facade", "openai_error"]
+__all__ = ["Facade", "facade_address", "openai_error"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,21 @@ def openai_error(status: int, message: str, kind: str, code: str | None = None) 
 @dataclass
 class _Job:
     record: Workload
+
+
+def facade_address(
+    facade_bind: str | None, bind: str | None, api_keys: bool
+) -> tuple[str | None, str]:
+    """Where the facade listens, and why: `facade_bind`, else NVPAIR_BIND (`bind`), else every
+    interface when API keys are configured, else loopback only -- without keys anyone who
+    reaches the port could spend the cluster's GPUs, so it is opened only on purpose."""
+    if facade_bind:
+        return facade_bind, "facade_bind"
+    if bind:
+        return bind, "NVPAIR_BIND"
+    if api_keys:
+        return None, "every interface: API keys are configured"
+    return "127.0.0.1", "loopback only: no API keys; set api_keys or facade_bind to serve others"
 
 
 class Facade:
@@ -100,6 +115,7 @@ class Facade:
             handle_signals=False,
             handler_cancellation=True,
             shutdown_timeout=SHUTDOWN_S,
+            **handler_bounds(),
         )
 
     async def start(self) -> int:

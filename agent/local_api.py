@@ -45,7 +45,7 @@ from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import CertsError, PinStore
 from scheduler import Request, rank
-from workload_manager.sites import start_site
+from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import (
     LIFECYCLE_METHODS,
     LifecycleParams,
@@ -121,7 +121,11 @@ class LocalApi:
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_S,
+            **handler_bounds(),
         )
 
     @property

@@ -38,7 +38,7 @@ from certs import (
 )
 from certs.invites import Tombstone
 from workload_manager.guard import peer_node_id, pinned
-from workload_manager.sites import start_site
+from workload_manager.sites import PerSourceRate, handler_bounds, start_site
 
 from .lifetime import SHUTDOWN_S
 
@@ -47,6 +47,8 @@ __all__ = ["JoinAnswer", "NodeApi"]
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = 4 * 1024 * 1024
+JOIN_BURST: Final = 20  # joins one source may try at once (a few nodes, a few typos)
+JOINS_PER_S: Final = 0.1  # then one each 10 s
 _join_decoder: Final = msgspec.json.Decoder(JoinRequest)
 
 
@@ -108,6 +110,11 @@ class NodeApi:
         self.on_push = on_push
         self.on_admitted = on_admitted
         self.records = records
+        # /v1/join is open to strangers (an invite is checked inside): a few tries per source,
+        # then one a minute; refusals are logged at most one line per 10 s, with a count.
+        self._joins = PerSourceRate(per_s=JOINS_PER_S, burst=JOIN_BURST)
+        self._refusal_lines = PerSourceRate(per_s=0.1, burst=1)
+        self.joins_refused = 0
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_get("/v1/cluster/ca", self._ca)
         app.router.add_post("/v1/join", self._join)
@@ -126,6 +133,7 @@ class NodeApi:
             handle_signals=False,
             shutdown_timeout=SHUTDOWN_S,
             handler_cancellation=True,
+            **handler_bounds(),
         )
 
     async def start(self) -> int:
@@ -144,7 +152,19 @@ class NodeApi:
             body=self.cluster.ca_crt.read_bytes(), content_type="application/x-pem-file"
         )
 
+    def _refuse_join(self, source: str, why: str) -> None:
+        self.joins_refused += 1
+        if self._refusal_lines.allow("join"):
+            log.warning("refused a join from %s: %s (%d refused)", source, why, self.joins_refused)
+
     async def _join(self, request: web.Request) -> web.Response:
+        source = request.remote or "?"
+        if not self._joins.allow(source):
+            self._refuse_join(source, "too many tries")
+            raise web.HTTPTooManyRequests(
+                text="too many joins from this address: try again later\n",
+                headers={"Retry-After": str(int(1 / JOINS_PER_S))},
+            )
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
         try:
@@ -158,7 +178,7 @@ class NodeApi:
                 text="this member holds no CA key: join through a CA holder\n"
             ) from None
         except InviteRefused as exc:
-            log.warning("refused a join: %s", exc)
+            self._refuse_join(source, str(exc))
             raise web.HTTPForbidden(text=f"{exc}\n") from None
         self.on_admitted()
         body = JoinAnswer(

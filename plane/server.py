@@ -29,7 +29,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from workload_manager.sites import start_site
+from workload_manager.sites import handler_bounds, start_site
 
 from ._db import first_line
 from .errors import DatabaseUnavailable, PlaneError
@@ -105,7 +105,9 @@ class PlaneServer:
         app.router.add_post("/v1/sync", self._sync)
         app.router.add_get("/v1/fleet/summary", self._summary)
         app.router.add_get("/v1/jobs", self._jobs)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, **handler_bounds()
+        )
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""

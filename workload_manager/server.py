@@ -27,7 +27,7 @@ from .errors import CannotListen, PortInUse
 from .guard import peer_node_id, pinned
 from .jsonrpc import INVALID_PARAMS, RpcError, encode_error
 from .manager import Manager
-from .sites import start_site
+from .sites import handler_bounds, start_site
 
 __all__ = ["EVENTS_PATH", "MAX_BODY", "InterNodeServer"]
 
@@ -61,7 +61,9 @@ class InterNodeServer:
         self.broker_ready = broker_ready
         app = web.Application(client_max_size=max_body)
         app.router.add_post(EVENTS_PATH, pinned(cluster.pins)(self._events))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, **handler_bounds()
+        )
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0).
