@@ -111,7 +111,7 @@ class NodeApi:
         self.on_admitted = on_admitted
         self.records = records
         # /v1/join is open to strangers (an invite is checked inside): a few tries per source,
-        # then one a minute; refusals are logged at most one line per 10 s, with a count.
+        # then one each 10 s; refusals are logged at most one line per 10 s, with a count.
         self._joins = PerSourceRate(per_s=JOINS_PER_S, burst=JOIN_BURST)
         self._refusal_lines = PerSourceRate(per_s=0.1, burst=1)
         self.joins_refused = 0
