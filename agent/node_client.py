@@ -16,20 +16,15 @@ from typing import Any, Final
 
 import aiohttp
 import msgspec
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.tracing import Trace
 
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
-from certs.ids import DNS_SUFFIX
-from certs.pin_check import pinned_peer
-from certs.pins import PinStore
+from workload_manager.guard import PinnedConnector
 
 from .errors import MemberRefused, MemberUnreachable
 
-__all__ = ["NodeClient", "PinnedConnector"]
+__all__ = ["NodeClient"]
 
 SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
@@ -37,39 +32,6 @@ _JSON: Final = {"Content-Type": "application/json"}
 _NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
 _differences: Final = msgspec.json.Decoder(Differences)
 _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
-
-
-class PinnedConnector(aiohttp.TCPConnector):
-    """Connections to members that check whom they reached: after the handshake the server's
-    certificate must be the pin of the member the request is for (named by its server
-    hostname, `server_hostname_for`), or the connection is closed before a byte of the
-    request goes out. TLS alone proves only a certificate of the cluster CA; a record that
-    points a member's address elsewhere must not get that member's traffic. Pooled
-    connections are keyed by server hostname too, so one checked for a member serves only
-    requests for that member."""
-
-    def __init__(self, pins: PinStore, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._pins = pins
-
-    async def _create_connection(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
-    ) -> ResponseHandler:
-        proto = await super()._create_connection(req, traces, timeout)
-        hostname = req.server_hostname or ""
-        expected = hostname.removesuffix(DNS_SUFFIX) if hostname.endswith(DNS_SUFFIX) else None
-        transport = proto.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        if expected is None or pinned_peer(ssl_object, self._pins) != expected:
-            proto.close()
-            raise aiohttp.ClientConnectionError(
-                f"the server at {req.url.host}:{req.url.port} is not {expected or hostname!r}: "
-                "its certificate is not that member's pin"
-            )
-        return proto
 
 
 class NodeClient:

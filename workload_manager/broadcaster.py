@@ -29,6 +29,7 @@ from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
+from .guard import PinnedConnector
 from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
 from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
@@ -92,7 +93,8 @@ class Broadcaster:
         # dial_from`): a multi-homed host that must reach its peers over one interface.
         dial_from = os.environ.get("NVPAIR_WM_DIAL_FROM") or None
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
+            connector=PinnedConnector(
+                self.cluster.pins,
                 limit=0,
                 enable_cleanup_closed=True,
                 local_addr=(dial_from, 0) if dial_from else None,
