@@ -6,6 +6,8 @@ engine) binds the same way, so every listener has the same bounds (issue 12, ite
 - a request's headers must arrive, and a kept-alive connection may stay idle, at most
   `idle_s` (aiohttp's `keepalive_timeout`, which since 3.14 also runs from the connection's
   start: a partial request line held forever is closed when it passes);
+- a request's body must have arrived `body_s` after its handler started (a middleware
+  watches the payload's end; past it the connection is closed);
 - a TLS handshake must finish within `handshake_s` (`ssl_handshake_timeout`: a partial
   ClientHello is dropped when it passes);
 - at most `max_connections` connections on the listener and `max_per_source` from one
@@ -14,7 +16,8 @@ engine) binds the same way, so every listener has the same bounds (issue 12, ite
   own keep-alive would close the same way); only when every one is busy is it refused.
 
 The bounds come from the environment (tests set small ones): NVPAIR_IDLE_TIMEOUT_S,
-NVPAIR_TLS_HANDSHAKE_TIMEOUT_S, NVPAIR_MAX_CONNECTIONS, NVPAIR_MAX_CONNECTIONS_PER_SOURCE.
+NVPAIR_BODY_TIMEOUT_S, NVPAIR_TLS_HANDSHAKE_TIMEOUT_S, NVPAIR_MAX_CONNECTIONS,
+NVPAIR_MAX_CONNECTIONS_PER_SOURCE.
 Port 0 asks the kernel for a free port, which tests use.
 """
 
@@ -26,10 +29,12 @@ import os
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = ["Bounds", "PerSourceRate", "handler_bounds", "start_site"]
@@ -42,6 +47,7 @@ class Bounds:
     """What one listener allows (see the module docstring)."""
 
     idle_s: float = 30.0
+    body_s: float = 60.0
     handshake_s: float = 10.0
     max_connections: int = 1024
     max_per_source: int = 128
@@ -52,6 +58,7 @@ class Bounds:
         env = os.environ
         return cls(
             idle_s=float(env.get("NVPAIR_IDLE_TIMEOUT_S", cls.idle_s)),
+            body_s=float(env.get("NVPAIR_BODY_TIMEOUT_S", cls.body_s)),
             handshake_s=float(env.get("NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", cls.handshake_s)),
             max_connections=int(env.get("NVPAIR_MAX_CONNECTIONS", cls.max_connections)),
             max_per_source=int(env.get("NVPAIR_MAX_CONNECTIONS_PER_SOURCE", cls.max_per_source)),
@@ -76,10 +83,38 @@ async def start_site(
     `host` None listens on every interface. An address in use raises `OSError` (errno
     EADDRINUSE) from the bind, with the runner left set up for the caller's `cleanup()`.
     """
+    bounds = Bounds.from_env()
+    runner.app.middlewares.append(_body_deadline(bounds.body_s))  # frozen by setup()
     await runner.setup()
-    site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=Bounds.from_env())
+    site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=bounds)
     await site.start()
     return site.port  # the bound port once started (the kernel's choice for port 0)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _body_deadline(body_s: float) -> Middleware:
+    """A middleware closing the connection of a request whose body is still arriving
+    `body_s` after its handler started (a slow body would hold a handler for ever)."""
+
+    @web.middleware
+    async def body_deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)
+
+        def expire() -> None:
+            if not request.content.is_eof() and request.transport is not None:
+                log.info("closing a connection whose body took over %g s", body_s)
+                request.transport.close()
+
+        timer = asyncio.get_running_loop().call_later(body_s, expire)
+        try:
+            return await handler(request)
+        finally:
+            timer.cancel()
+
+    return body_deadline
 
 
 class _BoundedSite(web.TCPSite):

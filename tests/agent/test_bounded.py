@@ -1,7 +1,8 @@
 """Bounded servers (issue 12, item 5), against real agents: 1,000 half-open connections on
-the facade (a partial request line) and 1,000 on the node API (a partial TLS ClientHello)
-starve nothing -- a peer's record still updates, the local API still answers -- and the
-server closes them once the read timeout (small here, set through the environment) passes."""
+the facade (a partial request line; and 100 with a partial body) and 1,000 on the node API
+(a partial TLS ClientHello) starve nothing -- a peer's record still updates, the local API
+still answers -- and the server closes them once the read timeouts (small here, set through
+the environment) pass."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from .harness import TIMEOUT, Node, eventually, make_node, start_cluster
 
 HELD = 1000
 PARTIAL_REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
+# Whole headers, then a tenth of the body they announce.
+SLOW_BODY = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":'
+)
 # A TLS record header announcing a 512-byte handshake message, and its first bytes only.
 PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(16)
 
@@ -37,15 +43,16 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[N
     with pytest.MonkeyPatch.context() as env:  # the agents inherit the test's environment
         env.setitem(os.environ, "NVPAIR_IDLE_TIMEOUT_S", "3")
         env.setitem(os.environ, "NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", "3")
+        env.setitem(os.environ, "NVPAIR_BODY_TIMEOUT_S", "3")
         async for started in start_cluster(nodes):
             yield started
 
 
 async def _hold(
-    port: int, first_bytes: bytes, writers: list[asyncio.StreamWriter]
+    port: int, first_bytes: bytes, writers: list[asyncio.StreamWriter], count: int = HELD
 ) -> list[asyncio.StreamReader]:
     readers = []
-    for _ in range(HELD // 100):  # in batches: a burst of 1,000 SYNs overflows the backlog
+    for _ in range(count // 100):  # in batches: a burst of 1,000 SYNs overflows the backlog
         pairs = await asyncio.gather(
             *(asyncio.open_connection("127.0.0.1", port) for _ in range(100))
         )
@@ -86,7 +93,8 @@ async def test_half_open_connections_starve_nothing_and_are_closed(pair: list[No
 async def _held_and_closed(
     a: Node, b_id: str, before: int, writers: list[asyncio.StreamWriter]
 ) -> None:
-    held = await _hold(a.ports["facade"], PARTIAL_REQUEST, writers)
+    held = await _hold(a.ports["facade"], SLOW_BODY, writers, count=100)  # busy: not evicted
+    held += await _hold(a.ports["facade"], PARTIAL_REQUEST, writers)
     held += await _hold(a.ports["node"], PARTIAL_HELLO, writers)
 
     # While they are held: b's record still reaches a (a push over mTLS to a's node API,
