@@ -1,7 +1,8 @@
 """HTTP for the `nvpair` commands: finding the running agent and calling it (or a plane).
 
 Commands other than `agent run` find their agent through `$NVPAIR_HOME/agent.json`, which the
-running agent writes (its local API address and pid) and removes when it stops. Every
+running agent writes (its local API address and pid) and removes when it stops, and send
+the token it wrote to `$NVPAIR_HOME/local-api.token` (`agent.local_guard`). Every
 failure is a `CliError` whose message says what is wrong and whose: `agent.cli.main` prints
 it as one `nvpair: …` line and exits 1. Nothing here raises `SystemExit`.
 """
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from .config import nvpair_home
+from .local_guard import TOKEN_FILE, read_token
 
-__all__ = ["CliError", "agent_url", "get", "post", "request"]
+__all__ = ["CliError", "agent_headers", "agent_url", "get", "post", "request"]
 
 TIMEOUT_S: Final = 10.0
 
@@ -48,14 +50,26 @@ def agent_url(home: Path | None = None) -> str:
     return str(state["api"]).rstrip("/")
 
 
+def agent_headers(home: Path | None = None) -> dict[str, str]:
+    """The `Authorization` header the running agent's local API asks for, from its token
+    file under `home` (default `$NVPAIR_HOME`); `CliError` when it cannot be read."""
+    home = nvpair_home() if home is None else home
+    try:
+        return {"Authorization": f"Bearer {read_token(home)}"}
+    except OSError as exc:
+        raise CliError(f"cannot read the agent's token {home / TOKEN_FILE}: {exc}") from None
+
+
 def get(path: str) -> Any:
     """GET `path` from the running agent's local API; the decoded JSON answer."""
-    return request(agent_url() + path, who="the agent")
+    url = agent_url() + path
+    return request(url, headers=agent_headers(), who="the agent")
 
 
 def post(path: str, body: Any = None) -> Any:
     """POST `body` (JSON) to `path` on the running agent's local API; the decoded answer."""
-    return request(agent_url() + path, "POST", {} if body is None else body, who="the agent")
+    url, sent = agent_url() + path, {} if body is None else body
+    return request(url, "POST", sent, headers=agent_headers(), who="the agent")
 
 
 def request(

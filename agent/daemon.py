@@ -44,6 +44,7 @@ from .gpus import discover, simulate
 from .heartbeat import Heartbeat, OwnRecord
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
+from .local_guard import issue_token
 from .members import SEEDS_FILE, Members, read_seeds
 from .node_api import NodeApi
 from .node_client import NodeClient
@@ -228,6 +229,7 @@ class Agent:
                 repairs=lambda: dataclasses.asdict(repair.counters),
             ),
             port=config.api_port,
+            token=issue_token(config.home),  # fresh each start, on disk before it listens
         )
 
         # Closed in reverse: background loops first, then the facade (its requests end and

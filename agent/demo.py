@@ -24,7 +24,11 @@ from typing import Any
 
 import aiohttp
 
+from .local_guard import read_token
+
 __all__ = ["add_command"]
+
+Member = tuple[str, str, str, Path]  # name, facade URL, local API URL, NVPAIR_HOME
 
 NODES = (
     ("gpu-a", "h100-80gb-sxm:8", "llama-3-8b", ("--latency-ms", "150")),
@@ -109,8 +113,8 @@ async def _cli(args: list[str], env: dict[str, str]) -> str:
     return out.decode().strip()
 
 
-async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[tuple[str, str, str]]:
-    """Engines and agents up and paired; returns (name, facade URL, API URL) per node."""
+async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Member]:
+    """Engines and agents up and paired; returns (name, facade URL, API URL, home) per node."""
     nodes = []
     for name, gpus, models, engine_flags in NODES:
         engine_port = _free_port()
@@ -152,11 +156,12 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[tu
             await _until(
                 session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
             )
-        for *_, ports in nodes:
+        for name, *_, ports in nodes:
             await _until(
                 session,
                 f"http://127.0.0.1:{ports['api']}/v1/nodes",
                 lambda listed: len(listed) == 3 and all(n["reachable"] for n in listed),
+                headers=_owner(root / name),
             )
             await _until(
                 session,
@@ -164,22 +169,35 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[tu
                 lambda m: len(m.get("data", [])) == 3,
             )
         say("three members, each sees the others' GPUs and models:")
-        async with session.get(f"http://127.0.0.1:{nodes[0][4]['api']}/v1/nodes") as response:
+        first = f"http://127.0.0.1:{nodes[0][4]['api']}/v1/nodes"
+        async with session.get(first, headers=_owner(root / nodes[0][0])) as response:
             for node in await response.json():
                 classes = ",".join(sorted({d["deviceClass"] for d in node["devices"]}))
                 models = ", ".join(sorted({m for e in node["engines"] for m in e["models"]}))
                 say(f"  {node['name']}: {len(node['devices'])} x {classes}  serves {models}")
     return [
-        (name, f"http://127.0.0.1:{ports['facade']}", f"http://127.0.0.1:{ports['api']}")
+        (
+            name,
+            f"http://127.0.0.1:{ports['facade']}",
+            f"http://127.0.0.1:{ports['api']}",
+            root / name,
+        )
         for name, *_, ports in nodes
     ]
 
 
-async def _until(session: aiohttp.ClientSession, url: str, check: Any) -> None:
+def _owner(home: Path) -> dict[str, str]:
+    # The local API answers its owner: the token the agent in `home` wrote at its start.
+    return {"Authorization": f"Bearer {read_token(home)}"}
+
+
+async def _until(
+    session: aiohttp.ClientSession, url: str, check: Any, headers: dict[str, str] | None = None
+) -> None:
     deadline = time.monotonic() + 30.0
     while True:
         with contextlib.suppress(aiohttp.ClientError, ValueError):
-            async with session.get(url) as response:
+            async with session.get(url, headers=headers) as response:
                 if response.status == 200 and check(await response.json()):
                     return
         if time.monotonic() > deadline:
@@ -187,12 +205,12 @@ async def _until(session: aiohttp.ClientSession, url: str, check: Any) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _burst(facades: list[tuple[str, str, str]], count: int) -> None:
+async def _burst(facades: list[Member], count: int) -> None:
     models = itertools.cycle(["llama-3-8b", "llama-3-8b", "qwen-2-7b", "mistral-7b"])
     say(f"\nsending {count} requests through all three members at once…")
 
     async def one(n: int, session: aiohttp.ClientSession) -> int:
-        _, facade, _ = facades[n % len(facades)]
+        _, facade, _, _ = facades[n % len(facades)]
         body = {
             "model": next(models),
             "messages": [{"role": "user", "content": f"demo question {n}"}],
@@ -209,13 +227,14 @@ async def _burst(facades: list[tuple[str, str, str]], count: int) -> None:
     say(f"{ok} answered, {count - ok} failed (gpu-c's engine fails 10% on purpose)")
 
 
-async def _show(facades: list[tuple[str, str, str]]) -> None:
+async def _show(facades: list[Member]) -> None:
     async with aiohttp.ClientSession() as session:
 
         async def settled() -> list[list[dict[str, Any]]]:
             views = []
-            for _, _, api in facades:
-                async with session.get(f"{api}/v1/jobs?limit=10000") as response:
+            for _, _, api, home in facades:
+                jobs = f"{api}/v1/jobs?limit=10000"
+                async with session.get(jobs, headers=_owner(home)) as response:
                     views.append(await response.json())
             return views
 
@@ -227,11 +246,12 @@ async def _show(facades: list[tuple[str, str, str]]) -> None:
                 break
             await asyncio.sleep(0.3)
     names = {}
-    async with aiohttp.ClientSession() as session, session.get(f"{facades[0][2]}/v1/nodes") as r:
+    nodes, home = f"{facades[0][2]}/v1/nodes", facades[0][3]
+    async with aiohttp.ClientSession() as session, session.get(nodes, headers=_owner(home)) as r:
         names = {n["nodeId"]: n["name"] for n in await r.json()}
     keyed = [{(j["originatedFrom"], j["runId"], j["id"]): j for j in view} for view in views]
     every = sorted(set().union(*keyed), key=lambda k: (names.get(k[0], k[0]), int(k[2])))
-    header = ["JOB", "MODEL", "RAN ON"] + [f"AS {name.upper()} SEES IT" for name, _, _ in facades]
+    header = ["JOB", "MODEL", "RAN ON"] + [f"AS {name.upper()} SEES IT" for name, *_ in facades]
     rows = [header]
     for key in every:
         job = next(view[key] for view in keyed if key in view)

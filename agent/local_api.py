@@ -22,8 +22,10 @@
 
 It reads and asks the node's parts only through `LocalPorts`.
 
-Only the loopback interface is bound: anything that can reach it can already read the
-node's files.
+Only the loopback interface is bound, and that is no boundary by itself: every request
+passes `local_guard.refusal` first (its own Host and Origin, the token from
+`NVPAIR_HOME/local-api.token` on all but `/healthz` and `/metrics`, JSON bodies), refused
+with a JSON `{error}` and nothing done.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from workload_manager.workload import (
 )
 
 from .lifetime import SHUTDOWN_S, Health
+from .local_guard import refusal
 from .members import Members
 from .metrics import STATES, AgentMetrics
 from .operations import OperationRefused, Operations
@@ -62,6 +65,7 @@ from .view import SchedulingView
 __all__ = ["LocalApi", "LocalPorts"]
 
 _STATES: Final = STATES
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _event_decoder: Final = msgspec.json.Decoder(dict[str, Any])
 _params_decoder: Final = msgspec.json.Decoder(LifecycleParams)
 
@@ -92,9 +96,10 @@ class LocalPorts:
 class LocalApi:
     """aiohttp server bound to 127.0.0.1."""
 
-    def __init__(self, ports: LocalPorts, *, port: int) -> None:
+    def __init__(self, ports: LocalPorts, *, port: int, token: str) -> None:
         self.ports = ports
         self.port = port
+        self._token = token
         self.registry = CollectorRegistry()
         self.collector = AgentMetrics(
             ports.gpus,
@@ -106,7 +111,7 @@ class LocalApi:
             writer_pending=lambda: ports.writer.pending,
         )
         self.registry.register(self.collector)
-        app = web.Application(client_max_size=1024 * 1024)
+        app = web.Application(client_max_size=1024 * 1024, middlewares=[self._guard])
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/v1/jobs", self._jobs)
         app.router.add_get("/v1/nodes", self._nodes)
@@ -141,6 +146,28 @@ class LocalApi:
         for ack in self._acks:
             ack.cancel()
         await self._runner.cleanup()
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        # Decided before routing's handler runs: a refused request reads no body, does nothing.
+        refused = refusal(
+            request.method,
+            request.path,
+            request.headers,
+            has_body=request.body_exists,
+            port=self.port,
+            token=self._token,
+        )
+        if refused is None:
+            return await handler(request)
+        status, reason = refused
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return web.Response(
+            status=status,
+            body=msgspec.json.encode({"error": reason}),
+            content_type="application/json",
+            headers=headers,
+        )
 
     async def _health(self, request: web.Request) -> web.Response:
         # 503 while any part is failing, so a plain HTTP check sees it; the body says which.

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.owner import owner
 from tests.fixtures.records import lifecycle_event, workload_record
 from tests.fixtures.waiting import TIMEOUT_S, eventually
 from tests.workload_manager.cluster_harness import free_port
@@ -102,9 +103,17 @@ class Node:
 
     async def get(self, path: str) -> Any:
         """GET the local API; the decoded JSON of a 200."""
-        async with aiohttp.ClientSession() as session, session.get(self.api + path) as response:
+        async with (
+            aiohttp.ClientSession(headers=self.owner) as session,
+            session.get(self.api + path) as response,
+        ):
             assert response.status == 200, await response.text()
             return await response.json()
+
+    @property
+    def owner(self) -> dict[str, str]:
+        """The header the local API asks of its owner (the token in `home`)."""
+        return owner(self.home)
 
     async def get_facade(self, path: str) -> Any:
         """GET the inference facade; the decoded JSON of a 200."""
@@ -168,7 +177,7 @@ class Node:
         record = workload_record(wid, seq, origin=origin, run=f"{origin}-run")
         url = self.api + "/v1/jobs/events"
         async with (
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(headers=self.owner) as session,
             session.post(url, json=lifecycle_event(record)) as response,
         ):
             assert response.status == 202, await response.text()

@@ -38,7 +38,9 @@ async def states(node: Node, prefix: str) -> dict[str, str]:
 async def post_event(node: Node, record: dict[str, object]) -> None:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(node.api + "/v1/jobs/events", json=lifecycle_event(record)) as response,
+        session.post(
+            node.api + "/v1/jobs/events", json=lifecycle_event(record), headers=node.owner
+        ) as response,
     ):
         assert response.status == 202, await response.text()
 

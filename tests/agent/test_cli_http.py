@@ -10,7 +10,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,9 @@ from agent import cli_http
 from agent.cli import main
 from agent.cli_http import CliError
 from workload_manager.sites import start_site
+
+TOKEN = "s3cret-token"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @pytest.fixture
@@ -44,7 +47,14 @@ async def api() -> AsyncIterator[str]:
     async def plain(request: web.Request) -> web.Response:
         return web.Response(text="<html>not json</html>")
 
-    app = web.Application()
+    @web.middleware
+    async def owner_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # As the agent does: its token, or a 401 (`write_state` writes it as the agent would).
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.json_response({"error": "no token"}, status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[owner_only])
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_post("/v1/echo", echo)
     app.router.add_post("/v1/conflict", conflict)
@@ -57,6 +67,7 @@ async def api() -> AsyncIterator[str]:
 
 def write_state(home: Path, api: str, pid: int) -> None:
     (home / "agent.json").write_text(json.dumps({"api": api, "pid": pid, "nodeId": "nod_x"}))
+    (home / "local-api.token").write_text(TOKEN + "\n")
 
 
 def dead_pid() -> int:
@@ -101,6 +112,13 @@ async def test_get_and_post_answer_with_the_decoded_json(home: Path, api: str) -
     assert await asyncio.to_thread(cli_http.get, "/v1/nodes") == [{"nodeId": "nod_x"}]
     answer = await asyncio.to_thread(cli_http.post, "/v1/echo", {"kind": "cordon"})
     assert answer == {"got": {"kind": "cordon"}}
+    # The token is read at each call (a restarted agent issued a new one); none is a refusal.
+    (home / "local-api.token").write_text("an-old-token\n")
+    with pytest.raises(CliError, match=r"refused \(401\)"):
+        await asyncio.to_thread(cli_http.get, "/v1/nodes")
+    (home / "local-api.token").unlink()
+    with pytest.raises(CliError, match=r"cannot read the agent's token .*local-api\.token"):
+        await asyncio.to_thread(cli_http.get, "/v1/nodes")
 
 
 async def test_a_refusal_says_who_refused_and_why(home: Path, api: str) -> None:

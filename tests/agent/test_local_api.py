@@ -19,6 +19,7 @@ from agent.cli import main as cli_main
 from agent.config import AgentConfig, load_config
 from agent.daemon import Agent
 from certs import ClusterDir
+from tests.fixtures.owner import owner
 from tests.fixtures.waiting import eventually
 from workload_manager.workload import Workload
 
@@ -40,8 +41,13 @@ async def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     await node.aclose()
 
 
-async def call(agent: Agent, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+async def call(
+    agent: Agent, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """One request as the agent's owner (its token; raw bytes sent as JSON), `headers` on top."""
     data = body if isinstance(body, bytes) else None
+    json_type = {"Content-Type": "application/json"} if data is not None else {}
+    sent = owner(agent.config.home) | json_type
     async with (
         aiohttp.ClientSession() as session,
         session.request(
@@ -49,6 +55,7 @@ async def call(agent: Agent, method: str, path: str, body: Any = None) -> tuple[
             agent.local_api.url + path,
             json=None if data is not None else body,
             data=data,
+            headers=sent | (headers or {}),
         ) as response,
     ):
         text = await response.text()

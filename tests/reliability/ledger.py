@@ -122,7 +122,11 @@ class RememberingClient:
         self.figures.events_sent += 1
         for _ in range(TRIES):
             try:
-                async with self._session.post(url, json=lifecycle_event(record)) as response:
+                # The token read at each try: a restarted member issued a new one.
+                event = lifecycle_event(record)
+                async with self._session.post(
+                    url, json=event, headers=member.node.owner
+                ) as response:
                     status = response.status
                     await response.read()
             except (aiohttp.ClientError, TimeoutError):
@@ -266,7 +270,7 @@ async def list_jobs(session: aiohttp.ClientSession, member: Member) -> dict[JobK
     listed: dict[JobKey, int] = {}
     url = f"{member.node.api}/v1/jobs?page=1&limit={PAGE}"
     while True:
-        async with session.get(url) as response:
+        async with session.get(url, headers=member.node.owner) as response:
             assert response.status == 200, await response.text()
             page = await response.json()
         for job in page["jobs"]:

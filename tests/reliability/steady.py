@@ -142,7 +142,7 @@ async def read_depths(session: aiohttp.ClientSession, member: Member, at: float)
                 broadcast += int(sample.value)
             elif sample.name == "nvpair_jobs_writer_pending":
                 writer = int(sample.value)
-    async with session.get(member.node.api + "/v1/manager") as response:
+    async with session.get(member.node.api + "/v1/manager", headers=member.node.owner) as response:
         status: dict[str, Any] = await response.json()
     return DepthSample(at, broadcast, writer, int(status["supervisor"]["dropped"]))
 

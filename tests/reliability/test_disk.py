@@ -57,7 +57,11 @@ async def post(member: Member, record: dict[str, Any]) -> tuple[int, str]:
     """One `POST /v1/jobs/events`, no retry: the status and the body."""
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        session.post(member.node.api + "/v1/jobs/events", json=lifecycle_event(record)) as r,
+        session.post(
+            member.node.api + "/v1/jobs/events",
+            json=lifecycle_event(record),
+            headers=member.node.owner,
+        ) as r,
     ):
         return r.status, await r.text()
 

@@ -76,8 +76,11 @@ class Rig:
         try:
             # A large body goes as a stream (aiohttp warns about big raw bytes).
             data = io.BytesIO(body) if len(body) > MiB else body
+            sent = {"Content-Type": "application/json", **(headers or {})}
+            if url.startswith(self.a.api):
+                sent = self.a.owner | sent  # the local API's token
             async with session.post(
-                url, data=data, headers={"Content-Type": "application/json", **(headers or {})},
+                url, data=data, headers=sent,
                 **extra,
             ) as response:  # fmt: skip
                 return Answer(response.status, response.content_type, await response.read())
@@ -167,7 +170,8 @@ async def test_local_api_queries(rig: Rig, tier: Tier) -> None:
     before, restarts = await rig.rows(), await rig.restarts()
     problems = []
     for query in queries:
-        async with rig.session.get(rig.a.api + "/v1/jobs", params=query) as response:
+        jobs = rig.a.api + "/v1/jobs"
+        async with rig.session.get(jobs, params=query, headers=rig.a.owner) as response:
             answer = Answer(response.status, response.content_type, await response.read())
         if (why := text_error(400)(answer)) is not None:
             problems.append(f"{query!r} -> {answer.status} {answer.body[:100]!r}: {why}")

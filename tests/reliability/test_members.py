@@ -97,6 +97,10 @@ async def _all_unpinned(members: list[Member], gone: Member) -> bool:
 async def _post(member: Member, record: dict[str, object]) -> None:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(member.node.api + "/v1/jobs/events", json=lifecycle_event(record)) as r,
+        session.post(
+            member.node.api + "/v1/jobs/events",
+            json=lifecycle_event(record),
+            headers=member.node.owner,
+        ) as r,
     ):
         assert r.status == 202, await r.text()

@@ -190,7 +190,7 @@ async def wait_restarted(member: Member, restarts: int) -> None:
         # /v1/manager answers an error while no manager answers; its body says why.
         async with (
             aiohttp.ClientSession() as session,
-            session.get(member.node.api + "/v1/manager") as response,
+            session.get(member.node.api + "/v1/manager", headers=member.node.owner) as response,
         ):
             if response.status != 200:
                 return False
