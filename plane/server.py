@@ -105,9 +105,7 @@ class PlaneServer:
         app.router.add_post("/v1/sync", self._sync)
         app.router.add_get("/v1/fleet/summary", self._summary)
         app.router.add_get("/v1/jobs", self._jobs)
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, **handler_bounds()
-        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""

@@ -61,9 +61,7 @@ class InterNodeServer:
         self.broker_ready = broker_ready
         app = web.Application(client_max_size=max_body)
         app.router.add_post(EVENTS_PATH, pinned(cluster.pins)(self._events))
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, **handler_bounds()
-        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0).
