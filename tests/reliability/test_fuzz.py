@@ -313,7 +313,9 @@ async def test_a_slow_client_holds_up_nobody(
         "facade": {"model": "nobody-serves-this", "prompt": "x"},
     }[kind]
     data = json.dumps(body).encode()
-    head = f"POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    port = rig.a.ports[kind]
+    head = f"POST {route} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in rig.a.owner.items()) if kind == "api" else ""
     request = (head + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
     context = ClientContexts(ClusterDir(rig.b.home / "cluster")).current() if tls else None
     slow = asyncio.create_task(
