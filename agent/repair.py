@@ -6,9 +6,12 @@ lacks both ways. Whatever made two stores differ -- a frame dropped on the way, 
 behind the agent's back, a peer's events lost for a while -- is repaired within a few rounds,
 without a reconnect. The same object answers the other side of a round (node API).
 
-A node's own jobs are its own (docs/security.md): a round never asks a member for them nor
-hands a member its own, and what a member sends claiming to originate here -- a record or a
-removal -- is dropped and counted (`own_origin`), never stored or relayed.
+A node's own jobs are its own (docs/security.md): a round never hands a member its own, never
+asks a member to change one of ours, and what a member sends claiming to originate here -- a
+record or a removal -- is dropped and counted (`own_origin`), never stored or relayed. The
+one exception is a row of our own that our store lost altogether (a disk that dropped its last
+commits, a row deleted behind the agent's back): we ask for it back ourselves, as the
+initiator, and take it only for a key we asked for and do not hold.
 """
 
 from __future__ import annotations
@@ -157,18 +160,27 @@ class AntiEntropy:
         plan = plan_repair(
             keys_in(rows, buckets), mine_removed, theirs, all_my_removed=set(removed)
         )
-        # Neither side's own jobs go to it: it is their only writer.
+        # Neither side's own jobs go to it: it is their only writer -- except a row of its
+        # own that its store lost altogether (a disk that dropped its last commits, a row
+        # deleted behind its back), which it asks back for itself, never to change one it has.
         own = self._node_id
         their_keys = [key for key in plan.give if key[0] != peer]
         give = await records_for(self._store, their_keys, stored_before=self._settled())
         removals = [_removal(pair) for pair in plan.give_removals if pair[0] != peer]
-        want = [key for key in plan.want if key[0] != own]
+        held = {(o, r, i) for o, r, i, _ in rows if o == own}
+        want = [key for key in plan.want if key[0] != own or key not in held]
         answer = await self._exchange_at(peer, Exchange(records=give, removals=removals, want=want))
         for pair in plan.take_removals:
             if pair[0] != own:
                 self._take_removal(_removal(pair))
-        for record in self._not_own(answer.records):
-            self._take(record)
+        lost = {key for key in want if key[0] == own}
+        for record in answer.records:
+            if record.originatedFrom != own:
+                self._take(record)
+            elif (record.originatedFrom, record.runId, record.id) in lost:
+                self._take(record)  # its own row back (its relay lost it with the store)
+            else:
+                self._not_own([record])
         self.counters.records_in += len(answer.records) + len(plan.take_removals)
         self.counters.records_out += len(give) + len(removals)
         moved = len(answer.records) + len(give) + len(plan.take_removals) + len(removals)

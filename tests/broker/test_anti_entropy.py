@@ -92,7 +92,9 @@ def workload(wid: str, seq: int, **fields: Any) -> Any:
 
 
 class Side:
-    def __init__(self, store: JobsStore, writer: JobsWriter, *, ahead_s: float = 60.0) -> None:
+    def __init__(
+        self, store: JobsStore, writer: JobsWriter, node_id: str, *, ahead_s: float = 60.0
+    ) -> None:
         self.store, self.writer = store, writer
         self.peer: AntiEntropy | None = None
         # The side's clock runs `ahead_s` ahead of the stores' writes: what they hold has
@@ -106,6 +108,7 @@ class Side:
             exchange_at=self._exchange,
             retention_h=168,
             clock=lambda: time.time() + self.ahead_s,
+            node_id=node_id,
         )
 
     async def _digest(self, node: str, d: Digest) -> Differences:
@@ -125,7 +128,7 @@ async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
     tmp_path: Path,
 ) -> None:
     async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
-        a, b = Side(sa, wa), Side(sb, wb)
+        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
         a.peer, b.peer = b.repair, a.repair
         for n in range(300):
             record = workload(str(n), 1 + n % 3, origin="nod_a" if n % 2 else "nod_b")
@@ -144,6 +147,10 @@ async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
 
         moved = await a.repair.round_with("nod_b")
         assert moved > 0
+        # a hands b none of b's own jobs (b is their only writer): b asks back the rows of
+        # its own that its store lost, in a round of its own.
+        assert {("nod_b", "20"), ("nod_b", "22")}.isdisjoint((await b.view()).keys())
+        assert await b.repair.round_with("nod_a") == 2
         assert await a.view() == await b.view()
         view = await a.view()
         assert (view[("nod_a", "7")], view[("nod_b", "8")]) == (3, 3)
@@ -159,7 +166,7 @@ async def test_a_record_is_handed_on_only_once_it_has_settled(tmp_path: Path) ->
     # One a store took moments ago is most likely on its way to the other member through
     # the relay: repairing it too would deliver it there twice.
     async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
-        a, b = Side(sa, wa, ahead_s=0.0), Side(sb, wb, ahead_s=0.0)
+        a, b = Side(sa, wa, "nod_a", ahead_s=0.0), Side(sb, wb, "nod_b", ahead_s=0.0)
         a.peer, b.peer = b.repair, a.repair
         wa.upsert(workload("fresh", 1, origin="nod_a"))
         wb.upsert(workload("theirs", 1, origin="nod_b"))
