@@ -8,6 +8,7 @@ owns. Each test gets a fresh database.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,14 @@ from .plane_client import ADMIN, Plane
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """A DSN for a server the tests may create databases on."""
+    with admin_dsn() as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def admin_dsn() -> Iterator[str]:
+    """An admin DSN: `NVPAIR_TEST_PG_DSN`'s server, else a throw-away one from the installed
+    binaries; skipped without them, failed instead when `NVPAIR_REQUIRE_PG=1` (CI)."""
     given = os.environ.get("NVPAIR_TEST_PG_DSN")
     if given:
         yield given

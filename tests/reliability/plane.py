@@ -22,12 +22,11 @@ from typing import Any, Final
 
 import aiohttp
 import psycopg
-import pytest
 
-from plane.devserver import server_binaries, throwaway_postgres
 from plane.tokens import token_cluster
 from tests.agent.harness import JobKey, job_key
 from tests.fixtures.waiting import TIMEOUT_S, eventually
+from tests.plane.conftest import admin_dsn
 from tests.workload_manager.cluster_harness import free_port
 
 from .ledger import Divergence, RememberingClient
@@ -49,17 +48,7 @@ PAGE: Final = 1000  # the most the plane gives in one page
 def postgres() -> Iterator[str]:
     """A throw-away PostgreSQL server's admin DSN (`NVPAIR_TEST_PG_DSN` names one to use
     instead); skipped without server binaries, unless `NVPAIR_REQUIRE_PG=1`."""
-    given = os.environ.get("NVPAIR_TEST_PG_DSN")
-    if given:
-        yield given
-        return
-    bindir = server_binaries()
-    if bindir is None:
-        message = "no PostgreSQL server binaries (initdb) installed"
-        if os.environ.get("NVPAIR_REQUIRE_PG") == "1":
-            pytest.fail(message + " and NVPAIR_REQUIRE_PG=1")
-        pytest.skip(message + "; set NVPAIR_TEST_PG_DSN or install postgresql")
-    with throwaway_postgres(bindir) as dsn:
+    with admin_dsn() as dsn:
         yield dsn
 
 
