@@ -8,8 +8,10 @@ integrity_check`, and every member lists exactly what the client was told."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -123,13 +125,13 @@ class Fault:
         await self.others_load
 
 
-async def test_a_full_disk_refuses_events_clearly_and_recovers_when_space_returns(
-    tmp_path: Path, tier: Tier
-) -> None:
-    rng = fault_rng(1151)
-    name = rng.choice(NAMES[:MEMBERS])
+@contextlib.asynccontextmanager
+async def on_its_own_disk(
+    root: Path, rng: random.Random, name: str, disk: SmallDisk | Ext4Disk
+) -> AsyncIterator[tuple[list[Member], RememberingClient, Member, Fault]]:
+    """A fault cluster whose member `name` has its home on `disk` (mounted before anything is
+    written there, unmounted however the scenario ends), a client, and that member's Fault."""
     with disks() as mounted:
-        disk = SmallDisk(tmp_path / name, "16m")
 
         def prepare(member: str, home: Path) -> None:
             if member == name:
@@ -137,34 +139,48 @@ async def test_a_full_disk_refuses_events_clearly_and_recovers_when_space_return
                 mounted.append(disk)
 
         async with (
-            fault_cluster(tmp_path, MEMBERS, rng, prepare_home=prepare) as members,
+            fault_cluster(root, MEMBERS, rng, prepare_home=prepare) as members,
             RememberingClient(random.Random(rng.random())) as client,
         ):
             victim = next(m for m in members if m.name == name)
-            fault = Fault(client, victim, [m for m in members if m is not victim])
-            before = processes(members)
-            async with asyncio.TaskGroup() as scenario:
-                load = scenario.create_task(
-                    client.load(
-                        members,
-                        jobs=tier.pick(90, 1500),
-                        rate_per_s=tier.pick(50, 100),
-                        prefix="full",
-                    )
+            yield (
+                members,
+                client,
+                victim,
+                Fault(client, victim, [m for m in members if m is not victim]),
+            )
+
+
+async def test_a_full_disk_refuses_events_clearly_and_recovers_when_space_returns(
+    tmp_path: Path, tier: Tier
+) -> None:
+    rng = fault_rng(1151)
+    name = rng.choice(NAMES[:MEMBERS])
+    disk = SmallDisk(tmp_path / name, "16m")
+    async with on_its_own_disk(tmp_path, rng, name, disk) as (members, client, victim, fault):
+        before = processes(members)
+        async with asyncio.TaskGroup() as scenario:
+            load = scenario.create_task(
+                client.load(
+                    members,
+                    jobs=tier.pick(90, 1500),
+                    rate_per_s=tier.pick(50, 100),
+                    prefix="full",
                 )
-                await eventually(lambda: client.figures.accepted >= 20, "load under way")
-                filled = await asyncio.to_thread(disk.fill)
-                await fault.check_while_held(scenario, tier, "full")
-                disk.empty()
-                freed = time.monotonic()
-                await fault.check_recovered()
-                await load
-            assert processes(members) == before, "a process died or was restarted"
-            assert integrity(victim.node.home / "jobs.db") == "ok"
-            await client.wait_converged(members, since=freed)
-            print(f"the filler took {filled / 2**20:.1f} MiB of {name}'s 16 MiB tmpfs")
-            print(client.figures.line(f"{name}'s disk full under load, then space returns"))
-            assert client.figures.unacknowledged == 0
+            )
+            await eventually(lambda: client.figures.accepted >= 20, "load under way")
+            filled = await asyncio.to_thread(disk.fill)
+            await fault.check_while_held(scenario, tier, "full")
+            disk.empty()
+            freed = time.monotonic()
+            await fault.check_recovered()
+            await load
+        assert processes(members) == before, "a process died or was restarted"
+        assert integrity(victim.node.home / "jobs.db") == "ok"
+        await client.wait_converged(members, since=freed)
+        print(f"the filler took {filled / 2**20:.1f} MiB of {name}'s 16 MiB tmpfs")
+        print(client.figures.line(f"{name}'s disk full under load, then space returns"))
+        assert client.figures.unacknowledged == 0
 
 
 async def test_a_disk_turned_read_only_refuses_events_clearly_and_loses_nothing(
@@ -172,57 +188,45 @@ async def test_a_disk_turned_read_only_refuses_events_clearly_and_loses_nothing(
 ) -> None:
     rng = fault_rng(1152)
     name = rng.choice(NAMES[:MEMBERS])
-    with disks() as mounted:
-        disk = Ext4Disk(tmp_path / name, tmp_path / f"{name}.ext4")
-
-        def prepare(member: str, home: Path) -> None:
-            if member == name:
-                disk.mount()
-                mounted.append(disk)
-
-        async with (
-            fault_cluster(tmp_path, MEMBERS, rng, prepare_home=prepare) as members,
-            RememberingClient(random.Random(rng.random())) as client,
-        ):
-            victim = next(m for m in members if m.name == name)
-            fault = Fault(client, victim, [m for m in members if m is not victim])
-            before = processes(members)
-            async with asyncio.TaskGroup() as scenario:
-                load = scenario.create_task(
-                    client.load(
-                        members,
-                        jobs=tier.pick(90, 1500),
-                        rate_per_s=tier.pick(50, 100),
-                        prefix="readonly",
-                    )
+    disk = Ext4Disk(tmp_path / name, tmp_path / f"{name}.ext4")
+    async with on_its_own_disk(tmp_path, rng, name, disk) as (members, client, victim, fault):
+        before = processes(members)
+        async with asyncio.TaskGroup() as scenario:
+            load = scenario.create_task(
+                client.load(
+                    members,
+                    jobs=tier.pick(90, 1500),
+                    rate_per_s=tier.pick(50, 100),
+                    prefix="readonly",
                 )
-                await eventually(lambda: client.figures.accepted >= 20, "load under way")
-                disk.force_read_only()
-                assert disk.read_only()
-                await fault.check_while_held(scenario, tier, "sqlite_ioerr_write")
-                assert processes(members) == before, "a process died under the read-only disk"
-                # The disk comes back the only way a forced read-only ext4 does: the agent
-                # is stopped, the file system unmounted, checked and mounted again.
-                await victim.node.stop()
-                assert victim.node.proc is not None
-                stopped = victim.node.proc.returncode
-                # The writer retried with backoff the whole time, its close included (it
-                # used to retry ~1,000 times a second for the close bound).
-                retries = victim.node.log_count("the Jobs store still refuses writes")
-                disk.unmount()
-                fsck = disk.repair().rsplit(": ", 1)[-1]  # its summary, not the image's path
-                disk.mount()
-                assert integrity(victim.node.home / "jobs.db") == "ok"
-                await victim.restart()
-                back = time.monotonic()
-                await fault.check_recovered()
-                await load
-            await client.wait_converged(members, since=back)
-            print(
-                f"{name} stopped with status {stopped} on its read-only home after {retries} "
-                f"retried writes; e2fsck: {fsck}"
             )
-            print(client.figures.line(f"{name}'s disk read-only under load, repaired, restart"))
-            assert stopped == 0
-            assert retries < 100, retries
-            assert client.figures.unacknowledged == 0
+            await eventually(lambda: client.figures.accepted >= 20, "load under way")
+            disk.force_read_only()
+            assert disk.read_only()
+            await fault.check_while_held(scenario, tier, "sqlite_ioerr_write")
+            assert processes(members) == before, "a process died under the read-only disk"
+            # The disk comes back the only way a forced read-only ext4 does: the agent
+            # is stopped, the file system unmounted, checked and mounted again.
+            await victim.node.stop()
+            assert victim.node.proc is not None
+            stopped = victim.node.proc.returncode
+            # The writer retried with backoff the whole time, its close included (it
+            # used to retry ~1,000 times a second for the close bound).
+            retries = victim.node.log_count("the Jobs store still refuses writes")
+            disk.unmount()
+            fsck = disk.repair().rsplit(": ", 1)[-1]  # its summary, not the image's path
+            disk.mount()
+            assert integrity(victim.node.home / "jobs.db") == "ok"
+            await victim.restart()
+            back = time.monotonic()
+            await fault.check_recovered()
+            await load
+        await client.wait_converged(members, since=back)
+        print(
+            f"{name} stopped with status {stopped} on its read-only home after {retries} "
+            f"retried writes; e2fsck: {fsck}"
+        )
+        print(client.figures.line(f"{name}'s disk read-only under load, repaired, restart"))
+        assert stopped == 0
+        assert retries < 100, retries
+        assert client.figures.unacknowledged == 0
