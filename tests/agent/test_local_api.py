@@ -4,7 +4,9 @@ manager is the one child process): every route, and every kind of bad input."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,26 @@ def solo_config(home: Path) -> AgentConfig:
     overrides = {"name": "solo", "simulate_gpus": "l4:2", "facade_bind": "127.0.0.1"}
     ports = {f"{kind}_port": 0 for kind in ("manager", "node", "api", "facade")}
     return load_config(home, overrides | ports)
+
+
+@contextlib.asynccontextmanager
+async def started_solo(home: Path) -> AsyncIterator[Agent]:
+    """`solo_config(home)`'s agent, started in this process on 127.0.0.1 (for a module's
+    fixture: NVPAIR_BIND is set only while it starts), stopped on exit."""
+    bind = os.environ.get("NVPAIR_BIND")
+    os.environ["NVPAIR_BIND"] = "127.0.0.1"
+    try:
+        node = Agent(solo_config(home))
+        await node.start()
+    finally:
+        if bind is None:
+            del os.environ["NVPAIR_BIND"]
+        else:
+            os.environ["NVPAIR_BIND"] = bind
+    try:
+        yield node
+    finally:
+        await node.aclose()
 
 
 @pytest.fixture

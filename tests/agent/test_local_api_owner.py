@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from agent.daemon import Agent
 from agent.local_guard import TOKEN_FILE, issue_token, read_token, refusal
-from tests.agent.test_local_api import call, event, solo_config
+from tests.agent.test_local_api import call, event, started_solo
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -27,19 +27,8 @@ READS = ["/v1/jobs", "/v1/nodes", "/v1/members", "/v1/manager", "/v1/ops", "/v1/
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent]:
-    config = solo_config(tmp_path_factory.mktemp("owner"))
-    bind = os.environ.get("NVPAIR_BIND")
-    os.environ["NVPAIR_BIND"] = "127.0.0.1"
-    try:
-        node = Agent(config)
-        await node.start()
-    finally:
-        if bind is None:
-            del os.environ["NVPAIR_BIND"]
-        else:
-            os.environ["NVPAIR_BIND"] = bind
-    yield node
-    await node.aclose()
+    async with started_solo(tmp_path_factory.mktemp("owner")) as node:
+        yield node
 
 
 async def listed(agent: Agent) -> list[str]:

@@ -4,7 +4,6 @@ bad queries, bad operations, bad cursors."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from agent.daemon import Agent
-from tests.agent.test_local_api import call, event, solo_config
+from tests.agent.test_local_api import call, event, started_solo
 from tests.fixtures.records import workload_record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -22,20 +21,8 @@ RECORD = workload_record("bad", 1, origin="nod_elsewhere")
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent]:
-    home = tmp_path_factory.mktemp("refusals")
-    config = solo_config(home)
-    bind = os.environ.get("NVPAIR_BIND")
-    os.environ["NVPAIR_BIND"] = "127.0.0.1"
-    try:
-        node = Agent(config)
-        await node.start()
-    finally:
-        if bind is None:
-            del os.environ["NVPAIR_BIND"]
-        else:
-            os.environ["NVPAIR_BIND"] = bind
-    yield node
-    await node.aclose()
+    async with started_solo(tmp_path_factory.mktemp("refusals")) as node:
+        yield node
 
 
 @pytest.mark.parametrize(
