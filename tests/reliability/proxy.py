@@ -142,6 +142,13 @@ class FaultProxy:
             # The member is down (killed, restarting): its peers see a refused connection.
             client_w.transport.abort()
             return
+        if self._dropped or caller in self._cut_from:
+            # Dropped while this connection was being made upstream: it is one of the
+            # connections the drop cuts, not one that got through after it.
+            self.counters.refused += 1
+            client_w.transport.abort()
+            server_w.transport.abort()
+            return
         self.counters.accepted += 1
         self._open[client_w] = self._open[server_w] = caller
         self._tasks.create_task(self._pair(client_r, client_w, server_r, server_w))
