@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
-from broker.record_signing import sign_record
+from broker.record_signing import sign_record, sign_removal
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
@@ -112,6 +112,7 @@ class Agent:
             ca=identity.ca,
             unreachable_after_s=3 * config.heartbeat_s,
             set_peers=supervisor.set_peers,
+            sign=lambda removal: sign_removal(removal, identity.key, identity.cert),
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)

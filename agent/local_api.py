@@ -11,7 +11,7 @@
 - `GET /v1/manager` -- `{supervisor, status}`: the supervisor's view (state, restarts,
   frames dropped) and the manager's `manager:status` (503 when it does not answer).
 - `GET /v1/nodes` -- every member's record with `reachable`.
-- `GET /v1/members` -- the pins: node id, name, pin, added, removed.
+- `GET /v1/members` -- the pins: node id, name, pin, added, removed, removedBy.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
 - `POST /v1/jobs/events` -- enter a local lifecycle event (`{method, params: {workloadInfo}}`);
   the facade does this in-process, this route is for operators and tests. The 202 comes
@@ -57,7 +57,7 @@ from workload_manager.workload import (
 
 from .lifetime import SHUTDOWN_S, Health
 from .local_guard import refusal
-from .members import Members
+from .members import Members, remover
 from .metrics import STATES, AgentMetrics
 from .operations import OperationRefused, Operations
 from .view import SchedulingView
@@ -279,6 +279,7 @@ class LocalApi:
                     "pin": m.pin,
                     "added": m.added.isoformat() if m.added else None,
                     "removed": m.removed.isoformat() if m.removed else None,
+                    "removedBy": remover(m.statement) if m.removed else None,
                 }
                 for m in self.ports.pins.members()
             ]

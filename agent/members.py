@@ -20,13 +20,26 @@ from broker.membership import manager_peers, plan_push
 from broker.record_signing import RecordVerifier
 from broker.records import Membership, NodeRecord, RecordsPush, Removal
 from certs import ClusterDir, PinRefused
+from certs.pins import Member
 from workload_manager.manager import Peer
 
-__all__ = ["SEEDS_FILE", "Members", "read_seeds"]
+__all__ = ["SEEDS_FILE", "Members", "read_seeds", "remover"]
 
 log = logging.getLogger(__name__)
 
-SEEDS_FILE: Final = "seeds.json"  # in NVPAIR_HOME: the records learnt when joining
+SEEDS_FILE: Final = "seeds.json"
+_encode: Final = msgspec.json.Encoder().encode
+_decode_removal: Final = msgspec.json.Decoder(
+    Removal
+).decode  # in NVPAIR_HOME: the records learnt when joining
+
+
+def remover(statement: str) -> str | None:
+    """Who signed a tombstone's removal (its `by`), or None when it does not say."""
+    try:
+        return _decode_removal(statement).by or None
+    except msgspec.DecodeError:
+        return None
 
 
 def read_seeds(path: Path) -> list[NodeRecord]:
@@ -52,12 +65,14 @@ class Members:
         ca: x509.Certificate,
         unreachable_after_s: float,
         set_peers: Callable[[Sequence[Peer]], None],
+        sign: Callable[[Removal], Removal],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.self_id = self_id
         self._cluster = cluster
         self._ca = ca
         self._set_peers = set_peers
+        self._sign = sign  # a removal as this node's signed statement
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
@@ -65,10 +80,22 @@ class Members:
         # a member that was down during a removal learns it after any restart of the others.
         for member in cluster.pins.members():
             if member.removed is not None:
-                removed_at = int(member.removed.timestamp() * 1000)
-                self.membership.remove(Removal(nodeId=member.node_id, removedAt=removed_at))
+                self.membership.remove(self._loaded(member.node_id, member))
 
     # -- reads ------------------------------------------------------------------------------
+
+    def _loaded(self, node_id: str, member: Member) -> Removal:
+        """A tombstone's removal as its remover signed it; one written before removals were
+        signed (or damaged) this node signs itself -- any member may remove."""
+        try:
+            removal = _decode_removal(member.statement)
+            if removal.nodeId == node_id:
+                return removal
+        except msgspec.DecodeError:
+            pass
+        assert member.removed is not None  # a tombstone's member
+        removed_at = int(member.removed.timestamp() * 1000)
+        return self._sign(Removal(nodeId=node_id, removedAt=removed_at, pin=member.pin))
 
     def is_member(self, node_id: str) -> bool:
         """Whether `node_id` is pinned here (this node always is)."""
@@ -142,6 +169,7 @@ class Members:
             ca=self._ca,
             is_member=self._cluster.pins.is_member,
             is_removed=self.membership.is_removed,
+            removed_at=self.membership.removed_at,
             key_of=self._cluster.pins.public_key_of,
             verifier=self.verifier,
             now_ms=int(time.time() * 1000),  # generations are wall-clock ms
@@ -164,12 +192,34 @@ class Members:
         if node_id == self.self_id:
             raise PinRefused("a node cannot remove itself; run the removal on another member")
         before = self.manager_peers()
-        self._tombstone([Removal(nodeId=node_id, removedAt=int(time.time() * 1000))])
+        known = {m.node_id: m for m in self._cluster.pins.members()}.get(node_id)
+        removal = Removal(
+            nodeId=node_id,
+            removedAt=int(time.time() * 1000),
+            pin=known.pin if known is not None else "",
+        )
+        self._tombstone([self._sign(removal)])
         if self.manager_peers() != before:
             self._set_peers(self.manager_peers())
 
     def _tombstone(self, removals: Iterable[Removal]) -> None:
+        # Written down before anything else: a removal this node took is never forgotten,
+        # whether or not it ever pinned the removed node.
         for removal in removals:
-            if self.membership.remove(removal) and self._cluster.pins.is_member(removal.nodeId):
-                self._cluster.pins.unpin(removal.nodeId)
-                log.info("member %s removed", removal.nodeId)
+            node_id = removal.nodeId
+            held = self.membership.record(node_id)
+            if not self.membership.remove(removal):
+                continue
+            statement = _encode(removal).decode()
+            if self._cluster.pins.is_member(node_id):
+                self._cluster.pins.unpin(node_id, statement=statement)
+                log.info("member %s removed (by %s)", node_id, removal.by or "an older member")
+            elif not self._cluster.pins.is_removed(node_id):
+                self._cluster.pins.tombstone(
+                    node_id,
+                    name=held.name if held is not None else "",
+                    pin=removal.pin,
+                    at=removal.removedAt / 1000,
+                    statement=statement,
+                )
+                log.info("%s was removed (by %s)", node_id, removal.by or "an older member")

@@ -1,12 +1,12 @@
 """Membership and pin policy, sans-I/O: what a records push changes, decided in one place.
 
 `plan_push()` takes a push from a member and what this node holds (who is pinned, who is
-tombstoned, the cluster CA) and returns a `PushPlan`: the new tombstones (a removed member
-is unpinned), the certificates of new members to pin (each must chain to the CA, and a
-tombstoned node is never pinned), and the records to offer to `Membership` (only pinned
-members' records, and never one about this node: only a node speaks for itself). The
-agent carries the plan out; `manager_peers()` says which peers the workload manager should
-relay to, so the caller can tell whether they changed.
+tombstoned, the cluster CA) and returns a `PushPlan`: the new tombstones (each signed by a
+member of the cluster; a removed member is unpinned), the certificates of new members to
+pin (each must chain to the CA, and a tombstoned node is never pinned), and the records to
+offer to `Membership` (only pinned members' records, and never one about this node: only a
+node speaks for itself). The agent carries the plan out; `manager_peers()` says which peers
+the workload manager should relay to, so the caller can tell whether they changed.
 """
 
 from __future__ import annotations
@@ -56,22 +56,33 @@ def plan_push(
     key_of: Callable[[str], ec.EllipticCurvePublicKey | None],
     verifier: RecordVerifier,
     now_ms: int,
+    removed_at: Callable[[str], int | None] = lambda _: None,
 ) -> PushPlan:
     """Decide what `push` changes; pure but for the verifier's cache (time and files stay
     with the caller). A record is offered only when its owner signed it (`key_of` gives a
     pinned member's key; a member pinned by this push is checked against its certificate)
-    and its generation is not from the future."""
+    and its generation is not from the future. A removal is taken only when a member of
+    the cluster signed it (`removed_at` says when a signer was itself removed, if it was)."""
     tombstones: dict[str, Removal] = {}
+    refused: list[str] = []
     for removal in push.removals:
         # A removed node keeps its own view; the others stop talking to it.
-        if removal.nodeId != self_id and not is_removed(removal.nodeId):
-            tombstones.setdefault(removal.nodeId, removal)
+        if removal.nodeId == self_id or removal.nodeId in tombstones:
+            continue
+        if is_removed(removal.nodeId):
+            continue
+        signer = tombstones.get(removal.by)
+        signer_removed = signer.removedAt if signer is not None else removed_at(removal.by)
+        why = verifier.removal_why_not(removal, ca, removed_at=signer_removed)
+        if why is not None:
+            refused.append(why)
+            continue
+        tombstones[removal.nodeId] = removal
 
     def removed(node_id: str) -> bool:
         return node_id in tombstones or is_removed(node_id)
 
     pins: dict[str, NewPin] = {}
-    refused: list[str] = []
     for pem in push.certificates:
         try:
             cert = load_cert(pem.encode())

@@ -3,6 +3,11 @@ verifies against X's pinned certificate, and only with a generation within a bou
 their own clock. A pinned member can otherwise speak for another (new addresses, a cordon,
 a generation of 2^62 that no later record beats) and draw its traffic.
 
+A removal is signed by the member that made it and carries that member's certificate, so a
+member checks it against the cluster CA alone -- whoever relays it, whether or not it ever
+pinned the remover, and after the remover is itself removed (a removal it made before its
+own still stands; one dated after is refused).
+
 The signature is ECDSA P-256 with SHA-256 over the record's JSON encoding with an empty
 `signature` (msgspec encodes a struct's fields in their declared order, so the same record
 encodes to the same bytes on every member). Verifications are cached by the signed bytes
@@ -14,17 +19,29 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
+from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from .records import NodeRecord
+from certs import CertsError
+from certs.identity import cert_pem, describe, load_cert, verify_issued_by
 
-__all__ = ["MAX_SKEW_MS", "RecordVerifier", "sign_record", "signed_bytes"]
+from .records import NodeRecord, Removal
+
+__all__ = [
+    "MAX_SKEW_MS",
+    "RecordVerifier",
+    "removal_bytes",
+    "sign_record",
+    "sign_removal",
+    "signed_bytes",
+]
 
 MAX_SKEW_MS: Final = 5 * 60 * 1000  # a generation (epoch ms) further ahead is refused
 CACHE: Final = 4096  # verified (record, key) pairs remembered
@@ -45,6 +62,25 @@ def sign_record(record: NodeRecord, key: ec.EllipticCurvePrivateKey) -> NodeReco
     signature = key.sign(signed_bytes(record), _ALGORITHM)
     return msgspec.structs.replace(
         record, signature=base64.urlsafe_b64encode(signature).decode("ascii")
+    )
+
+
+def removal_bytes(removal: Removal) -> bytes:
+    """What a removal's signature covers: the removal with an empty `signature`."""
+    return _encode(msgspec.structs.replace(removal, signature=""))
+
+
+def sign_removal(
+    removal: Removal, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate
+) -> Removal:
+    """`removal` as a statement of the member holding `key` and `cert` (its node id is
+    `by`)."""
+    unsigned = msgspec.structs.replace(
+        removal, by=describe(cert).node_id, byCert=cert_pem(cert).decode("ascii"), signature=""
+    )
+    signature = key.sign(removal_bytes(unsigned), _ALGORITHM)
+    return msgspec.structs.replace(
+        unsigned, signature=base64.urlsafe_b64encode(signature).decode("ascii")
     )
 
 
@@ -74,20 +110,73 @@ class RecordVerifier:
             return f"a record for {record.nodeId} from the future (generation {record.generation})"
         if not record.signature:
             return f"an unsigned record for {record.nodeId}"
-        payload = signed_bytes(record)
         point = key.public_bytes(_DER, _SPKI)
-        digest = hashlib.sha256(
-            payload + b"\0" + point + b"\0" + record.signature.encode()
-        ).digest()
+        if not self._verifies(signed_bytes(record), point, record.signature, lambda: key):
+            return f"a record for {record.nodeId} that {record.nodeId} did not sign"
+        return None
+
+    def removal_why_not(
+        self,
+        removal: Removal,
+        ca: x509.Certificate,
+        *,
+        removed_at: int | None = None,
+    ) -> str | None:
+        """None when `removal` is signed by a member of `ca`'s cluster whose certificate it
+        carries; else why it is refused (counted). `removed_at` is when the signer was itself
+        removed, if it was: a removal it signed later is refused."""
+        why = self._check_removal(removal, ca, removed_at)
+        if why is not None:
+            self.refused += 1
+        return why
+
+    def _check_removal(
+        self, removal: Removal, ca: x509.Certificate, removed_at: int | None
+    ) -> str | None:
+        what = f"a removal of {removal.nodeId}"
+        if not (removal.by and removal.byCert and removal.signature):
+            return f"{what} that no member signed"
+        if removed_at is not None and removal.removedAt >= removed_at:
+            return f"{what} signed by {removal.by} after {removal.by} was itself removed"
+        anchor = ca.public_bytes(_DER)
+
+        def signer() -> ec.EllipticCurvePublicKey | None:
+            try:
+                cert = load_cert(removal.byCert.encode())
+                if describe(cert).node_id != removal.by or not verify_issued_by(cert, ca):
+                    return None
+            except (ValueError, CertsError):
+                return None
+            key = cert.public_key()
+            return key if isinstance(key, ec.EllipticCurvePublicKey) else None
+
+        context = anchor + b"\0" + removal.byCert.encode()
+        if not self._verifies(removal_bytes(removal), context, removal.signature, signer):
+            return f"{what} that {removal.by} (a member of this cluster) did not sign"
+        return None
+
+    def _verifies(
+        self,
+        payload: bytes,
+        context: bytes,
+        signature_b64: str,
+        key: Callable[[], ec.EllipticCurvePublicKey | None],
+    ) -> bool:
+        """Whether `signature_b64` over `payload` verifies with `key()` (None: it does not);
+        a success is remembered by (payload, context, signature), bounded."""
+        digest = hashlib.sha256(payload + b"\0" + context + b"\0" + signature_b64.encode()).digest()
         if digest in self._verified:
             self._verified.move_to_end(digest)
-            return None
+            return True
+        public = key()
+        if public is None:
+            return False
         try:
-            signature = base64.urlsafe_b64decode(record.signature.encode("ascii"))
-            key.verify(signature, payload, _ALGORITHM)
+            signature = base64.urlsafe_b64decode(signature_b64.encode("ascii"))
+            public.verify(signature, payload, _ALGORITHM)
         except (ValueError, InvalidSignature):
-            return f"a record for {record.nodeId} that {record.nodeId} did not sign"
+            return False
         self._verified[digest] = None
         if len(self._verified) > CACHE:
             self._verified.popitem(last=False)
-        return None
+        return True

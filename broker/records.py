@@ -63,10 +63,17 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
 
 
 class Removal(Struct, kw_only=True, frozen=True):
-    """A tombstone: this node was removed and stays removed."""
+    """A tombstone: this node was removed and stays removed -- a statement signed by the
+    member that made it (`broker/record_signing.py`: `by`, its certificate `byCert`, and
+    its ECDSA `signature` over the removal with that field empty), so every member can
+    check who removed whom, whoever relays it and whatever it pins."""
 
     nodeId: _Name
-    removedAt: Annotated[int, Meta(ge=0)]
+    removedAt: Annotated[int, Meta(ge=0)]  # epoch ms
+    pin: Annotated[str, Meta(max_length=64)] = ""  # hex SPKI SHA-256 of the removed cert
+    by: Annotated[str, Meta(max_length=256)] = ""  # the node id of the remover
+    byCert: Annotated[str, Meta(max_length=8192)] = ""  # the remover's certificate (PEM)
+    signature: Annotated[str, Meta(max_length=256)] = ""
 
 
 class RecordsPush(Struct, kw_only=True, frozen=True):
@@ -99,7 +106,7 @@ class Membership:
     self_id: str
     unreachable_after_s: float = 6.0
     _known: dict[str, _Known] = field(default_factory=dict)
-    _removed: dict[str, int] = field(default_factory=dict)
+    _removed: dict[str, Removal] = field(default_factory=dict)
 
     def offer(self, record: NodeRecord, now: float) -> bool:
         """Take a record if it is newer than ours and not tombstoned; returns if taken."""
@@ -122,7 +129,7 @@ class Membership:
         """Apply a tombstone; returns if it is new."""
         if removal.nodeId in self._removed:
             return False
-        self._removed[removal.nodeId] = removal.removedAt
+        self._removed[removal.nodeId] = removal
         self._known.pop(removal.nodeId, None)
         return True
 
@@ -130,9 +137,14 @@ class Membership:
         """Whether a tombstone names this node."""
         return node_id in self._removed
 
+    def removed_at(self, node_id: str) -> int | None:
+        """When this node was removed (epoch ms), or None."""
+        removal = self._removed.get(node_id)
+        return None if removal is None else removal.removedAt
+
     def removals(self) -> list[Removal]:
         """Every tombstone, to pass on."""
-        return [Removal(nodeId=n, removedAt=t) for n, t in sorted(self._removed.items())]
+        return [removal for _, removal in sorted(self._removed.items())]
 
     def records(self) -> list[NodeRecord]:
         """Every record held, ours included."""

@@ -112,6 +112,7 @@ class Tombstone(msgspec.Struct, kw_only=True, frozen=True):
     name: Annotated[str, Meta(max_length=256)] = ""
     pin: Annotated[str, Meta(max_length=64, pattern=r"^[0-9a-f]*$")] = ""
     removedAt: Annotated[float, Meta(ge=0)] = 0.0
+    statement: Annotated[str, Meta(max_length=16384)] = ""  # the remover's signed removal
 
 
 class JoinResponse(msgspec.Struct, kw_only=True, frozen=True):
@@ -234,7 +235,13 @@ def admit(cluster: ClusterDir, request: JoinRequest, *, now: float | None = None
 def tombstones(cluster: ClusterDir) -> list[Tombstone]:
     """Every removed member this node knows of."""
     return [
-        Tombstone(nodeId=m.node_id, name=m.name, pin=m.pin, removedAt=m.removed.timestamp())
+        Tombstone(
+            nodeId=m.node_id,
+            name=m.name,
+            pin=m.pin,
+            removedAt=m.removed.timestamp(),
+            statement=m.statement,
+        )
         for m in cluster.pins.members()
         if m.removed is not None
     ]
@@ -269,7 +276,13 @@ def complete_join(cluster: ClusterDir, token: str, key: PrivateKey, response: Jo
     # The removals first: nothing pinned from here on can bring a removed member back.
     for tomb in response.removed:
         if tomb.nodeId != node_id:
-            cluster.pins.tombstone(tomb.nodeId, name=tomb.name, pin=tomb.pin, at=tomb.removedAt)
+            cluster.pins.tombstone(
+                tomb.nodeId,
+                name=tomb.name,
+                pin=tomb.pin,
+                at=tomb.removedAt,
+                statement=tomb.statement,
+            )
     removed = {t.nodeId for t in response.removed}
     pins = [c for c in pins if describe(c).node_id not in removed]
     cluster.write_identity(key, cert, ca, pins=[cert, *pins])

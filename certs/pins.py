@@ -69,6 +69,9 @@ class Member:
     pin: str  # hex SHA-256 of the SPKI
     added: datetime.datetime | None
     removed: datetime.datetime | None
+    # The removal as its remover signed it (JSON of `broker.records.Removal`; "" for a
+    # tombstone written before removals were signed): what this member pushes on.
+    statement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +161,9 @@ class PinStore:
         write_atomic(self.trusted / f"{info.node_id}.pem", cert_pem(cert))
         return self._current().members[info.node_id]
 
-    def unpin(self, node_id: str, *, now: float | None = None) -> Member:
-        """Remove a member: delete its pin and leave a tombstone. Idempotent."""
+    def unpin(self, node_id: str, *, now: float | None = None, statement: str = "") -> Member:
+        """Remove a member: delete its pin and leave a tombstone (with the signed
+        `statement` of the removal). Idempotent."""
         path = self.trusted / f"{node_id}.pem"
         existing = self._current().members.get(node_id)
         if existing is None:
@@ -172,18 +176,27 @@ class PinStore:
                 "name": existing.name,
                 "pin": existing.pin,
                 "removedAt": now if now is not None else time.time(),
+                "statement": statement,
             }
             write_atomic(tombstone, json.dumps(record).encode())
         path.unlink(missing_ok=True)
         return self._current().members[node_id]
 
-    def tombstone(self, node_id: str, *, name: str, pin: str, at: float) -> None:
-        """Record a removal learned from another member (a joiner's admitter): the node is
-        removed here too, whether or not it was ever pinned here."""
+    def tombstone(
+        self, node_id: str, *, name: str, pin: str, at: float, statement: str = ""
+    ) -> None:
+        """Record a removal learned from another member (a push, a joiner's admitter): the
+        node is removed here too, whether or not it was ever pinned here."""
         make_private_dir(self.removed)
         tombstone = self.removed / f"{node_id}.json"
         if not tombstone.exists():
-            record = {"nodeId": node_id, "name": name, "pin": pin, "removedAt": at}
+            record = {
+                "nodeId": node_id,
+                "name": name,
+                "pin": pin,
+                "removedAt": at,
+                "statement": statement,
+            }
             write_atomic(tombstone, json.dumps(record).encode())
         (self.trusted / f"{node_id}.pem").unlink(missing_ok=True)
 
@@ -246,6 +259,7 @@ class PinStore:
                     pin=record["pin"],
                     added=None,
                     removed=datetime.datetime.fromtimestamp(record["removedAt"], datetime.UTC),
+                    statement=str(record.get("statement", "")),
                 )
             except (ValueError, KeyError, TypeError, OSError):
                 # A damaged tombstone still removes the node its file name names.

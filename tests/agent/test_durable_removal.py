@@ -37,6 +37,9 @@ async def scenario(a: Node, b: Node, c: Node) -> None:
     # c still pins b from before; it learns the removal from a's push.
     await eventually(lambda: removed_at(c, b_id), "c learns that b was removed")
     assert await removed_at(a, b_id)  # and c's stale pin of b did not bring b back at a
+    # What c took is a's signed statement, kept across a's restart: a is named its remover.
+    a_id = await a.node_id()
+    assert {m["nodeId"]: m["removedBy"] for m in await c.get("/v1/members")}[b_id] == a_id
 
 
 async def _pinned_everywhere(nodes: list[Node], node_id: str) -> bool:

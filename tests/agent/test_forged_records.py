@@ -1,6 +1,7 @@
 """A member cannot speak for another: records pushed to a real agent for a third node --
 signed with the pusher's key, unsigned, altered after signing, or with a generation from the
-future -- change nothing there; the pusher's own record is taken (issue 12, item 1)."""
+future -- change nothing there; the pusher's own record is taken (issue 12, item 1). Nor can
+it remove a member in another's name (issue 12, item 2)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import pytest_asyncio
 
 from agent.node_client import NodeClient
-from broker.record_signing import MAX_SKEW_MS, sign_record
-from broker.records import NodeRecord, RecordsPush
+from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal
+from broker.records import NodeRecord, RecordsPush, Removal
 from certs import ClusterDir
 from tests.fixtures.records import node_record
 
@@ -66,6 +67,37 @@ async def test_records_for_another_node_change_nothing(trio: list[Node]) -> None
         await client.aclose()
     assert a.log_count("ignoring a record for") >= len(forged)  # each refusal is logged
     assert a.log_count("did not sign") >= 1
+
+
+async def test_a_removal_in_another_members_name_changes_nothing(trio: list[Node]) -> None:
+    # Last in the module: its control removes c.
+    a, b, _ = trio
+    ids = [await n.node_id() for n in trio]
+    b_cluster = ClusterDir(b.home / "cluster")
+    b_identity = b_cluster.load_identity()
+    a_record = node_record(ids[0], node_port=a.ports["node"])
+    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    signed = sign_removal(Removal(nodeId=ids[2], removedAt=1), b_identity.key, b_identity.cert)
+    forged = [
+        Removal(nodeId=ids[2], removedAt=1),  # unsigned
+        msgspec.structs.replace(signed, by=ids[0]),  # b's signature, a's name
+        msgspec.structs.replace(signed, removedAt=2),  # altered after signing
+    ]
+    try:
+        await client.push_records(ids[0], RecordsPush(removals=forged))
+        assert await _removed_by(a, ids[2]) is None  # c is still a member of a
+        # The control: b's own removal of c is taken, b named as its remover.
+        await client.push_records(ids[0], RecordsPush(removals=[signed]))
+        assert await _removed_by(a, ids[2]) == ids[1]
+    finally:
+        await client.aclose()
+    assert a.log_count(f"a removal of {ids[2]} that") >= 2
+
+
+async def _removed_by(node: Node, node_id: str) -> object:
+    member = next(m for m in await node.get("/v1/members") if m["nodeId"] == node_id)
+    assert (member["removed"] is None) == (member["removedBy"] is None)
+    return member["removedBy"]
 
 
 async def _knows(node: Node, ids: list[str]) -> bool:

@@ -10,10 +10,10 @@ import pytest
 from cryptography import x509
 
 from broker.membership import PushPlan, manager_peers, plan_push
-from broker.record_signing import MAX_SKEW_MS, RecordVerifier, sign_record
+from broker.record_signing import MAX_SKEW_MS, RecordVerifier, sign_record, sign_removal
 from broker.records import NodeRecord, RecordsPush, Removal
 from certs import new_node_id
-from certs.identity import PrivateKey, cert_pem, issue_node_cert, make_ca, new_key
+from certs.identity import PrivateKey, cert_pem, issue_node_cert, load_cert, make_ca, new_key
 from tests.fixtures.records import node_record
 
 CA = tuple[PrivateKey, x509.Certificate]
@@ -46,12 +46,20 @@ def rec(node_id: str, generation: int = 1, **fields: Any) -> NodeRecord:
     return sign_record(node_record(node_id, generation, **fields), KEYS[node_id])
 
 
+def removal(ca: CA, node_id: str, by: str = "", at: int = 5) -> Removal:
+    """A removal of `node_id` signed by member `by` (B unless said), as members push them."""
+    by = by or B
+    cert = load_cert(node_cert(ca, by).encode())
+    return sign_removal(Removal(nodeId=node_id, removedAt=at), KEYS[by], cert)
+
+
 def plan(
     push: RecordsPush,
     ca_cert: x509.Certificate,
     members: set[str],
     removed: set[str],
     verifier: RecordVerifier | None = None,
+    removed_at: dict[str, int] | None = None,
 ) -> PushPlan:
     return plan_push(
         push,
@@ -62,6 +70,7 @@ def plan(
         key_of=lambda node_id: KEYS[node_id].public_key() if node_id in members else None,
         verifier=verifier or RecordVerifier(),
         now_ms=int(time.time() * 1000),
+        removed_at=(removed_at or {}).get,
     )
 
 
@@ -120,7 +129,7 @@ def test_a_tombstone_wins_over_a_certificate_and_a_record_in_the_same_push(
 ) -> None:
     push = RecordsPush(
         records=[rec(C, 10**12), rec(B)],
-        removals=[Removal(nodeId=C, removedAt=5)],
+        removals=[removal(ca, C)],
         certificates=[node_cert(ca, C)],
     )
     result = plan(push, ca[1], members={B, C}, removed=set())
@@ -133,13 +142,49 @@ def test_known_tombstones_and_our_own_removal_are_not_new(
     ca: CA,
 ) -> None:
     push = RecordsPush(
-        removals=[Removal(nodeId=ME, removedAt=1), Removal(nodeId=C, removedAt=2)],
+        removals=[removal(ca, ME, at=1), removal(ca, C, at=2)],
         certificates=[node_cert(ca, C), node_cert(ca, ME)],
         records=[rec(C)],
     )
     result = plan(push, ca[1], members={B}, removed={C})
     # A removed node keeps its own view; an old tombstone is not news; C stays out.
     assert (result.tombstones, result.pins, result.offers) == ((), (), ())
+
+
+def test_a_removal_is_taken_only_as_a_members_signed_statement(ca: CA) -> None:
+    other_ca = make_ca("elsewhere")
+    good = removal(ca, C)
+    stranger = sign_removal(
+        Removal(nodeId=C, removedAt=5), KEYS[B], load_cert(node_cert(other_ca, B).encode())
+    )
+    verifier = RecordVerifier()
+    for bad in (
+        Removal(nodeId=C, removedAt=5),  # unsigned
+        msgspec.structs.replace(good, removedAt=6),  # signed, then changed
+        msgspec.structs.replace(good, by=ME),  # B's signature and certificate, ME's name
+        stranger,  # signed by a certificate of another CA
+    ):
+        result = plan(RecordsPush(removals=[bad]), ca[1], {B, C}, set(), verifier)
+        assert result.tombstones == (), bad
+        assert len(result.refused) == 1
+    assert verifier.refused == 4
+    # The control: B's signed removal is taken, even where B is not pinned (it carries
+    # B's certificate, which chains to the CA), and from the cache the second time.
+    for members in ({B, C}, {C}):
+        result = plan(RecordsPush(removals=[good]), ca[1], members, set(), verifier)
+        assert result.tombstones == (good,)
+    assert verifier.refused == 4
+
+
+def test_a_removed_member_removes_nobody_after_its_own_removal(ca: CA) -> None:
+    before, after = removal(ca, C, by=B, at=10), removal(ca, C, by=B, at=30)
+    assert plan(RecordsPush(removals=[before]), ca[1], {C}, set(), removed_at={B: 20}).tombstones
+    result = plan(RecordsPush(removals=[after]), ca[1], {C}, set(), removed_at={B: 20})
+    assert result.tombstones == ()
+    assert "after" in result.refused[0]
+    # The same within one push: B's removal (by C) comes first, then B's later statement.
+    push = RecordsPush(removals=[removal(ca, B, by=C, at=20), after])
+    assert [t.nodeId for t in plan(push, ca[1], {B, C}, set()).tombstones] == [B]
 
 
 def test_manager_peers_are_pinned_members_with_an_address() -> None:
