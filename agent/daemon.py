@@ -204,7 +204,7 @@ class Agent:
         if config.plane is not None:
             sync = PlaneSync(
                 config.plane,
-                node_id=node_id,
+                identity=identity,  # signs every batch: the plane takes it as this node's
                 store=store,
                 writer=writer,
                 record=lambda: own.current,

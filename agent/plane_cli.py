@@ -13,6 +13,7 @@ import signal
 import ssl
 import sys
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from certs import make_private_dir, write_atomic
@@ -41,6 +42,9 @@ def add_commands(commands: Any) -> None:
     enrol = sub.add_parser("enrol-cluster", help="enrol a cluster; prints its hgro1. token once")
     enrol.add_argument("name")
     enrol.add_argument("--plane", required=True, metavar="URL")
+    enrol.add_argument(
+        "--ca", metavar="FILE", help="bind the cluster's CA (PEM) now, not on its first sync"
+    )
     enrol.set_defaults(run=_enrol)
     revoke = sub.add_parser("revoke", help="revoke a cluster's enrolment token")
     revoke.add_argument("cluster", metavar="CLUSTER_ID")
@@ -172,7 +176,13 @@ def _call(url: str, method: str = "GET", body: Any = None) -> Any:
 
 
 def _enrol(args: argparse.Namespace) -> int:
-    answer = _call(args.plane.rstrip("/") + "/v1/clusters", "POST", {"name": args.name})
+    body = {"name": args.name}
+    if args.ca is not None:
+        try:
+            body["ca"] = Path(args.ca).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read --ca {args.ca}: {exc}") from None
+    answer = _call(args.plane.rstrip("/") + "/v1/clusters", "POST", body)
     print(answer["token"])
     print(f"enrolled {answer['name']} as {answer['id']}; the token is shown once", file=sys.stderr)
     return 0

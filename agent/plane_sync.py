@@ -7,6 +7,10 @@ upserts newer-wins, so a batch sent twice changes nothing. Each batch also carri
 node's row, devices and topology domains, which keeps the node reachable in the plane.
 Retries back off exponentially with full jitter up to 5 s.
 
+Each batch is signed with this node's key and carries its certificate and the cluster CA's
+(`plane.node_signing`): the plane writes a batch only as the node whose certificate signed
+it, so no node of the cluster can sync in another's name.
+
 An https plane's certificate is verified against `[plane] ca` (else the system's CAs) and
 its host name; one that does not verify fails the sync (counted, retried), and nothing is
 ever sent to it, nor in clear instead.
@@ -28,6 +32,8 @@ import msgspec
 from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
 from broker.records import NodeRecord
+from certs import Identity
+from plane.node_signing import sign_sync
 from plane.wire import NodeSummary, SyncBatch
 from workload_manager.outbox import Backoff
 
@@ -53,7 +59,7 @@ class PlaneSync:
         self,
         settings: PlaneSettings,
         *,
-        node_id: str,
+        identity: Identity,
         store: JobsStore,
         writer: JobsWriter,
         record: Callable[[], NodeRecord],
@@ -62,7 +68,8 @@ class PlaneSync:
         self.url = settings.url + "/v1/sync"
         self._ca = settings.ca
         self._token = settings.token
-        self._node_id = node_id
+        self._identity = identity  # signs every batch: the plane takes it as this node's
+        self._node_id = identity.node.node_id
         self._store = store
         self._writer = writer
         self._record = record
@@ -123,15 +130,18 @@ class PlaneSync:
             domains=record.domains,
             jobs=jobs,
         )
-        async with session.post(
-            self.url,
-            data=msgspec.json.encode(batch),
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
-            ssl=tls,
-        ) as response:
-            body = await response.read()
+        body = msgspec.json.encode(batch)
+        identity = self._identity
+        signed = sign_sync(body, key=identity.key, cert=identity.cert, ca=identity.ca)
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": "application/json",
+            **signed,
+        }
+        async with session.post(self.url, data=body, headers=headers, ssl=tls) as response:
+            answer = await response.read()
             if response.status != 200:
-                raise PlaneRefused(f"plane answered {response.status}: {body[:200]!r}")
+                raise PlaneRefused(f"plane answered {response.status}: {answer[:200]!r}")
         await self._store.mark_synced(jobs)
         self.synced += len(jobs)
         return len(jobs) == BATCH

@@ -12,6 +12,7 @@ import psycopg
 from ._db import Conn
 from .errors import ClusterNameTaken
 from .ids import new_id
+from .node_signing import ClusterCa
 from .tokens import hash_token, mint_token, token_cluster, token_matches
 
 __all__ = ["cluster_for", "enrol", "ensure_admin", "is_admin", "revoke"]
@@ -45,15 +46,18 @@ async def is_admin(conn: Conn, token: str) -> bool:
     return row is not None and token_matches(token, row[0])
 
 
-async def enrol(conn: Conn, name: str) -> tuple[str, str]:
-    """A new cluster and its token (shown once; stored as a hash); `ClusterNameTaken` when a
-    cluster of that name exists, revoked or not."""
+async def enrol(conn: Conn, name: str, ca: ClusterCa | None = None) -> tuple[str, str]:
+    """A new cluster and its token (shown once; stored as a hash), bound to `ca` when given
+    (else to the CA of its first signed sync); `ClusterNameTaken` when a cluster of that
+    name exists, revoked or not."""
     cluster_id = new_id("clu")
     token = mint_token(cluster_id)
+    spki, der = (ca.spki_sha256, ca.der) if ca is not None else (None, None)
     try:
         await conn.execute(
-            "INSERT INTO clusters (id, name, token_hash) VALUES (%s, %s, %s)",
-            (cluster_id, name, hash_token(token)),
+            "INSERT INTO clusters (id, name, token_hash, ca_spki_sha256, ca_der, ca_bound_at) "
+            "VALUES (%s, %s, %s, %s, %s, CASE WHEN %s::bytea IS NULL THEN NULL ELSE now() END)",
+            (cluster_id, name, hash_token(token), spki, der, spki),
         )
     except psycopg.errors.UniqueViolation as exc:
         # The id is fresh, so the name is what collided (clusters.name is UNIQUE).

@@ -19,6 +19,8 @@ __all__ = [
     "InvalidServingConfig",
     "MigrationError",
     "PlaneError",
+    "SignatureMalformed",
+    "SignatureRefused",
     "SyncRefused",
 ]
 
@@ -43,6 +45,21 @@ class InvalidServingConfig(PlaneError, ValueError):
 
 class SyncRefused(PlaneError):
     """A batch that breaks the one-writer rule or names objects badly (the sender's fault)."""
+
+    status = 400
+
+
+class SignatureRefused(PlaneError):
+    """A sync that is not the named node's own: unsigned, signed by another node or with
+    another key, a certificate out of its validity or of another cluster CA (the sender's
+    fault; nothing written)."""
+
+    status = 403
+
+
+class SignatureMalformed(PlaneError):
+    """Signature headers that cannot be read (not base64url, not DER, one missing): the
+    sender's fault, nothing written."""
 
     status = 400
 

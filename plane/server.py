@@ -8,18 +8,20 @@ token. A cluster token reads and writes its own cluster only.
     POST /v1/clusters/{id}/revoke       admin
     GET  /v1/clusters                   admin
     GET  /v1/clusters/{id}              admin, or that cluster
-    POST /v1/sync                       cluster -> one node's SyncBatch
+    POST /v1/sync                       cluster -> one node's SyncBatch, signed by that node
     GET  /v1/fleet/summary?window=3600  admin (a cluster sees itself)
     GET  /v1/jobs?cluster=&state=&model=&after=&limit=   admin, or that cluster
 
 Statuses say whose fault: 400 bad input (nothing written), 401 a wrong or revoked token,
-403 the token may not do that, 404, 409 a conflict (a cluster name enrolled twice), 413,
-415; 503 with `Retry-After` when the database is down or not ready yet. Every error body is
+403 the token may not do that, or a sync that is not the named node's own (unsigned, signed
+by another node or another cluster CA), 404, 409 a conflict (a cluster name enrolled twice),
+413, 415; 503 with `Retry-After` when the database is down or not ready yet. Every error body is
 `{"error": "..."}`.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import ssl
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from workload_manager.sites import handler_bounds, start_site
 from ._db import first_line
 from .errors import DatabaseUnavailable, PlaneError
 from .ids import is_id
+from .node_signing import SyncVerifier, cluster_ca_of_pem, read_signature
 from .store import PlaneStore
 from .wire import (
     JOB_STATES,
@@ -75,6 +78,10 @@ def _always_ready() -> str | None:
     return None
 
 
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 class PlaneServer:
     """The HTTP API over a store; `start()` binds, `aclose()` stops.
 
@@ -90,8 +97,11 @@ class PlaneServer:
         port: int,
         not_ready: Callable[[], str | None] = _always_ready,
         ssl_context: ssl.SSLContext | None = None,
+        now: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
         self.store = store
+        self.verifier = SyncVerifier()  # a sync is written only when its node signed it
+        self._now = now
         self.host = host
         self.port = port
         self.ssl_context = ssl_context  # HTTPS with it (`nvpair plane serve --cert --key`)
@@ -179,11 +189,15 @@ class PlaneServer:
     async def _enrol(self, request: web.Request) -> web.Response:
         await self._admin(request)
         try:
-            name = _enrol_decoder.decode(await request.read()).name
+            asked = _enrol_decoder.decode(await request.read())
         except (msgspec.DecodeError, RecursionError):
             return _error(400, 'the body is {"name": "1 to 128 characters"}')
-        cluster_id, token = await self.store.enrol(name)  # 409 when the name is taken
-        return _json({"id": cluster_id, "name": name, "token": token}, 201)
+        try:
+            ca = None if asked.ca is None else cluster_ca_of_pem(asked.ca.encode())
+        except ValueError:
+            return _error(400, "ca is the PEM of the cluster's CA certificate")
+        cluster_id, token = await self.store.enrol(asked.name, ca)  # 409: the name is taken
+        return _json({"id": cluster_id, "name": asked.name, "token": token}, 201)
 
     async def _revoke(self, request: web.Request) -> web.Response:
         await self._admin(request)
@@ -214,6 +228,7 @@ class PlaneServer:
             return _error(403, "sync needs a cluster token")
         if request.content_type != "application/json":
             return _error(415, "use Content-Type: application/json")
+        signed = read_signature(request.headers)  # none: 403; malformed: 400
         body = await request.read()
         try:
             batch = _batch_decoder.decode(body)
@@ -221,9 +236,13 @@ class PlaneServer:
             return _error(400, f"malformed sync batch: {exc}")
         except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
             return _error(400, "malformed sync batch: nested too deeply")
+        # Only a node speaks for itself: its certificate names batch.nodeId and its key
+        # signed these very bytes (SignatureRefused: 403). The CA is bound or checked in
+        # the sync's own transaction.
+        ca = self.verifier.check(signed, body, node_id=batch.nodeId, now=self._now())
         if b"\\u0000" in body:  # a NUL in a string (JSON must escape it): rare, walk it
             batch = without_nul(batch)
-        written = await self.store.sync(cluster_id, batch)  # SyncRefused: 400
+        written = await self.store.sync(cluster_id, batch, ca=ca)  # SyncRefused: 400
         return _json({"written": written})
 
     async def _summary(self, request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from typing import Any
 from . import enrolment, views
 from ._db import Pool, connection
 from .errors import SyncRefused
+from .node_signing import ClusterCa
 from .sync import sync_batch
 from .wire import NodeSummary, SyncBatch
 
@@ -40,11 +41,11 @@ class PlaneStore:
         async with connection(self.pool) as conn:
             return await enrolment.is_admin(conn, token)
 
-    async def enrol(self, name: str) -> tuple[str, str]:
-        """A new cluster and its token (shown once; stored as a hash); `ClusterNameTaken`
-        when the name is in use."""
+    async def enrol(self, name: str, ca: ClusterCa | None = None) -> tuple[str, str]:
+        """A new cluster and its token (shown once; stored as a hash), bound to `ca` if
+        given; `ClusterNameTaken` when the name is in use."""
         async with connection(self.pool) as conn:
-            return await enrolment.enrol(conn, name)
+            return await enrolment.enrol(conn, name, ca)
 
     async def revoke(self, cluster_id: str) -> bool:
         """Revoke a cluster's token; False when there is no such active cluster."""
@@ -58,10 +59,13 @@ class PlaneStore:
 
     # -- sync --------------------------------------------------------------------------------
 
-    async def sync(self, cluster_id: str, batch: SyncBatch) -> dict[str, int]:
-        """Upsert one node's batch in one transaction; newer wins, replays change nothing."""
+    async def sync(
+        self, cluster_id: str, batch: SyncBatch, *, ca: ClusterCa | None = None
+    ) -> dict[str, int]:
+        """Upsert one node's batch in one transaction; newer wins, replays change nothing.
+        `ca`, the CA its signature verified against, is bound or must be the bound one."""
         async with connection(self.pool) as conn:
-            return await sync_batch(conn, cluster_id, batch)
+            return await sync_batch(conn, cluster_id, batch, ca=ca)
 
     # -- views -------------------------------------------------------------------------------
 

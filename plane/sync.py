@@ -17,8 +17,10 @@ import msgspec
 from workload_manager.workload import Workload
 
 from ._db import Conn
+from .cluster_ca import bind_ca, refuse_another_ca
 from .errors import SyncRefused
 from .ids import is_id
+from .node_signing import ClusterCa
 from .wire import SyncBatch
 
 __all__ = ["check_batch", "sync_batch"]
@@ -190,15 +192,21 @@ _FOREIGN: Final = (
 )
 
 
-async def sync_batch(conn: Conn, cluster_id: str, batch: SyncBatch) -> dict[str, int]:
+async def sync_batch(
+    conn: Conn, cluster_id: str, batch: SyncBatch, *, ca: ClusterCa | None = None
+) -> dict[str, int]:
     """Upsert one node's batch in one transaction; newer wins, replays change nothing.
 
-    `SyncRefused` (nothing written) for a batch that breaks the one-writer rule.
+    `SyncRefused` (nothing written) for a batch that breaks the one-writer rule. `ca` is the
+    CA the batch's signature verified against (the HTTP API always passes it): bound to
+    the cluster if none is, `SignatureRefused` (nothing written) if another is.
     """
     check_batch(batch)
     node_id = batch.nodeId
     written = {"node": 0, "devices": 0, "domains": 0, "jobs": 0}
     async with conn.transaction():
+        if ca is not None:
+            await refuse_another_ca(conn, cluster_id, ca)
         # A node belongs to the cluster that first synced it: no cluster can overwrite
         # another's node.
         cursor = await conn.execute(b"SELECT cluster_id FROM nodes WHERE id = %s", (node_id,))
@@ -254,5 +262,10 @@ async def sync_batch(conn: Conn, cluster_id: str, batch: SyncBatch) -> dict[str,
                 await _refuse_foreign(cur, cluster_id, batch)
             if batch.jobs:
                 written["jobs"] = await _merge_jobs(cur, cluster_id, batch.jobs)
-        await conn.execute(b"UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,))
+        if ca is None:
+            await conn.execute(
+                b"UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,)
+            )
+        else:
+            await bind_ca(conn, cluster_id, ca)
     return written

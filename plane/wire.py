@@ -54,9 +54,11 @@ class SyncBatch(Struct, kw_only=True, frozen=True):
 
 
 class EnrolRequest(Struct, kw_only=True, frozen=True):
-    """`POST /v1/clusters`: the name of the cluster to enrol."""
+    """`POST /v1/clusters`: the name of the cluster to enrol, and optionally the PEM of its
+    CA, bound up front instead of on the cluster's first signed sync."""
 
     name: Annotated[str, Meta(min_length=1, max_length=MAX_CLUSTER_NAME, pattern=r"^[^\x00]*$")]
+    ca: Annotated[str, Meta(max_length=16_384)] | None = None
 
 
 # The keyset cursor of `GET /v1/jobs`: (createdAt, clusterId, originatedFrom, runId, id) of

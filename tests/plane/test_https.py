@@ -31,7 +31,7 @@ from certs import new_node_id
 from plane.devserver import free_port
 from tests.fixtures.records import node_record, workload
 
-from .plane_client import ADMIN
+from .plane_client import ADMIN, ClusterCa
 from .test_plane_sync import Steps
 
 ENV = {**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN}
@@ -140,8 +140,11 @@ async def https_plane(pg_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[str, s
             await stop(proc)
 
 
-async def run_sync(settings: PlaneSettings, tmp_path: Path, name: str) -> PlaneSync:
-    """One node's sync of one job against `settings`, until its first attempt is over."""
+async def run_sync(
+    settings: PlaneSettings, tmp_path: Path, name: str, cluster: ClusterCa
+) -> PlaneSync:
+    """One node of `cluster` syncing one job against `settings`, until its first attempt
+    is over."""
     node = new_node_id()
     gpus = simulate("l4:1", node)
     record = node_record(node, devices=gpus.devices, domains=gpus.domains)
@@ -152,7 +155,7 @@ async def run_sync(settings: PlaneSettings, tmp_path: Path, name: str) -> PlaneS
             writer.upsert(workload(name, 1, origin=node))
             sync = PlaneSync(
                 settings,
-                node_id=node,
+                identity=cluster.node(node),
                 store=store,
                 writer=writer,
                 record=lambda: record,
@@ -186,14 +189,19 @@ async def test_the_agent_syncs_into_an_https_plane_verified_by_its_ca(
             await session.get(url.replace("https:", "http:") + "/healthz")
 
         other_ca, _, _ = make_ca(tmp_path, "other-ca")
-        refused = await run_sync(PlaneSettings(url=url, token=token, ca=other_ca), tmp_path, "1")
+        cluster = ClusterCa("lab")
+        refused = await run_sync(
+            PlaneSettings(url=url, token=token, ca=other_ca), tmp_path, "1", cluster
+        )
         assert refused.failures == 1  # what nvpair_plane_sync_failures shows
         assert refused.last_error is not None
         assert "CERTIFICATE_VERIFY_FAILED" in refused.last_error
         assert refused.synced == 0
 
         # The control: the same sync with the plane's own CA.
-        synced = await run_sync(PlaneSettings(url=url, token=token, ca=ca_file), tmp_path, "2")
+        synced = await run_sync(
+            PlaneSettings(url=url, token=token, ca=ca_file), tmp_path, "2", cluster
+        )
         assert (synced.failures, synced.synced) == (0, 1)
 
         async with session.get(url + "/v1/jobs", headers=admin, ssl=trusted) as response:
@@ -217,7 +225,7 @@ async def test_an_https_url_is_never_answered_in_clear(tmp_path: Path) -> None:
     token = "hgro1.clu_01arz3ndektsv4rrffq69g5fav.secret-never-in-clear"
     async with server:
         settings = PlaneSettings(url=f"https://127.0.0.1:{port}", token=token, ca=ca_file)
-        sync = await run_sync(settings, tmp_path, "1")
+        sync = await run_sync(settings, tmp_path, "1", ClusterCa())
     assert sync.failures == 1
     assert received  # a TLS ClientHello reached it ...
     assert b"secret-never-in-clear" not in received

@@ -65,7 +65,7 @@ async def test_an_outage_loses_nothing_and_duplicates_nothing(plane: Plane, tmp_
             writer.upsert(workload(wid, seq, origin=node))
         sync = PlaneSync(
             PlaneSettings(url=f"http://127.0.0.1:{port}", token=token),
-            node_id=node,
+            identity=plane.ca(token).node(node),  # it signs every batch as this node
             store=store,
             writer=writer,
             record=lambda: record,

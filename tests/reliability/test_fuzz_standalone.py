@@ -26,7 +26,7 @@ from plane.server import MAX_BODY, PlaneServer
 from plane.store import PlaneStore
 from tests.fixtures.records import workload_record
 from tests.plane.conftest import pg_server  # noqa: F401 -- the session's throw-away PostgreSQL
-from tests.plane.plane_client import ADMIN
+from tests.plane.plane_client import ADMIN, ClusterCa, signed
 from tests.workload_manager.manager_process import Channel, ManagerProcess
 
 from .fuzz_inputs import Answer, Case, cases, changed, rpc_documented, throw
@@ -159,12 +159,14 @@ async def test_plane_sync(plane: tuple[str, str, str], tier: Tier) -> None:
     node = "nod_" + "0" * 26
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     admin = {"Authorization": f"Bearer {ADMIN}"}
+    identity = ClusterCa("fuzz").node(node)  # every body is signed: the decoder is fuzzed
     async with aiohttp.ClientSession() as session:
 
         async def post(body: bytes) -> Answer:
             data = io.BytesIO(body) if len(body) > MiB else body
+            headers = auth | signed(body, identity)
             try:
-                async with session.post(url + "/v1/sync", data=data, headers=auth) as response:
+                async with session.post(url + "/v1/sync", data=data, headers=headers) as response:
                     return Answer(response.status, response.content_type, await response.read())
             except aiohttp.ClientError as exc:
                 return Answer(0, type(exc).__name__, str(exc).encode())
