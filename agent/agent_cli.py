@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 from certs import ClusterDir
+from workload_manager.sites import Bounds, raise_open_files_limit
 
 from . import cli_http
 from .config import ConfigError, load_config, nvpair_home
@@ -136,6 +137,12 @@ def _agent_run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         level=_LEVELS[config.log_level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    limit = raise_open_files_limit()
+    logging.getLogger(__name__).info(
+        "open files: %d; each listener holds at most %d connections",
+        limit,
+        Bounds.from_env().max_connections,
     )
     return run_agent(config)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from certs import make_private_dir, write_atomic
+from workload_manager.sites import raise_open_files_limit
 
 from .cli_http import CliError, request
 from .config import nvpair_home
@@ -112,6 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger(__name__).debug("open files: %d", raise_open_files_limit())
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(_run_plane(args.dsn, host, port, tls))
     return 0

@@ -8,12 +8,21 @@ engine) binds the same way, so every listener has the same bounds (issue 12, ite
   start: a partial request line held forever is closed when it passes);
 - a request's body must have arrived `body_s` after its handler started (a middleware
   watches the payload's end; past it the connection is closed);
-- a TLS handshake must finish within `handshake_s` (`ssl_handshake_timeout`: a partial
-  ClientHello is dropped when it passes);
+- a TLS handshake must finish within `handshake_s` (a partial ClientHello is dropped when
+  it passes); a connection is admitted under the caps below before its handshake starts,
+  so handshakes in progress are capped like the rest;
 - at most `max_connections` connections on the listener and `max_per_source` from one
   address. A connection over a cap first evicts the oldest idle connection (one that has not
   sent a whole request: a half-open one, or a kept-alive one between requests, which aiohttp's
   own keep-alive would close the same way); only when every one is busy is it refused.
+
+The caps also fit the process's open-files limit: a listener holds at most a quarter of
+what is left after `FD_RESERVE` descriptors (stores, logs, pipes, the connections this
+process makes), so a stranger filling every listener still leaves descriptors for the
+member connections, the local API and the Jobs store. Past the limit the kernel refuses
+`accept()` itself -- before any eviction can run -- which would starve every listener at
+once. `raise_open_files_limit()` (called at start) lifts the soft limit to the hard one,
+so the caps are rarely the limit's on a host that allows more.
 
 The bounds come from the environment (tests set small ones): NVPAIR_IDLE_TIMEOUT_S,
 NVPAIR_BODY_TIMEOUT_S, NVPAIR_TLS_HANDSHAKE_TIMEOUT_S, NVPAIR_MAX_CONNECTIONS,
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import ssl
 import time
 from collections import OrderedDict
@@ -37,9 +47,34 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["Bounds", "PerSourceRate", "handler_bounds", "start_site"]
+__all__ = ["Bounds", "PerSourceRate", "handler_bounds", "raise_open_files_limit", "start_site"]
 
 log = logging.getLogger(__name__)
+
+FD_RESERVE: Final = 256  # descriptors kept back from the listeners
+FD_LISTENERS: Final = 4  # the most listeners one process serves (the agent: three)
+FD_CAP: Final = 1 << 20  # what raise_open_files_limit asks for at most
+
+
+def raise_open_files_limit() -> int:
+    """Lift the soft open-files limit to the hard one (at most `FD_CAP`); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_CAP if hard == resource.RLIM_INFINITY else min(hard, FD_CAP)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:  # a container may refuse; the caps still fit
+            log.info("open-files limit stays %d: %s", soft, exc)
+    return soft
+
+
+def _fd_share() -> int:
+    """The most connections one listener may hold under the open-files limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return FD_CAP
+    return max(16, (soft - FD_RESERVE) // FD_LISTENERS)
 
 
 @dataclass(frozen=True)
@@ -54,14 +89,17 @@ class Bounds:
 
     @classmethod
     def from_env(cls) -> Bounds:
-        """The defaults, with the NVPAIR_* overrides the environment sets."""
+        """The defaults, with the NVPAIR_* overrides the environment sets, the connection
+        caps cut to the open-files limit's share."""
         env = os.environ
+        most = min(int(env.get("NVPAIR_MAX_CONNECTIONS", cls.max_connections)), _fd_share())
+        per_source = int(env.get("NVPAIR_MAX_CONNECTIONS_PER_SOURCE", cls.max_per_source))
         return cls(
             idle_s=float(env.get("NVPAIR_IDLE_TIMEOUT_S", cls.idle_s)),
             body_s=float(env.get("NVPAIR_BODY_TIMEOUT_S", cls.body_s)),
             handshake_s=float(env.get("NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", cls.handshake_s)),
-            max_connections=int(env.get("NVPAIR_MAX_CONNECTIONS", cls.max_connections)),
-            max_per_source=int(env.get("NVPAIR_MAX_CONNECTIONS_PER_SOURCE", cls.max_per_source)),
+            max_connections=most,
+            max_per_source=min(per_source, most),
         )
 
 
@@ -140,13 +178,14 @@ class _BoundedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None  # set up by start_site
         book = _Book(self._bounds)
-        ssl_context = self._ssl_context
+        tls, handshake_s = self._ssl_context, self._bounds.handshake_s
+        # No `ssl=` here: each connection is admitted by the book as soon as it is accepted
+        # and only then starts its TLS handshake (`_Bounded`), so connections still in
+        # their handshake count against the caps too.
         self._server = self._listening = await asyncio.get_running_loop().create_server(
-            lambda: _Bounded(server(), book),
+            lambda: _Bounded(server(), book, tls, handshake_s),
             self._where[0],
             self._where[1],
-            ssl=ssl_context,
-            ssl_handshake_timeout=self._bounds.handshake_s if ssl_context else None,
             reuse_address=True,
         )
 
@@ -157,7 +196,10 @@ class _BoundedSite(web.TCPSite):
         return port
 
 
-def _idle(handler: RequestHandler) -> bool:
+_EARLY: Final = 1 << 20  # bytes taken for a connection before its handler has it
+
+
+def _waiting(handler: RequestHandler) -> bool:
     # Waiting for a request's headers (the first or the next on a kept-alive connection):
     # the state aiohttp's own keep-alive closes on. `_waiter` is its private future.
     waiter = getattr(handler, "_waiter", None)
@@ -207,20 +249,42 @@ class _Book:
 
 def _evict(pool: OrderedDict[_Bounded, None]) -> bool:
     for conn in pool:
-        if _idle(conn.handler):
+        if conn.idle:
             conn.evict()
             return True
     return False
 
 
 class _Bounded(asyncio.Protocol):
-    """aiohttp's handler behind the listener's caps: connects only once admitted."""
+    """aiohttp's handler behind the listener's caps: connects only once admitted and, on a
+    TLS listener, once its handshake is done."""
 
-    def __init__(self, handler: RequestHandler, book: _Book) -> None:
+    def __init__(
+        self,
+        handler: RequestHandler,
+        book: _Book,
+        tls: ssl.SSLContext | None,
+        handshake_s: float,
+    ) -> None:
         self.handler = handler
         self.book = book
         self.source = ""
         self.admitted = False
+        self._tls = tls
+        self._handshake_s = handshake_s
+        self._raw: asyncio.Transport | None = None  # while its TLS handshake runs
+        self._handshake: asyncio.Task[None] | None = None
+        self._connected = False  # the handler has its transport
+        # What TLS delivered between the handshake's end and `_connect` (a client speaks
+        # as soon as its side is done), handed to the handler then. Bounded by `_EARLY`.
+        self._early: list[bytes] = []
+        self._early_eof = False
+        self._overflow = False
+
+    @property
+    def idle(self) -> bool:
+        """Whether no whole request has arrived: in its handshake, or waiting for headers."""
+        return self._raw is not None or (self._connected and _waiting(self.handler))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)  # a stream server's
@@ -229,31 +293,80 @@ class _Bounded(asyncio.Protocol):
         self.admitted = self.book.admit(self)
         if not self.admitted:
             transport.abort()
+        elif self._tls is None:
+            self._connect(transport)
+        else:
+            # Nothing is read until the handshake task has put TLS in place: a ClientHello
+            # read before that would come to this protocol and be lost.
+            transport.pause_reading()
+            self._raw = transport
+            self._handshake = asyncio.get_running_loop().create_task(self._secure(transport))
+
+    async def _secure(self, raw: asyncio.Transport) -> None:
+        assert self._tls is not None  # a TLS listener's
+        loop = asyncio.get_running_loop()
+        try:
+            secure = await loop.start_tls(
+                raw, self, self._tls, server_side=True, ssl_handshake_timeout=self._handshake_s
+            )
+        except Exception as exc:  # a failed, timed-out or evicted handshake: nothing to serve
+            log.debug("TLS handshake from %s failed: %r", self.source, exc)
+            secure = None
+        finally:
+            self._raw = None
+        if secure is None:
+            self.book.forget(self)
+            raw.abort()
             return
+        self._connect(secure)
+
+    def _connect(self, transport: asyncio.Transport) -> None:
+        if self._overflow:
+            self.book.forget(self)
+            transport.abort()
+            return
+        self._connected = True
         self.handler.connection_made(transport)
+        early, self._early = self._early, []
+        for data in early:
+            self.handler.data_received(data)
+        if self._early_eof:
+            self.handler.eof_received()
 
     def evict(self) -> None:
         self.book.forget(self)
-        self.handler.force_close()
+        if self._raw is not None:
+            self._raw.abort()  # the handshake fails; `_secure` ends
+        else:
+            self.handler.force_close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.book.forget(self)
+        if self._connected:
             self.handler.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.admitted:
+        if self._connected:
             self.handler.data_received(data)
+        elif self.admitted and sum(map(len, self._early)) + len(data) <= _EARLY:
+            self._early.append(data)
+        else:  # more than any first read could be: `_connect` closes it instead
+            self._early_eof = self._overflow = True
 
     def eof_received(self) -> None:
-        if self.admitted:
+        if self._connected:
             self.handler.eof_received()
+        else:
+            self._early_eof = True
 
     def pause_writing(self) -> None:
-        self.handler.pause_writing()
+        if self._connected:
+            self.handler.pause_writing()
 
     def resume_writing(self) -> None:
-        self.handler.resume_writing()
+        if self._connected:
+            self.handler.resume_writing()
 
 
 class PerSourceRate:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator, Collection
@@ -53,6 +54,7 @@ class Node:
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
     extra: list[str] = field(default_factory=list)  # more `agent run` flags
+    open_files: int | None = None  # the agent's open-files limit (soft and hard), if set
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,10 +85,17 @@ class Node:
             args += ["--simulate-gpus", self.gpus]
         args += self.extra
         self.log = self.home.parent / f"{self.name}.log"
+        limit = self.open_files
+
+        def limited() -> None:  # in the child, before exec
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent", *args, env=self.env, stdout=log, stderr=log
-            )
+                sys.executable, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
+                preexec_fn=limited if limit is not None else None,
+            )  # fmt: skip
 
         async def up() -> bool:
             if self.proc is not None and self.proc.returncode is not None:

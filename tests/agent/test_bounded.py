@@ -1,8 +1,12 @@
 """Bounded servers (issue 12, item 5), against real agents: 1,000 half-open connections on
 the facade (a partial request line; and 100 with a partial body) and 1,000 on the node API
-(a partial TLS ClientHello) starve nothing -- a peer's record still updates, the local API
-still answers -- and the server closes them once the read timeouts (small here, set through
-the environment) pass."""
+(a partial TLS ClientHello), from eight source addresses, starve nothing -- a peer's record
+still updates, the local API still answers -- and the server closes them once the read
+timeouts (small here, set through the environment) pass.
+
+The agent under attack runs with an open-files limit of 1,024 (a common default): without
+caps that fit it, 2,000 held connections exhaust its descriptors and the kernel refuses
+every `accept()` -- the peer's pushes and the local API with the stranger's."""
 
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ from workload_manager.sites import PerSourceRate
 from .harness import TIMEOUT, Node, eventually, make_node, start_cluster
 
 HELD = 1000
+OPEN_FILES = 1024
+HOLD_S = 10  # the idle and handshake timeouts: how long a half-open connection is held
+SOURCES = [f"127.0.0.{i}" for i in range(2, 10)]  # the stranger's addresses
 PARTIAL_REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
 # Whole headers, then a tenth of the body they announce.
 SLOW_BODY = (
@@ -37,12 +44,15 @@ PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(16)
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("bounded")
     nodes = [make_node(root, "a", None), make_node(root, "b", None)]
+    nodes[0].open_files = OPEN_FILES
     for node in nodes:
         node.home.mkdir(parents=True)
         (node.home / "nvpair.toml").write_text("[agent]\nheartbeat_s = 0.5\n")
     with pytest.MonkeyPatch.context() as env:  # the agents inherit the test's environment
-        env.setitem(os.environ, "NVPAIR_IDLE_TIMEOUT_S", "3")
-        env.setitem(os.environ, "NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", "3")
+        # Long enough that what is asserted while the connections are held happens while
+        # they are; short enough that the test sees them closed.
+        env.setitem(os.environ, "NVPAIR_IDLE_TIMEOUT_S", str(HOLD_S))
+        env.setitem(os.environ, "NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", str(HOLD_S))
         env.setitem(os.environ, "NVPAIR_BODY_TIMEOUT_S", "3")
         async for started in start_cluster(nodes):
             yield started
@@ -52,9 +62,14 @@ async def _hold(
     port: int, first_bytes: bytes, writers: list[asyncio.StreamWriter], count: int = HELD
 ) -> list[asyncio.StreamReader]:
     readers = []
-    for _ in range(count // 100):  # in batches: a burst of 1,000 SYNs overflows the backlog
+    for batch in range(count // 100):  # in batches: a burst of 1,000 SYNs overflows the backlog
         pairs = await asyncio.gather(
-            *(asyncio.open_connection("127.0.0.1", port) for _ in range(100))
+            *(
+                asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(SOURCES[(batch + i) % len(SOURCES)], 0)
+                )
+                for i in range(100)
+            )
         )
         for reader, writer in pairs:
             writer.write(first_bytes)
@@ -104,6 +119,11 @@ async def _held_and_closed(
 
     await eventually(b_pushed, "b's record updates on a while 2,000 connections are held")
     assert await a.healthy()
+    # ... and they were held then: the newest of each kind (which no later one evicted) are
+    # still open. Without caps that fit the open-files limit, the push and the local API
+    # wait until the timeouts have closed them all.
+    newest = held[HELD - 50 + 100 : HELD + 100] + held[-50:]
+    assert not [r for r in newest if r.at_eof()], "the push came only once they were closed"
 
     # After the read timeout the server has closed every one of them.
     await asyncio.gather(*(_closed_by_server(r) for r in held))
