@@ -3,11 +3,8 @@ PostgreSQL): the fleet view equals what the members say, and a plane outage lose
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -17,71 +14,8 @@ import aiohttp
 import pytest
 
 from tests.agent.harness import Node, eventually, make_node, start_cluster
-from tests.workload_manager.cluster_harness import free_port
 
-ADMIN = "nvpadm1.fleet-test-admin"
-
-
-class PlaneProcess:
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent",
-            "plane",
-            "serve",
-            "--dsn",
-            self.dsn,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN},
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert self.proc.stderr is not None
-        said = b""
-        async with asyncio.timeout(30):
-            while b"plane listening" not in (line := await self.proc.stderr.readline()):
-                if not line:  # it exited: say why instead of spinning on EOF
-                    raise AssertionError(f"the plane exited: {said.decode(errors='replace')}")
-                said = (said + line)[-4000:]
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            await self.proc.wait()
-
-    async def get(self, path: str) -> Any:
-        headers = {"Authorization": f"Bearer {ADMIN}"}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(self.url + path, headers=headers) as r,
-        ):
-            assert r.status == 200, await r.text()
-            return await r.json()
-
-    async def cli(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent",
-            "plane",
-            *args,
-            "--plane",
-            self.url,
-            env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        assert proc.returncode == 0, err
-        return out.decode()
+from .plane_process import PlaneProcess, point_at_plane
 
 
 @pytest.fixture
@@ -103,9 +37,7 @@ async def two_clusters(
             for name in names
         ]
         for node in nodes:
-            node.home.mkdir(parents=True)
-            (node.home / "plane.json").write_text(json.dumps({"url": plane.url, "token": token}))
-            (node.home / "plane.json").chmod(0o600)  # others may not read a token
+            point_at_plane(node.home, plane, token)
         generator = start_cluster(nodes)
         clusters.append(await generator.__anext__())
         stack.push_async_callback(_finish, generator)
