@@ -7,6 +7,11 @@ requests with `--fail-status` (500). The reply never repeats the prompt -- a tes
 for a prompt marker in nvpair's output must not find it planted by the engine -- except with
 `--echo-errors`: a failure then quotes the whole request body in every field of its error
 (`message`, `type`, `code`, `param`) and beside it, as an engine that echoes the prompt does.
+
+`--max-concurrency N` lets N requests run at once and queues the rest, as vLLM's scheduler
+does, and `GET /metrics` reports that real load under vLLM's own names
+(`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, one
+series per `model_name`), so the agent's load scraper is tested against the real format.
 """
 
 from __future__ import annotations
@@ -18,13 +23,19 @@ import json
 import random
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from workload_manager.sites import start_site
 
 __all__ = ["MockEngine", "add_command"]
+
+# KV-cache blocks a request holds while it runs when there is no concurrency limit: the
+# modelled share is running / KV_SLOTS (an unlimited mock still fills up under load).
+KV_SLOTS = 256
 
 
 class MockEngine:
@@ -41,6 +52,7 @@ class MockEngine:
         fail_rate: float = 0.0,
         fail_status: int = 500,
         echo_errors: bool = False,
+        max_concurrency: int = 0,  # 0: unlimited
         seed: int | None = None,
     ) -> None:
         self.models = [m for m in model.split(",") if m]
@@ -54,8 +66,13 @@ class MockEngine:
         self.random = random.Random(seed)
         self.requests = 0
         self.in_flight = 0
+        self.max_concurrency = max_concurrency
+        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+        self.running = dict.fromkeys(self.models, 0)  # model -> requests holding a slot
+        self.waiting = dict.fromkeys(self.models, 0)  # model -> requests queued for one
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
@@ -82,6 +99,58 @@ class MockEngine:
         ]
         return web.json_response({"object": "list", "data": data})
 
+    def kv_usage(self) -> float:
+        """The modelled KV-cache share in use: running / max concurrency (or `KV_SLOTS`)."""
+        running = sum(self.running.values())
+        return min(1.0, running / (self.max_concurrency or KV_SLOTS))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        registry = CollectorRegistry()
+        labels = ["model_name"]
+        running = Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            registry=registry,
+        )
+        waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            labels,
+            registry=registry,
+        )
+        kv = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            labels,
+            registry=registry,
+        )
+        usage = self.kv_usage()
+        for model in self.models:
+            running.labels(model).set(self.running[model])
+            waiting.labels(model).set(self.waiting[model])
+            kv.labels(model).set(usage)
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, model: str) -> AsyncIterator[None]:
+        """Hold one of `max_concurrency` slots (waiting for it, counted, when all are taken)."""
+        self.waiting[model] += 1
+        try:
+            if self._slots is not None:
+                await self._slots.acquire()
+        finally:
+            self.waiting[model] -= 1
+        self.running[model] += 1
+        try:
+            yield
+        finally:
+            self.running[model] -= 1
+            if self._slots is not None:
+                self._slots.release()
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
@@ -100,41 +169,47 @@ class MockEngine:
         self.requests += 1
         self.in_flight += 1
         try:
-            if self.latency_s:
-                await asyncio.sleep(self.latency_s)
-            if self.fail_rate and self.random.random() < self.fail_rate:
-                return self._failure(json.dumps(body))
-            words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
-            created = int(time.time())
-            if body.get("stream"):
-                return await self._stream(request, model, words, created, chat=chat)
-            await self._pace(len(words))
-            text = " ".join(words)
-            choice: dict[str, Any] = (
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "length",
-                }
-                if chat
-                else {"index": 0, "text": text, "finish_reason": "length"}
-            )
-            return web.json_response(
-                {
-                    "id": f"mock-{self.requests}",
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": {
-                        "prompt_tokens": 1,
-                        "completion_tokens": len(words),
-                        "total_tokens": len(words) + 1,
-                    },
-                }
-            )
+            async with self._slot(model):
+                return await self._answer(request, body, model, tokens, chat=chat)
         finally:
             self.in_flight -= 1
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], model: str, tokens: int, *, chat: bool
+    ) -> web.StreamResponse:
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if self.fail_rate and self.random.random() < self.fail_rate:
+            return self._failure(json.dumps(body))
+        words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
+        created = int(time.time())
+        if body.get("stream"):
+            return await self._stream(request, model, words, created, chat=chat)
+        await self._pace(len(words))
+        text = " ".join(words)
+        choice: dict[str, Any] = (
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
+            if chat
+            else {"index": 0, "text": text, "finish_reason": "length"}
+        )
+        return web.json_response(
+            {
+                "id": f"mock-{self.requests}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": 1,
+                    "completion_tokens": len(words),
+                    "total_tokens": len(words) + 1,
+                },
+            }
+        )
 
     def _failure(self, request_text: str) -> web.Response:
         if not self.echo_errors:
@@ -202,6 +277,12 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--tokens-per-s", type=float, default=0.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=0,
+        help="requests that run at once; the rest wait (0: unlimited)",
+    )
     parser.add_argument("--fail-status", type=int, default=500, help="the status of a failure")
     parser.add_argument(
         "--echo-errors", action="store_true", help="failures quote the request in every field"
@@ -212,6 +293,9 @@ def add_command(commands: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.fail_rate <= 1.0:
         print("nvpair: --fail-rate is between 0 and 1", file=sys.stderr)
+        return 2
+    if args.max_concurrency < 0:
+        print("nvpair: --max-concurrency is 0 (unlimited) or more", file=sys.stderr)
         return 2
     if not 400 <= args.fail_status <= 599:
         print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
@@ -227,6 +311,7 @@ def _run(args: argparse.Namespace) -> int:
             fail_rate=args.fail_rate,
             fail_status=args.fail_status,
             echo_errors=args.echo_errors,
+            max_concurrency=args.max_concurrency,
         )
         await engine.start()
         print(f"mock engine serving {engine.models} on {engine.url}", flush=True)

@@ -1,0 +1,122 @@
+"""The mock engine's `/metrics` (issue 13, item 5): vLLM's names and labels, with values that
+follow the requests it really runs and queues under `--max-concurrency`."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.engine_load import EngineLoad, parse_engine_load
+from agent.mock_engine import MockEngine
+from tests.fixtures.waiting import eventually
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+
+
+async def load_of(session: aiohttp.ClientSession, url: str) -> EngineLoad:
+    async with session.get(url + "/metrics") as response:
+        assert response.status == 200
+        return parse_engine_load(await response.read(), at_ms=0)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+async def test_requests_beyond_max_concurrency_wait_and_metrics_say_so(
+    session: aiohttp.ClientSession,
+) -> None:
+    engine = MockEngine(model="m,other", latency_ms=60_000, max_concurrency=2)
+    await engine.start()
+    try:
+        calls = [
+            asyncio.create_task(session.post(engine.url + "/v1/chat/completions", json=BODY))
+            for _ in range(5)
+        ]
+
+        async def queued() -> bool:
+            return await load_of(session, engine.url) == EngineLoad(2.0, 3.0, 1.0, 0)
+
+        await eventually(queued, "2 running and 3 waiting at max concurrency 2")
+        async with session.get(engine.url + "/metrics") as response:
+            text = await response.text()
+        series = {
+            (s.name, s.labels["model_name"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        assert series[("vllm:num_requests_running", "m")] == 2.0
+        assert series[("vllm:num_requests_waiting", "m")] == 3.0
+        assert series[("vllm:num_requests_running", "other")] == 0.0
+        assert series[("vllm:kv_cache_usage_perc", "m")] == 1.0
+        for call in calls:  # clients that go away free their slots and leave the queue
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
+        async def idle() -> bool:
+            return await load_of(session, engine.url) == EngineLoad(0.0, 0.0, 0.0, 0)
+
+        await eventually(idle, "nothing running or waiting once the clients left")
+    finally:
+        await engine.aclose()
+
+
+async def test_queued_requests_are_all_served_in_turn(session: aiohttp.ClientSession) -> None:
+    engine = MockEngine(model="m", latency_ms=20, max_concurrency=1)
+    await engine.start()
+    try:
+
+        async def call() -> int:
+            async with session.post(engine.url + "/v1/chat/completions", json=BODY) as r:
+                await r.read()
+                return r.status
+
+        assert await asyncio.gather(*(call() for _ in range(4))) == [200] * 4
+        assert engine.requests == 4
+        assert await load_of(session, engine.url) == EngineLoad(0.0, 0.0, 0.0, 0)
+    finally:
+        await engine.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_the_command_line_flag_limits_a_real_engine_process(
+    session: aiohttp.ClientSession,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["--model", "m", "--port", str(port), "--latency-ms", "60000", "--max-concurrency", "1"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "mock-engine", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert b"mock engine serving" in await proc.stdout.readline()
+        calls = [
+            asyncio.create_task(session.post(url + "/v1/chat/completions", json=BODY))
+            for _ in range(3)
+        ]
+
+        async def one_runs() -> bool:
+            return await load_of(session, url) == EngineLoad(1.0, 2.0, 1.0, 0)
+
+        await eventually(one_runs, "1 running, 2 waiting in the engine process")
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        proc.terminate()
+        await proc.wait()
