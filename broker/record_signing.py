@@ -20,7 +20,7 @@ import base64
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 from cryptography import x509
@@ -37,10 +37,13 @@ from .records import NodeRecord, Removal
 __all__ = [
     "MAX_SKEW_MS",
     "RecordVerifier",
+    "Statement",
     "removal_bytes",
     "sign_record",
     "sign_removal",
+    "sign_statement",
     "signed_bytes",
+    "statement_bytes",
 ]
 
 MAX_SKEW_MS: Final = 5 * 60 * 1000  # a generation (epoch ms) further ahead is refused
@@ -65,23 +68,48 @@ def sign_record(record: NodeRecord, key: ec.EllipticCurvePrivateKey) -> NodeReco
     )
 
 
+class Statement(Protocol):
+    """A cluster fact signed by the member that made it (a removal, a deployment): the
+    signer's node id, its certificate (PEM) and its signature over the rest."""
+
+    @property
+    def by(self) -> str: ...
+    @property
+    def byCert(self) -> str: ...
+    @property
+    def signature(self) -> str: ...
+
+
+S = TypeVar("S", bound=Statement)
+
+
+def statement_bytes(statement: Statement) -> bytes:
+    """What a statement's signature covers: the statement with an empty `signature`."""
+    return _encode(msgspec.structs.replace(statement, signature=""))  # type: ignore[type-var]
+
+
+def sign_statement(statement: S, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> S:
+    """`statement` as said by the member holding `key` and `cert` (its node id is `by`)."""
+    unsigned: S = msgspec.structs.replace(  # type: ignore[type-var]
+        statement, by=describe(cert).node_id, byCert=cert_pem(cert).decode("ascii"), signature=""
+    )
+    signature = key.sign(statement_bytes(unsigned), _ALGORITHM)
+    signed: S = msgspec.structs.replace(  # type: ignore[type-var]
+        unsigned, signature=base64.urlsafe_b64encode(signature).decode("ascii")
+    )
+    return signed
+
+
 def removal_bytes(removal: Removal) -> bytes:
-    """What a removal's signature covers: the removal with an empty `signature`."""
-    return _encode(msgspec.structs.replace(removal, signature=""))
+    """What a removal's signature covers."""
+    return statement_bytes(removal)
 
 
 def sign_removal(
     removal: Removal, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate
 ) -> Removal:
-    """`removal` as a statement of the member holding `key` and `cert` (its node id is
-    `by`)."""
-    unsigned = msgspec.structs.replace(
-        removal, by=describe(cert).node_id, byCert=cert_pem(cert).decode("ascii"), signature=""
-    )
-    signature = key.sign(removal_bytes(unsigned), _ALGORITHM)
-    return msgspec.structs.replace(
-        unsigned, signature=base64.urlsafe_b64encode(signature).decode("ascii")
-    )
+    """`removal` as a statement of the member holding `key` and `cert`."""
+    return sign_statement(removal, key, cert)
 
 
 class RecordVerifier:
@@ -134,25 +162,39 @@ class RecordVerifier:
         self, removal: Removal, ca: x509.Certificate, removed_at: int | None
     ) -> str | None:
         what = f"a removal of {removal.nodeId}"
-        if not (removal.by and removal.byCert and removal.signature):
-            return f"{what} that no member signed"
-        if removed_at is not None and removal.removedAt >= removed_at:
+        if removed_at is not None and removal.removedAt >= removed_at and removal.by:
             return f"{what} signed by {removal.by} after {removal.by} was itself removed"
+        return self._check_statement(removal, ca, what)
+
+    def statement_why_not(
+        self, statement: Statement, ca: x509.Certificate, what: str
+    ) -> str | None:
+        """None when `statement` is signed by a member of `ca`'s cluster whose certificate
+        it carries; else why it is refused (counted). `what` names it in the reason."""
+        why = self._check_statement(statement, ca, what)
+        if why is not None:
+            self.refused += 1
+        return why
+
+    def _check_statement(self, statement: Statement, ca: x509.Certificate, what: str) -> str | None:
+        by, pem = statement.by, statement.byCert
+        if not (by and pem and statement.signature):
+            return f"{what} that no member signed"
         anchor = ca.public_bytes(_DER)
 
         def signer() -> ec.EllipticCurvePublicKey | None:
             try:
-                cert = load_cert(removal.byCert.encode())
-                if describe(cert).node_id != removal.by or not verify_issued_by(cert, ca):
+                cert = load_cert(pem.encode())
+                if describe(cert).node_id != by or not verify_issued_by(cert, ca):
                     return None
             except (ValueError, CertsError):
                 return None
             key = cert.public_key()
             return key if isinstance(key, ec.EllipticCurvePublicKey) else None
 
-        context = anchor + b"\0" + removal.byCert.encode()
-        if not self._verifies(removal_bytes(removal), context, removal.signature, signer):
-            return f"{what} that {removal.by} (a member of this cluster) did not sign"
+        context = anchor + b"\0" + pem.encode()
+        if not self._verifies(statement_bytes(statement), context, statement.signature, signer):
+            return f"{what} that {by} (a member of this cluster) did not sign"
         return None
 
     def _verifies(
