@@ -25,6 +25,11 @@
     token = "hgro1...."
     ca = "plane-ca.pem"         # verifies an https plane (relative to NVPAIR_HOME)
 
+    [engines]                   # engines the agent launches (docs/engines.md)
+    port_range = "18000-18999"
+    [templates.mine]            # a custom launch template (agent/engine_config.py)
+    argv = ["my-server", "--model", "{model}", "--port", "{port}"]
+
 The file and the flags are decoded together into one typed structure with bounds
 (`msgspec.convert`): a wrong type, a value out of bounds, an unknown key or table is refused
 with a `ConfigError` naming the file and the dotted key. `AgentConfig` is frozen; the daemon
@@ -46,8 +51,10 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from .engine_config import EnginesTable, LaunchSettings, launch_settings
 from .gpus import known_device_class, parse_simulation
 from .home import shared_file_problem, shared_home_problem
+from .templates import TemplateError
 
 __all__ = [
     "ENGINE_KINDS",
@@ -115,6 +122,8 @@ class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
     agent: _AgentTable = _AgentTable()
     plane: PlaneSettings | None = None
+    engines: EnginesTable = EnginesTable()
+    templates: Annotated[dict[str, dict[str, Any]], Meta(max_length=256)] = {}
 
 
 class EngineSpec(Struct, frozen=True):
@@ -152,6 +161,7 @@ class AgentConfig:
     # that must use one interface); None: the system's choice.
     dial_from: str | None = None
     plane: PlaneSettings | None = None
+    launch: LaunchSettings = dataclasses.field(default_factory=LaunchSettings)  # docs/engines.md
 
     @property
     def advertised_ports(self) -> tuple[int, int, int]:
@@ -240,12 +250,20 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         anti_entropy_s=float(table.anti_entropy_s),
         dial_from=_ip_address(path, "dial_from", table.dial_from),
         plane=plane,
+        launch=_launch_settings(path, parsed),
     )
 
 
 def _refuse(problem: str | None) -> None:
     if problem is not None:
         raise ConfigError(problem)
+
+
+def _launch_settings(path: Path, parsed: _File) -> LaunchSettings:
+    try:
+        return launch_settings(parsed.engines, parsed.templates)
+    except TemplateError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _ip_address(path: Path, key: str, value: str | None) -> str | None:

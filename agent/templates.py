@@ -1,0 +1,209 @@
+"""Launch templates: how each kind of engine is started, and when it counts as ready.
+
+A template is an argv with placeholders, an environment and a readiness path. `render()`
+fills in one replica's values (a pure function: no I/O), then appends the deployment's extra
+arguments, so the same template serves every replica on every node:
+
+    {model}   what the engine loads: a path or a model id (nvpair never downloads it)
+    {served}  the model name clients ask for
+    {port}    the port picked for this replica from `[engines] port_range`
+    {tp}      the tensor-parallel size
+    {gpus}    the replica's GPU UUIDs, comma-separated (also in CUDA_VISIBLE_DEVICES)
+
+`{{` and `}}` are literal braces. Any other placeholder, a format spec (`{port:d}`) or an
+attribute (`{model.x}`) is refused when the template is loaded (`TemplateError`), so a typo
+in `nvpair.toml` stops the agent at start instead of failing one replica at launch time.
+An engine is ready when `GET http://127.0.0.1:{port}{ready_path}` answers 200; anything else
+(llama.cpp's 503 while it loads) means not yet.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Final
+
+from msgspec import Meta, Struct
+
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "PLACEHOLDERS",
+    "LaunchSpec",
+    "LaunchTemplate",
+    "TemplateError",
+    "custom_template",
+    "render",
+]
+
+PLACEHOLDERS: Final = frozenset({"model", "served", "port", "tp", "gpus"})
+REAL_ENGINE_READY_S: Final = 600.0  # loading a large model's weights takes minutes
+MOCK_READY_S: Final = 30.0
+MAX_ARGV: Final = 256
+MAX_ARG_CHARS: Final = 4096
+MAX_ENV: Final = 64
+
+_REPLICA_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_TEMPLATE_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+
+class TemplateError(ValueError):
+    """A template (a `[templates.NAME]` table) is wrong; the message names it and says why."""
+
+
+_Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS)]
+
+
+class LaunchSpec(Struct, kw_only=True, frozen=True):
+    """One replica's engine: which template, what it loads, on which GPUs, on which port.
+
+    `port` 0 means "pick one from the port range"; the supervisor fills it in. The replica id
+    names a directory under `$NVPAIR_HOME/replicas/`, so it is checked here, once.
+    """
+
+    replica_id: str
+    kind: str
+    model: _Arg
+    served: _Arg
+    tp: Annotated[int, Meta(ge=1, le=64)] = 1
+    gpu_uuids: tuple[_Arg, ...] = ()
+    extra_args: Annotated[tuple[_Arg, ...], Meta(max_length=MAX_ARGV)] = ()
+    port: Annotated[int, Meta(ge=0, le=65535)] = 0
+
+    def __post_init__(self) -> None:
+        if not _REPLICA_ID.fullmatch(self.replica_id):
+            raise ValueError(f"replica id {self.replica_id[:80]!r}: letters, digits, _ and -")
+        if any("," in uuid or not uuid for uuid in self.gpu_uuids):
+            raise ValueError(f"{self.replica_id}: a GPU UUID is non-empty and has no comma")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchTemplate:
+    """How to start one kind of engine: argv and env with placeholders, and readiness."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    ready_path: str = "/v1/models"
+    ready_timeout_s: float = REAL_ENGINE_READY_S
+    builtin: bool = field(default=False, compare=False)
+
+
+def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
+    """The argv (extra args appended) and the environment additions for one replica."""
+    values = {
+        "model": spec.model,
+        "served": spec.served,
+        "port": str(spec.port),
+        "tp": str(spec.tp),
+        "gpus": ",".join(spec.gpu_uuids),
+    }
+    argv = [part.format_map(values) for part in template.argv]
+    env = {name: value.format_map(values) for name, value in template.env}
+    return [*argv, *spec.extra_args], env
+
+
+def custom_template(
+    name: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    ready: str = "/v1/models",
+    ready_timeout_s: float = REAL_ENGINE_READY_S,
+) -> LaunchTemplate:
+    """A template from `[templates.NAME]`, checked; `TemplateError` naming the table."""
+    where = f"templates.{name}"
+    if not _TEMPLATE_NAME.fullmatch(name):
+        raise TemplateError(f"[{where}]: a template name is lower-case letters, digits, _ and -")
+    if name in BUILTIN_TEMPLATES:
+        raise TemplateError(f"[{where}]: {name!r} is a built-in template; choose another name")
+    if not argv or not argv[0].strip():
+        raise TemplateError(f"[{where}]: argv names the program to run (a non-empty list)")
+    if len(argv) > MAX_ARGV or any(len(part) > MAX_ARG_CHARS for part in argv):
+        raise TemplateError(f"[{where}]: argv has at most {MAX_ARGV} parts of {MAX_ARG_CHARS}")
+    if len(env) > MAX_ENV:
+        raise TemplateError(f"[{where}]: env has at most {MAX_ENV} variables")
+    for part in argv:
+        _check_placeholders(where, "argv", part)
+    for key, value in env.items():
+        if not _ENV_NAME.fullmatch(key) or key == "CUDA_VISIBLE_DEVICES":
+            raise TemplateError(
+                f"[{where}]: env {key[:80]!r} is not a variable name one may set "
+                "(CUDA_VISIBLE_DEVICES is set by nvpair from the replica's GPUs)"
+            )
+        _check_placeholders(where, f"env.{key}", value)
+    if not ready.startswith("/") or len(ready) > 1024 or any(c.isspace() for c in ready):
+        raise TemplateError(f"[{where}]: ready is a URL path starting with / ({ready[:80]!r})")
+    if not 0 < ready_timeout_s <= 86_400:
+        raise TemplateError(f"[{where}]: ready_timeout_s is from 0 to 86400 seconds")
+    return LaunchTemplate(name, tuple(argv), tuple(env.items()), ready, float(ready_timeout_s))
+
+
+def _check_placeholders(where: str, key: str, text: str) -> None:
+    # string.Formatter's own parser: exactly what format_map() will accept later.
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text)]
+    except ValueError as exc:
+        why = f"{key} {text[:80]!r}: {exc} (write {{{{ for a brace)"
+        raise TemplateError(f"[{where}]: {why}") from None
+    for name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conversion:
+            known = " ".join(f"{{{p}}}" for p in sorted(PLACEHOLDERS))
+            raise TemplateError(
+                f"[{where}]: {key} {text[:80]!r}: unknown placeholder {{{name}}}; "
+                f"the placeholders are {known}"
+            )
+
+
+def _builtin(
+    name: str, line: str, ready: str, timeout_s: float, *, program: str | None = None
+) -> LaunchTemplate:
+    # A command line written as one would type it; no part of it holds a space.
+    argv = ([program] if program else []) + line.split()
+    return LaunchTemplate(name, tuple(argv), (), ready, timeout_s, builtin=True)
+
+
+def _literal(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+_LOCAL: Final = " --host 127.0.0.1 --port {port}"
+
+# Real command lines (flags as each project documents them). Engines listen on loopback
+# only: clients reach them through the agent's facade, which authenticates and routes.
+BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
+    t.name: t
+    for t in (
+        _builtin(
+            "vllm",
+            f"vllm serve {{model}} --served-model-name {{served}}{_LOCAL}"
+            " --tensor-parallel-size {tp}",
+            "/health",
+            REAL_ENGINE_READY_S,
+        ),
+        _builtin(
+            "sglang",
+            "python -m sglang.launch_server --model-path {model} --served-model-name {served}"
+            f"{_LOCAL} --tp-size {{tp}}",
+            "/health",
+            REAL_ENGINE_READY_S,
+        ),
+        _builtin(
+            "llamacpp",
+            f"llama-server -m {{model}} --alias {{served}}{_LOCAL} --metrics",
+            "/health",  # 503 while the model loads, 200 once it serves
+            REAL_ENGINE_READY_S,
+        ),
+        _builtin(
+            "mock",
+            "-m agent mock-engine --model {served} --port {port}",
+            "/v1/models",
+            MOCK_READY_S,
+            program=_literal(sys.executable),  # this Python: the mock is part of nvpair
+        ),
+    )
+}
