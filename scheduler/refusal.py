@@ -26,6 +26,8 @@ class Refusal(StrEnum):
     NO_HEALTHY_GPU = "no healthy GPU"
     NO_FITTING_DOMAIN = "no single topology domain with enough GPUs and free memory"
     QUEUE_FULL = "queue full"
+    # Replica ranking (`rank_replicas`) only; last, so `rank`'s filter indices are unchanged.
+    REPLICA_NOT_READY = "replica not ready"
 
     @property
     def status(self) -> int:
