@@ -31,12 +31,13 @@ from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
-from broker.record_signing import sign_record, sign_removal
+from broker.record_signing import sign_record, sign_removal, sign_statement
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .config import PORTS, AgentConfig
+from .deployments import Deployments
 from .engines import Engines
 from .errors import PortInUse
 from .facade import Facade, facade_address
@@ -106,6 +107,12 @@ class Agent:
             extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
         )
         health.watch("workload-manager", supervisor.problem)
+        # A deployment declared here or learnt from a member: in the next push at once.
+        deployments = Deployments(
+            config.home,
+            sign=lambda d: sign_statement(d, identity.key, identity.cert),
+            on_change=lambda: heartbeat.push_now(),
+        )
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -113,6 +120,7 @@ class Agent:
             unreachable_after_s=3 * config.heartbeat_s,
             set_peers=supervisor.set_peers,
             sign=lambda removal: sign_removal(removal, identity.key, identity.cert),
+            deployments=deployments,
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -228,6 +236,7 @@ class Agent:
                 remove_member=remove_member,
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
                 repairs=lambda: dataclasses.asdict(repair.counters),
+                deployments=deployments,
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens

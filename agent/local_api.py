@@ -55,6 +55,8 @@ from workload_manager.workload import (
     lifecycle_mismatch,
 )
 
+from .deploy_api import deployment_routes
+from .deployments import Deployments
 from .lifetime import SHUTDOWN_S, Health
 from .local_guard import refusal
 from .members import Members, remover
@@ -91,6 +93,8 @@ class LocalPorts:
     remove_member: Callable[[str], None]
     plane: Callable[[], tuple[int, int] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
+    deployments: Deployments | None = None
+    deployments_changed: Callable[[], None] = lambda: None
 
 
 class LocalApi:
@@ -124,6 +128,12 @@ class LocalApi:
         app.router.add_post("/v1/jobs/{id}/remove", self._remove_job)
         app.router.add_get("/v1/manager", self._manager)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
+        if ports.deployments is not None:
+            app.router.add_routes(
+                deployment_routes(
+                    ports.deployments, ports.members.records, ports.deployments_changed
+                )
+            )
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
             app,

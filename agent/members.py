@@ -23,6 +23,8 @@ from certs import ClusterDir, PinRefused
 from certs.pins import Member
 from workload_manager.manager import Peer
 
+from .deployments import Deployments
+
 __all__ = ["SEEDS_FILE", "Members", "read_seeds", "remover"]
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Members:
         unreachable_after_s: float,
         set_peers: Callable[[Sequence[Peer]], None],
         sign: Callable[[Removal], Removal],
+        deployments: Deployments | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.self_id = self_id
@@ -73,6 +76,7 @@ class Members:
         self._ca = ca
         self._set_peers = set_peers
         self._sign = sign  # a removal as this node's signed statement
+        self.deployments = deployments
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
@@ -140,6 +144,7 @@ class Members:
             records=self.membership.records(),
             removals=self.membership.removals(),
             certificates=[pem.decode() for pem in self._cluster.pins.pems()],
+            deployments=self.deployments.all() if self.deployments is not None else [],
         )
 
     # -- changes ----------------------------------------------------------------------------
@@ -175,6 +180,8 @@ class Members:
             now_ms=int(time.time() * 1000),  # generations are wall-clock ms
         )
         self._tombstone(plan.tombstones)
+        if self.deployments is not None and plan.deployments:
+            self.deployments.merge(plan.deployments)
         for pin in plan.pins:
             try:
                 self._cluster.pins.pin(pin.cert, ca=self._ca)

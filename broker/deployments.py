@@ -19,6 +19,7 @@ forgotten, by then every member has long taken them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
@@ -32,6 +33,7 @@ __all__ = [
     "Deployment",
     "DeploymentSet",
     "newer",
+    "spec_digest",
 ]
 
 MAX_DEPLOYMENTS: Final = 256  # declared at once in one cluster, tombstones included
@@ -133,6 +135,23 @@ class DeploymentSet:
         for name in old:
             del self._by_name[name]
         return old
+
+
+def spec_digest(deployment: Deployment) -> str:
+    """What a replica was started from: engine, source, arguments, GPUs and TP (not the
+    replica count -- scaling must not restart anything). A replica whose digest differs
+    from its deployment's is replaced."""
+    spec = (
+        deployment.id,
+        deployment.engine,
+        deployment.source,
+        deployment.args,
+        deployment.gpus,
+        deployment.tp,
+        deployment.authority,
+        deployment.url,
+    )
+    return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]
 
 
 def merge(held: DeploymentSet, offered: Iterable[Deployment]) -> list[Deployment]:

@@ -21,6 +21,7 @@ from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
 from workload_manager.manager import Peer
 
+from .deployments import Deployment
 from .record_signing import RecordVerifier
 from .records import NodeRecord, RecordsPush, Removal
 
@@ -44,6 +45,7 @@ class PushPlan:
     pins: tuple[NewPin, ...]  # new members to pin
     offers: tuple[NodeRecord, ...]  # members' records to offer (newer generation wins)
     refused: tuple[str, ...]  # why a certificate was not pinned, for the log
+    deployments: tuple[Deployment, ...] = ()  # declared deployments, each signed by a member
 
 
 def plan_push(
@@ -113,7 +115,25 @@ def plan_push(
             refused.append(why)
             continue
         offers.append(record)
-    return PushPlan(tuple(tombstones.values()), tuple(pins.values()), tuple(offers), tuple(refused))
+    deployments: list[Deployment] = []
+    for deployment in push.deployments:
+        what = f"a deployment of {deployment.name} (version {deployment.version})"
+        why = verifier.statement_why_not(deployment, ca, what)
+        signer = tombstones.get(deployment.by)
+        gone = signer.removedAt if signer is not None else removed_at(deployment.by)
+        if why is None and gone is not None and deployment.updatedAt >= gone:
+            why = f"{what} signed by {deployment.by} after it was removed"
+        if why is not None:
+            refused.append(why)
+        else:
+            deployments.append(deployment)
+    return PushPlan(
+        tuple(tombstones.values()),
+        tuple(pins.values()),
+        tuple(offers),
+        tuple(refused),
+        tuple(deployments),
+    )
 
 
 def _ec_key(cert: x509.Certificate) -> ec.EllipticCurvePublicKey | None:

@@ -15,14 +15,15 @@ generation. Time is passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
+from .deployments import MAX_DEPLOYMENTS, Deployment
 from .inventory import Device, TopologyDomain
 
-__all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal"]
+__all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
 
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -36,6 +37,28 @@ class Engine(Struct, kw_only=True, frozen=True):
     url: Annotated[str, Meta(max_length=2048)]
     models: Annotated[list[_Name], Meta(max_length=4096)] = []
     up: bool = True
+
+
+class Replica(Struct, kw_only=True, frozen=True):
+    """An engine this node runs for a deployment, and the GPUs allocated to it (observed:
+    only the node that runs it says so, in its signed record)."""
+
+    id: Annotated[str, Meta(pattern=r"^rep_[0-9a-z]{26}$")]
+    deployment: _Name  # its name
+    deploymentId: Annotated[str, Meta(max_length=64)]
+    spec: Annotated[str, Meta(max_length=64)]  # the digest of the spec it was started with
+    allocation: Annotated[str, Meta(max_length=64)] = ""  # alc_ id of its GPUs
+    devices: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] = []
+    port: _Port = 0
+    state: Literal["starting", "ready", "failed", "stopping"] = "starting"
+    restarts: Annotated[int, Meta(ge=0)] = 0
+    engineVersion: Annotated[str, Meta(max_length=64)] = ""
+    error: Annotated[str, Meta(max_length=256)] = ""  # why it failed, in our own words
+    createdAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
+    running: Annotated[float, Meta(ge=0)] = 0.0  # engine load: requests running
+    waiting: Annotated[float, Meta(ge=0)] = 0.0  # requests queued
+    kvUsage: Annotated[float, Meta(ge=0)] | None = None  # 0..1, when the engine says
+    loadAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms of that reading; 0 never read
 
 
 class NodeRecord(Struct, kw_only=True, frozen=True):
@@ -56,6 +79,7 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     gpuNote: str | None = None  # why there are no devices, when there are none
     updatedAt: Annotated[int, Meta(ge=0)]  # epoch ms
     generation: Annotated[int, Meta(ge=1)]
+    replicas: Annotated[list[Replica], Meta(max_length=64)] = []
     # The owner's signature (broker/record_signing.py): base64url ECDSA P-256 over the record
     # with this field empty. Members take a record only when it verifies against its
     # owner's pinned certificate.
@@ -88,6 +112,7 @@ class RecordsPush(Struct, kw_only=True, frozen=True):
     certificates: Annotated[
         list[Annotated[str, Meta(max_length=16384)]], Meta(max_length=1024)
     ] = []
+    deployments: Annotated[list[Deployment], Meta(max_length=MAX_DEPLOYMENTS)] = []
 
 
 push_decoder: Final = msgspec.json.Decoder(RecordsPush)

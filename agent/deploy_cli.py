@@ -1,0 +1,141 @@
+"""`nvpair deploy`, `deployments`, `scale`, `undeploy`, `replicas`: deployments through the
+running agent's local API (any member: a declaration reaches every member)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.parse
+from typing import Any
+
+from . import cli_http
+
+__all__ = ["add_commands"]
+
+_GIB = 2**30
+
+
+def add_commands(commands: Any) -> None:
+    """Register the deployment commands on the top-level parser."""
+    deploy = commands.add_parser(
+        "deploy",
+        help="declare a deployment: engines launched on chosen GPUs",
+        description="Declare (or change) a deployment; extra engine arguments go after --.",
+    )
+    deploy.add_argument("name", help="the model name clients use")
+    deploy.add_argument("--model", required=True, help="what the engine loads: a path or an id")
+    deploy.add_argument(
+        "--engine", required=True, help="vllm, sglang, llama.cpp, mock, or a [templates] name"
+    )
+    deploy.add_argument("--gpus", type=int, default=1, help="GPUs per replica (default 1)")
+    deploy.add_argument("--tp", type=int, default=0, help="tensor-parallel size (default: --gpus)")
+    deploy.add_argument("--replicas", type=int, default=1)
+    deploy.add_argument("--node", default="", help="keep its replicas on this node (id or name)")
+    deploy.add_argument("--device-class", default="", help="e.g. h100-80gb-sxm")
+    deploy.add_argument(
+        "--one-domain", action="store_true", help="every GPU of a replica in one NVLink domain"
+    )
+    deploy.add_argument("--min-memory-gib", type=int, default=0, help="memory each GPU must have")
+    deploy.add_argument(
+        "--observe",
+        metavar="URL",
+        help="an engine that already runs there: record and watch it, never restart it",
+    )
+    deploy.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- ENGINE ARGS...")
+    deploy.set_defaults(run=_deploy)
+
+    listing = commands.add_parser("deployments", help="the declared deployments")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(run=_deployments)
+
+    scale = commands.add_parser("scale", help="change a deployment's replicas")
+    scale.add_argument("name")
+    scale.add_argument("replicas", type=int)
+    scale.set_defaults(run=_scale)
+
+    undeploy = commands.add_parser("undeploy", help="stop a deployment's replicas everywhere")
+    undeploy.add_argument("name")
+    undeploy.set_defaults(run=_undeploy)
+
+    replicas = commands.add_parser("replicas", help="every member's replicas")
+    replicas.add_argument("--json", action="store_true")
+    replicas.set_defaults(run=_replicas)
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    extra = list(args.engine_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    body = {
+        "name": args.name,
+        "engine": args.engine,
+        "source": args.model,
+        "args": extra,
+        "gpus": args.gpus,
+        "tp": args.tp,
+        "replicas": args.replicas,
+        "constraints": {
+            "node": args.node,
+            "deviceClass": args.device_class,
+            "oneDomain": args.one_domain,
+            "minMemory": args.min_memory_gib * _GIB,
+        },
+        "authority": "observed" if args.observe else "managed",
+        "url": args.observe or "",
+    }
+    made = cli_http.post("/v1/deployments", body)
+    print(f"deployment {made['name']} ({made['id']}) version {made['version']}: "
+          f"{made['replicas']} replica(s) x {made['gpus']} GPU(s)")  # fmt: skip
+    return 0
+
+
+def _deployments(args: argparse.Namespace) -> int:
+    deployments = cli_http.get("/v1/deployments")
+    if args.json:
+        print(json.dumps(deployments, indent=2))
+        return 0
+    rows = [["NAME", "ENGINE", "REPLICAS", "READY", "GPUS", "VERSION", "BY"]]
+    for d in deployments:
+        states = d.get("replicaStates", {})
+        rows.append(
+            [d["name"], d["engine"], str(d["replicas"]), str(states.get("ready", 0)),
+             str(d["gpus"]), str(d["version"]), d["by"][-8:]]
+        )  # fmt: skip
+    print(_table(rows))
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    made = cli_http.post(f"/v1/deployments/{name}/scale", {"replicas": args.replicas})
+    print(f"deployment {made['name']}: {made['replicas']} replica(s), version {made['version']}")
+    return 0
+
+
+def _undeploy(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    made = cli_http.post(f"/v1/deployments/{name}/undeploy", {})
+    print(f"deployment {made['undeployed']} undeployed (version {made['version']})")
+    return 0
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    replicas = cli_http.get("/v1/replicas")
+    if args.json:
+        print(json.dumps(replicas, indent=2))
+        return 0
+    rows = [["REPLICA", "DEPLOYMENT", "NODE", "STATE", "GPUS", "PORT", "RESTARTS", "ERROR"]]
+    for r in replicas:
+        rows.append(
+            [r["id"], r["deployment"], r["node"], r["state"], str(len(r["devices"])),
+             str(r["port"]), str(r["restarts"]), r.get("error", "")[:60]]
+        )  # fmt: skip
+    print(_table(rows))
+    return 0
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )

@@ -1,0 +1,118 @@
+"""Deployments across real agents (issue 13, item 1): declared on one member they reach
+every member and outlive restarts; concurrent edits at two members converge to one version
+everywhere; bad declarations get a clear 400 or 404 and change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from .harness import Node, eventually, make_node, start_cluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
+    root = tmp_path_factory.mktemp("deployments")
+    nodes = [make_node(root, name, None) for name in "abc"]
+    for node in nodes:
+        node.home.mkdir(parents=True)
+        (node.home / "nvpair.toml").write_text("[agent]\nheartbeat_s = 0.5\n")
+    async for started in start_cluster(nodes):
+        yield started
+
+
+async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(headers=node.owner) as session,
+        session.post(node.api + path, json=body) as response,
+    ):
+        text = await response.text()
+        return response.status, (await response.json() if response.status < 300 else text)
+
+
+async def declared(node: Node) -> dict[str, tuple[int, int, str]]:
+    return {
+        d["name"]: (d["version"], d["replicas"], d["by"]) for d in await node.get("/v1/deployments")
+    }
+
+
+async def same_everywhere(nodes: list[Node], name: str) -> bool:
+    views = [(await declared(n)).get(name) for n in nodes]
+    return views[0] is not None and all(v == views[0] for v in views)
+
+
+async def test_a_deployment_reaches_every_member_and_outlives_restarts(trio: list[Node]) -> None:
+    a, b, c = trio
+    code, made = await post(a, "/v1/deployments", {"name": "llama", "engine": "mock", "gpus": 0})
+    assert code == 201, made
+    assert made["by"] == await a.node_id()
+    assert "signature" not in made  # people see no signature
+    await eventually(lambda: same_everywhere(trio, "llama"), "every member holds llama")
+    await b.stop()
+    await b.start()
+    assert "llama" in await declared(b)  # from its own file, before any push
+    # the CLI lists it too, on another member
+    code, out, err = await c.cli("deployments")
+    assert code == 0, err
+    assert "llama" in out
+
+
+async def test_concurrent_edits_converge_to_one_version(trio: list[Node]) -> None:
+    a, b, c = trio
+    code, _ = await post(a, "/v1/deployments", {"name": "race", "engine": "mock", "gpus": 0})
+    assert code == 201
+    await eventually(lambda: same_everywhere(trio, "race"), "every member holds race")
+    # b and c scale it at the same moment, each from the version it holds
+    results = await asyncio.gather(
+        post(b, "/v1/deployments/race/scale", {"replicas": 2}),
+        post(c, "/v1/deployments/race/scale", {"replicas": 3}),
+    )
+    assert [code for code, _ in results] == [200, 200]
+    await eventually(lambda: same_everywhere(trio, "race"), "one version of race everywhere")
+    version, replicas, _ = (await declared(a))["race"]
+    assert version >= 2
+    assert replicas in (2, 3)
+
+
+async def test_bad_declarations_are_refused_with_nothing_changed(trio: list[Node]) -> None:
+    a = trio[0]
+    before = await declared(a)
+    for body in (
+        {"name": "x"},  # no engine
+        {"name": "x", "engine": "mock", "gpus": -1},
+        {"name": "x", "engine": "mock", "replicas": "many"},
+        {"name": "bad name!", "engine": "mock"},
+        {"name": "x", "engine": "mock", "prompt": "secret"},  # an unknown field
+        {"name": "x", "engine": "mock", "authority": "observed"},  # observed needs a url
+    ):
+        code, text = await post(a, "/v1/deployments", body)
+        assert code == 400, (body, code, text)
+    code, _ = await post(a, "/v1/deployments/nothing-here/scale", {"replicas": 1})
+    assert code == 404
+    code, _ = await post(a, "/v1/deployments/llama/scale", {"replicas": 99999})
+    assert code == 400
+    assert await declared(a) == before
+    # The control: a good one after them is taken.
+    assert (await post(a, "/v1/deployments", {"name": "x", "engine": "mock", "gpus": 0}))[0] == 201
+
+
+async def test_undeploy_holds_everywhere(trio: list[Node]) -> None:
+    a, b, _ = trio
+    code, out = await post(b, "/v1/deployments/llama/undeploy", {})
+    assert code == 200, out
+
+    async def gone() -> bool:
+        return all(["llama" not in await declared(n) for n in trio])
+
+    await eventually(gone, "llama is undeployed on every member")
+    await a.stop()
+    await a.start()  # a late push of an older version cannot bring it back
+    await eventually(lambda: same_everywhere(trio, "race"), "a is back in the cluster")
+    assert "llama" not in await declared(a)
