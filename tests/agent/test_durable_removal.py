@@ -28,7 +28,8 @@ async def test_a_removal_outlives_a_restart_and_reaches_a_member_that_was_down(
     d = make_node(tmp_path, "d", "l4:1")  # joins after the removal
     async for _ in start_cluster(nodes):
         try:
-            await scenario(*nodes, d)
+            a, b, c = nodes
+            await scenario(a, b, c, d)
         finally:
             await d.stop()
 
