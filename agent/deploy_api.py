@@ -52,10 +52,9 @@ def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[s
 def deployment_routes(
     deployments: Deployments,
     records: Callable[[], list[NodeRecord]],
-    changed: Callable[[], None],
 ) -> list[web.RouteDef]:
-    """The routes, over this node's `Deployments`; `changed` runs after a declaration here
-    (the push that tells the members)."""
+    """The routes, over this node's `Deployments` (whose `on_change` pushes a change to the
+    members) and the members' records."""
 
     async def listing(request: web.Request) -> web.Response:
         held = records()
@@ -67,7 +66,6 @@ def deployment_routes(
             made = deployments.declare(_request.decode(body))
         except (msgspec.DecodeError, msgspec.ValidationError, DeploymentRefused) as exc:
             raise web.HTTPBadRequest(text=f"{_reason(exc)}\n") from None
-        changed()
         return _json(deployment_view(made, records()), status=201)
 
     async def scale(request: web.Request) -> web.Response:
@@ -76,7 +74,6 @@ def deployment_routes(
             made = deployments.scale(request.match_info["name"], wanted)
         except (msgspec.DecodeError, msgspec.ValidationError, DeploymentRefused) as exc:
             raise _refused(exc) from None
-        changed()
         return _json(deployment_view(made, records()))
 
     async def undeploy(request: web.Request) -> web.Response:
@@ -84,7 +81,6 @@ def deployment_routes(
             made = deployments.undeploy(request.match_info["name"])
         except DeploymentRefused as exc:
             raise _refused(exc) from None
-        changed()
         return _json({"undeployed": made.name, "version": made.version})
 
     async def replicas(request: web.Request) -> web.Response:

@@ -94,7 +94,6 @@ class LocalPorts:
     plane: Callable[[], tuple[int, int] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
     deployments: Deployments | None = None
-    deployments_changed: Callable[[], None] = lambda: None
 
 
 class LocalApi:
@@ -129,11 +128,7 @@ class LocalApi:
         app.router.add_get("/v1/manager", self._manager)
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         if ports.deployments is not None:
-            app.router.add_routes(
-                deployment_routes(
-                    ports.deployments, ports.members.records, ports.deployments_changed
-                )
-            )
+            app.router.add_routes(deployment_routes(ports.deployments, ports.members.records))
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
             app,
