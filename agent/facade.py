@@ -27,7 +27,8 @@ import msgspec
 from aiohttp import web
 from ulid import ULID
 
-from scheduler import Refusal, Request, rank
+from scheduler import Cluster, Load, Refusal
+from scheduler.replicas import ReplicaView
 from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import Workload, WorkloadState
 
@@ -35,6 +36,7 @@ from .engines import Engines
 from .errors import MemberUnreachable
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
+from .routing import FAILOVER_STATUSES, Target, choose, sse_error
 from .view import SchedulingView
 
 __all__ = ["Facade", "facade_address", "openai_error"]
@@ -83,18 +85,24 @@ class Facade:
         node_id: str,
         view: SchedulingView,
         engines: Engines,
-        forward: Callable[[str, str, bytes], Any],
+        forward: Callable[[str, str, bytes, str], Any],
         submit: Callable[[str, Workload], None],
         host: str | None,
         port: int,
         api_keys: Mapping[str, str],
         queue_limit: int,
+        replicas: Callable[[], list[ReplicaView]] = list,
+        replica_url: Callable[[str], str | None] = lambda _: None,
     ) -> None:
         self.node_id = node_id
         self._view = view
         self._engines = engines
         self._forward = forward
         self._submit = submit
+        self._replicas = replicas
+        self._replica_url = replica_url
+        self.pending: dict[str, int] = {}  # replica id -> our requests running there
+        self.failovers = 0
         self.host = host
         self.port = port
         self.keys = {key: name for name, key in api_keys.items()}
@@ -164,35 +172,37 @@ class Facade:
         except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
             # RecursionError: msgspec's answer to JSON nested past the recursion limit.
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        cluster, load = self._view.current()
-        if model not in cluster.models():
-            return _refused(Refusal.MODEL_NOT_SERVED, model)
-        for node_id, count in self.in_flight.items():
-            load.add(node_id, count)
-        ranking = rank(Request(model, origin=self.node_id), cluster, load)
-        target = ranking.best
-        if target is None:
-            return _refused(ranking.refusal(), model)
-        engine_kind = self._view.engine_kind_for(target, model)
-        job = self._new_job(model, engine_kind, requester if isinstance(requester, str) else None)
+        targets = choose(
+            model,
+            replicas=self._replicas(),
+            pending=self.pending,
+            nodes=self._nodes,
+            origin=self.node_id,
+            kind_on=self._view.engine_kind_for,
+        )
+        if isinstance(targets, Refusal):
+            return _refused(targets, model)
+        job = self._new_job(
+            model, targets[0].kind, requester if isinstance(requester, str) else None
+        )
         self._emit("workload:submitted", job)
-        self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target, startedAt=_now_ms())
-        self._emit("workload:started", job)
-        self.in_flight[target] = self.in_flight.get(target, 0) + 1
-        handler = asyncio.current_task()
-        if handler is not None:
-            self._handlers.setdefault(target, set()).add(handler)
         outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
         try:
-            answer, outcome = await self._run(request, path, raw, target, model)
-            return answer
+            for attempt, target in enumerate(targets):
+                if attempt:
+                    self.failovers += 1
+                    log.warning("failing over to %s", target.replica or target.node_id)
+                self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
+                              startedAt=job.record.startedAt or _now_ms())  # fmt: skip
+                self._emit("workload:started", job)  # each target in the job's history
+                answer, outcome = await self._attempt(request, path, raw, target, model)
+                if answer is not None:
+                    return answer
+            return openai_error(502, (outcome[1] or JobError.INTERNAL).value, "server_error")
         except asyncio.CancelledError:
             outcome = (WorkloadState.CANCELLED, JobError.CANCELLED)
             raise
         finally:
-            self.in_flight[target] -= 1
-            if handler is not None:
-                self._handlers.get(target, set()).discard(handler)
             # The error is a phrase of the closed vocabulary, never an engine's words.
             state, error = outcome
             self._advance(
@@ -205,6 +215,30 @@ class Facade:
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,
             )
+
+    def _nodes(self) -> tuple[Cluster, Load]:
+        cluster, load = self._view.current()
+        for node_id, count in self.in_flight.items():
+            load.add(node_id, count)
+        return cluster, load
+
+    async def _attempt(
+        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | None, tuple[WorkloadState, JobError | None]]:
+        """One target; no answer (None) when it failed before any byte reached the client."""
+        node, replica = target.node_id, target.replica
+        self.in_flight[node] = self.in_flight.get(node, 0) + 1
+        self.pending[replica] = self.pending.get(replica, 0) + 1
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.setdefault(node, set()).add(handler)
+        try:
+            return await self._run(request, path, raw, target, model)
+        finally:
+            self.in_flight[node] -= 1
+            self.pending[replica] -= 1
+            if handler is not None:
+                self._handlers.get(node, set()).discard(handler)
 
     def cancel_on(self, target: str) -> int:
         """Cancel our requests running on `target` (a forced drain); their jobs: cancelled."""
@@ -223,7 +257,8 @@ class Facade:
             model = _body_decoder.decode(raw)["model"]
         except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
             return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        url = self._engines.url_for(str(model))
+        replica = request.headers.get("X-Nvpair-Replica", "")
+        url = self._replica_url(replica) if replica else self._engines.url_for(str(model))
         if url is None:
             return openai_error(503, "no engine here serves the model", "server_error")
         self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
@@ -237,25 +272,32 @@ class Facade:
             self.in_flight[self.node_id] -= 1
 
     async def _run(
-        self, request: web.Request, path: str, raw: bytes, target: str, model: str
-    ) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
+        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | None, tuple[WorkloadState, JobError | None]]:
+        local = target.node_id == self.node_id
         try:
-            if target == self.node_id:
-                url = self._engines.url_for(model)
+            if local:
+                url = self._replica_url(target.replica) if target.replica else None
+                url = url or self._engines.url_for(model)
                 if url is None:
-                    return openai_error(503, "no engine here serves the model", "server_error"), (
-                        WorkloadState.FAILED, JobError.NO_ENGINE)  # fmt: skip
+                    return None, (WorkloadState.FAILED, JobError.NO_ENGINE)
                 upstream = self._engines.post(url, path, raw)
             else:
-                upstream = self._forward(target, path, raw)
+                upstream = self._forward(target.node_id, path, raw, target.replica)
             async with upstream as reply:
+                if reply.status in FAILOVER_STATUSES:
+                    return None, (WorkloadState.FAILED, for_status(reply.status))
                 return await _relay(request, reply)
         except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
-            error = for_exception(exc, local=target == self.node_id)
+            error = for_exception(exc, local=local)
             log.warning(
-                "request %s on %s failed: %s (%s)", path, target, error.value, type(exc).__name__
+                "request %s on %s failed: %s (%s)",
+                path,
+                target.replica or target.node_id,
+                error.value,
+                type(exc).__name__,
             )
-            return openai_error(502, error.value, "server_error"), (WorkloadState.FAILED, error)
+            return None, (WorkloadState.FAILED, error)
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -325,8 +367,15 @@ async def _relay(
             headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
         )
         await response.prepare(request)
-        async for chunk in reply.content.iter_any():
-            await response.write(chunk)
+        try:
+            async for chunk in reply.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # Bytes reached the client: no failover now. End the stream as OpenAI does.
+            error = for_exception(exc, local=True)
+            await response.write(sse_error(error.value))
+            await response.write_eof()
+            return response, (WorkloadState.FAILED, error)
         await response.write_eof()
         return response, (WorkloadState.COMPLETED, None)
     body = await reply.read()

@@ -65,7 +65,7 @@ async def rig(engine: MockEngine, queue_limit: int = 8) -> Rig:
         remote_load=dict,
     )
 
-    def forward(node: str, path: str, body: bytes) -> object:
+    def forward(node: str, path: str, body: bytes, replica: str) -> object:
         raise MemberUnreachable(node)  # one node: nothing is forwarded
 
     events: list[tuple[str, Workload]] = []
