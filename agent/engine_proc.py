@@ -1,0 +1,393 @@
+"""The engine supervisor: one model-server process per replica on this node (docs/engines.md).
+
+`launch(spec)` renders the replica's template, picks a port, spawns the engine with
+`CUDA_VISIBLE_DEVICES` set to its GPUs' UUIDs in its own session with its output in
+`$NVPAIR_HOME/replicas/<replica>/engine.log`, and waits until its readiness path answers 200
+(`starting -> ready`). An engine that exits after it was ready is restarted with the
+workload manager's backoff (`broker.restarts`); five exits within a minute is a crash loop,
+and the replica is `failed` with its log's last lines, not restarted forever. One that never
+becomes ready, or exits before it ever was, is `failed` at once: a wrong model path or flag
+is not fixed by starting it again. `stop()` sends SIGTERM to the engine's process group and
+SIGKILL after the grace.
+
+Engines outlive the agent: `aclose()` only stops watching them, and `adopt()` in the next
+agent takes back every engine whose `proc.json` names a live process (same pid, start time
+and boot), cleaning up the rest; the caller then says which replicas should exist
+(`retain()`). A replica id already running is never started twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+import msgspec
+
+from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
+
+from .engine_proc_files import ProcRecord, ReplicaFiles, replica_dirs
+from .engine_proc_os import Exit, PortPool, ProcessId, exit_of, is_alive, signal_group, spawn
+from .engine_proc_state import (
+    ReplicaState,
+    ReplicaStatus,
+    TooManyReplicas,
+    UnknownTemplate,
+    check_transition,
+)
+from .templates import BUILTIN_TEMPLATES, LaunchSpec, LaunchTemplate, render
+
+__all__ = ["EngineSupervisor", "LaunchSpec", "ReplicaState", "ReplicaStatus"]
+
+log = logging.getLogger(__name__)
+
+MAX_REPLICAS: Final = 64  # per node: more GPUs than any node has
+MAX_RESTARTS: Final = 100  # over a replica's life, even when each crash is a minute apart
+POLL_S: Final = 0.2
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, for the kernel to take the process down
+PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=2)
+
+_S = ReplicaState
+
+
+@dataclass(eq=False)
+class _Replica:
+    spec: LaunchSpec  # its port filled in
+    template: LaunchTemplate
+    files: ReplicaFiles
+    policy: RestartPolicy
+    adopted: bool = False
+    state: ReplicaState = _S.STARTING
+    process: ProcessId | None = None
+    restarts: int = 0
+    last_error: str | None = None
+    log_tail: tuple[str, ...] = ()
+    task: asyncio.Task[None] | None = None
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class _NotReady:
+    waited_s: float
+
+
+class EngineSupervisor:
+    """This node's engine processes, one per replica; `aclose()` leaves them running."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        templates: Mapping[str, LaunchTemplate] = BUILTIN_TEMPLATES,
+        port_range: tuple[int, int] = (18000, 18999),
+        stop_grace_s: float = 30.0,
+        restart_base_s: float = 0.5,
+        max_replicas: int = MAX_REPLICAS,
+        on_change: Callable[[], None] = lambda: None,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.home = home
+        self._templates = dict(templates)
+        self._ports = PortPool(*port_range)
+        self._grace_s = stop_grace_s
+        self._restart_base_s = restart_base_s
+        self._max_replicas = max_replicas
+        self._on_change = on_change
+        self._poll_s = poll_s
+        self._replicas: dict[str, _Replica] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- what callers see
+
+    def replicas(self) -> list[ReplicaStatus]:
+        """Every replica this supervisor holds, by id."""
+        return [self._status(r) for _, r in sorted(self._replicas.items())]
+
+    def status(self, replica_id: str) -> ReplicaStatus | None:
+        """One replica, or None when it is not here."""
+        replica = self._replicas.get(replica_id)
+        return None if replica is None else self._status(replica)
+
+    def logs(self, replica_id: str) -> Path:
+        """The replica's `engine.log` (kept after it stops; rotated to `engine.log.1..3`)."""
+        return self._files(replica_id).log
+
+    # -- what callers ask
+
+    def launch(self, spec: LaunchSpec) -> ReplicaStatus:
+        """Start the replica's engine; a replica already here (in any state) is left as is.
+
+        Raises `UnknownTemplate`, `TooManyReplicas` or `NoFreePort`, before anything runs.
+        """
+        existing = self._replicas.get(spec.replica_id)
+        if existing is not None:
+            return self._status(existing)
+        template = self._templates.get(spec.kind)
+        if template is None:
+            known = ", ".join(sorted(self._templates))
+            raise UnknownTemplate(f"{spec.replica_id}: no template {spec.kind!r} ({known})")
+        if len(self._replicas) >= self._max_replicas:
+            raise TooManyReplicas(f"this node runs {self._max_replicas} replicas already")
+        port = self._ports.take(spec.replica_id, spec.port)
+        replica = self._add(msgspec.structs.replace(spec, port=port), template, adopted=False)
+        replica.task = asyncio.create_task(self._run(replica, None), name=spec.replica_id)
+        self._changed()
+        return self._status(replica)
+
+    def adopt(self) -> list[str]:
+        """Take back the engines a previous agent left running; clean up the other records.
+
+        Call once at start, before `launch()`. Returns the ids adopted.
+        """
+        adopted = []
+        for files in replica_dirs(self.home):
+            record = files.read_record()
+            process = None if record is None else _process_of(record)
+            if record is None or process is None or record.spec.replica_id != files.replica_id:
+                log.warning("%s: unreadable proc.json; removing it", files.record)
+                files.remove_record()
+            elif not is_alive(process):
+                log.info("%s: pid %d is gone; removing its record", files.replica_id, record.pid)
+                signal_group(process, signal.SIGKILL)  # anything it forked and left behind
+                files.remove_record()
+            elif files.replica_id not in self._replicas:
+                self._adopt_one(files, record, process)
+                adopted.append(files.replica_id)
+        if adopted:
+            self._changed()
+        return adopted
+
+    async def stop(self, replica_id: str) -> None:
+        """SIGTERM the replica's process group, SIGKILL after the grace; returns once gone."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        if replica.state is _S.STOPPING:
+            await replica.gone.wait()
+            return
+        self._set(replica, _S.STOPPING)
+        if replica.task is not None:
+            replica.task.cancel()
+            await asyncio.wait([replica.task])
+        if replica.process is not None:
+            await self._terminate(replica.process)
+        replica.files.remove_record()
+        self._ports.release(replica_id)
+        del self._replicas[replica_id]
+        replica.gone.set()
+        log.info("%s: stopped", replica_id)
+        self._changed()
+
+    async def retain(self, replica_ids: Iterable[str]) -> list[str]:
+        """Stop every replica not in `replica_ids` (at once); returns the ids stopped."""
+        keep = set(replica_ids)
+        extra = [rid for rid in self._replicas if rid not in keep]
+        await asyncio.gather(*(self.stop(rid) for rid in extra))
+        return extra
+
+    async def aclose(self) -> None:
+        """Stop watching; the engines keep running and the next `adopt()` finds them."""
+        tasks = [r.task for r in self._replicas.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._replicas.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- one replica's life
+
+    async def _run(self, replica: _Replica, process: ProcessId | None) -> None:
+        ever_ready = process is not None  # an adopted engine was serving before
+        while True:
+            if process is None:
+                process = self._spawn(replica)
+                if process is None:
+                    return
+            started = time.monotonic()
+            outcome = await self._until_ready(replica, process)
+            if outcome is None:
+                ever_ready = True
+                self._set(replica, _S.READY)
+                outcome = await self._until_exit(replica, process)
+            if isinstance(outcome, _NotReady):
+                await self._terminate(process)
+                path = replica.template.ready_path
+                self._fail(replica, f"not ready within {outcome.waited_s:g}s (GET {path})")
+                return
+            signal_group(process, signal.SIGKILL)  # what it forked goes with it
+            replica.process = None
+            why = f"the engine {outcome.describe()}"
+            if not ever_ready:
+                self._fail(replica, f"{why} before it was ever ready")
+                return
+            step = replica.policy.exited(started=started, now=time.monotonic())
+            if step.crash_loop or replica.restarts >= MAX_RESTARTS:
+                loop = f"{CRASH_LOOP_EXITS} exits within {CRASH_WINDOW_S:g}s"
+                self._fail(replica, f"crash loop: {why} ({loop}; {replica.restarts} restarts)")
+                return
+            replica.restarts += 1
+            replica.last_error = why
+            log.warning("%s: %s; restart %d in %.1fs", replica.spec.replica_id, why,
+                        replica.restarts, step.delay_s)  # fmt: skip
+            self._set(replica, _S.STARTING)
+            await asyncio.sleep(step.delay_s)  # the backoff itself, not a synchronisation
+            process = None
+
+    def _spawn(self, replica: _Replica) -> ProcessId | None:
+        spec = replica.spec
+        if not replica.template.argv:  # adopted, and its template left nvpair.toml since
+            self._fail(replica, f"no template {spec.kind!r} to start it with")
+            return None
+        argv, extra_env = render(replica.template, spec)
+        env = {**os.environ, **extra_env}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)  # "" hides every GPU
+        env["NVPAIR_REPLICA"] = spec.replica_id  # so `ps e` and the operator can tell
+        fd = replica.files.open_log()
+        try:
+            os.write(fd, f"--- nvpair: starting {spec.replica_id}: {argv!r}\n".encode())
+            process = spawn(argv, env, fd)
+        except OSError as exc:
+            self._fail(replica, f"could not start {argv[0]!r}: {exc.strerror or exc}")
+            return None
+        finally:
+            os.close(fd)
+        replica.process = process
+        replica.files.write_record(_record_of(replica, process))
+        log.info("%s: started pid %d on port %d", spec.replica_id, process.pid, spec.port)
+        self._changed()
+        return process
+
+    async def _until_ready(self, replica: _Replica, process: ProcessId) -> Exit | _NotReady | None:
+        # None once ready; the exit when it ended first; _NotReady after the timeout.
+        started = time.monotonic()
+        while True:
+            if (ended := exit_of(process)) is not None:
+                return ended
+            if await self._answers(replica):
+                return None
+            if (waited := time.monotonic() - started) > replica.template.ready_timeout_s:
+                return _NotReady(round(waited, 1))
+            replica.files.rotate_if_large()
+            await asyncio.sleep(self._poll_s)
+
+    async def _until_exit(self, replica: _Replica, process: ProcessId) -> Exit:
+        while (ended := exit_of(process)) is None:
+            replica.files.rotate_if_large()
+            await asyncio.sleep(self._poll_s)
+        return ended
+
+    async def _terminate(self, process: ProcessId) -> None:
+        signal_group(process, signal.SIGTERM)
+        if not await self._gone_within(process, self._grace_s):
+            log.warning("pid %d ignored SIGTERM for %.1fs; killing it", process.pid, self._grace_s)
+            signal_group(process, signal.SIGKILL)
+            await self._gone_within(process, KILL_WAIT_S)
+        signal_group(process, signal.SIGKILL)  # the leader is gone: whatever it left behind
+
+    async def _gone_within(self, process: ProcessId, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while exit_of(process) is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(min(self._poll_s, 0.05))
+        return True
+
+    async def _answers(self, replica: _Replica) -> bool:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=PROBE_TIMEOUT)
+        url = f"http://127.0.0.1:{replica.spec.port}{replica.template.ready_path}"
+        try:
+            async with self._session.get(url, allow_redirects=False) as response:
+                return response.status == 200  # llama.cpp's 503 while loading: not yet
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    # -- bookkeeping
+
+    def _add(self, spec: LaunchSpec, template: LaunchTemplate, *, adopted: bool) -> _Replica:
+        replica = _Replica(
+            spec=spec,
+            template=template,
+            files=self._files(spec.replica_id),
+            policy=RestartPolicy(base_s=self._restart_base_s),
+            adopted=adopted,
+        )
+        self._replicas[spec.replica_id] = replica
+        return replica
+
+    def _adopt_one(self, files: ReplicaFiles, record: ProcRecord, process: ProcessId) -> None:
+        spec = record.spec
+        # The template it was started with may be gone from nvpair.toml: readiness is
+        # checked on the path recorded at its start.
+        template = self._templates.get(spec.kind) or LaunchTemplate(spec.kind, ())
+        template = dataclasses.replace(template, ready_path=record.ready_path)
+        self._ports.claim(spec.replica_id, record.port)
+        replica = self._add(spec, template, adopted=True)
+        replica.process, replica.restarts = process, record.restarts
+        replica.task = asyncio.create_task(self._run(replica, process), name=spec.replica_id)
+        log.info("%s: adopted pid %d on port %d", spec.replica_id, process.pid, record.port)
+
+    def _files(self, replica_id: str) -> ReplicaFiles:
+        return ReplicaFiles(self.home / "replicas" / replica_id)
+
+    def _set(self, replica: _Replica, state: ReplicaState) -> None:
+        check_transition(replica.state, state)
+        replica.state = state
+        self._changed()
+
+    def _fail(self, replica: _Replica, why: str) -> None:
+        replica.process = None
+        replica.last_error = why
+        replica.log_tail = replica.files.tail()
+        replica.files.remove_record()  # no process: nothing for the next agent to adopt
+        log.error("%s: failed: %s", replica.spec.replica_id, why)
+        self._set(replica, _S.FAILED)
+
+    def _changed(self) -> None:
+        try:
+            self._on_change()
+        except Exception:  # an observer's bug must not stop the supervision
+            log.exception("on_change raised")
+
+    def _status(self, replica: _Replica) -> ReplicaStatus:
+        return ReplicaStatus(
+            replica_id=replica.spec.replica_id,
+            kind=replica.spec.kind,
+            served=replica.spec.served,
+            state=replica.state,
+            port=replica.spec.port,
+            pid=None if replica.process is None else replica.process.pid,
+            restarts=replica.restarts,
+            adopted=replica.adopted,
+            last_error=replica.last_error,
+            log_tail=replica.log_tail,
+        )
+
+
+def _record_of(replica: _Replica, process: ProcessId) -> ProcRecord:
+    return ProcRecord(
+        pid=process.pid,
+        start_ticks=process.start_ticks,
+        boot_id=process.boot_id,
+        port=replica.spec.port,
+        ready_path=replica.template.ready_path,
+        spec=replica.spec,
+        restarts=replica.restarts,
+    )
+
+
+def _process_of(record: ProcRecord) -> ProcessId | None:
+    if record.pid <= 1 or record.start_ticks < 0:
+        return None
+    return ProcessId(record.pid, record.start_ticks, record.boot_id)

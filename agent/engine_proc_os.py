@@ -1,0 +1,197 @@
+"""The operating-system side of engine processes: spawning one in its own session, telling
+whether a pid is still the process we started, signalling its group, and picking ports.
+
+An engine must outlive the agent (a `kill -9` of the agent, or an upgrade, must not take the
+models down), so it is spawned with `setsid` (its own session and process group: the
+agent's death sends it no signal, and a stop signals every process the engine forked) with
+its output going straight to a file, not through a pipe the agent would have to keep
+reading. It is still our child while we live, so exits are reaped with `waitpid`; once the
+agent is gone its children belong to init, and the next agent watches them through `/proc`.
+
+A pid is only an identity together with the process's start time (`/proc/<pid>/stat` field
+22, clock ticks since boot) and the boot id: a pid reused by another program after a crash
+or a reboot is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from .engine_proc_state import NoFreePort
+
+__all__ = ["Exit", "PortPool", "ProcessId", "exit_of", "is_alive", "signal_group", "spawn"]
+
+_PROC: Final = Path("/proc")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessId:
+    """A process as we know it: its pid, when it started, and on which boot."""
+
+    pid: int
+    start_ticks: int
+    boot_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """A process that is gone: its exit status when it was our child, else None."""
+
+    code: int | None
+
+    def describe(self) -> str:
+        """ "exited with status 1", "was killed by SIGKILL" or "is gone"."""
+        if self.code is None:
+            return "is gone (not our child: its status is unknown)"
+        if self.code < 0:
+            try:
+                name = signal.Signals(-self.code).name
+            except ValueError:
+                name = f"signal {-self.code}"
+            return f"was killed by {name}"
+        return f"exited with status {self.code}"
+
+
+def boot_id() -> str:
+    """This boot's id (a pid and start time only name a process within one boot)."""
+    try:
+        return (_PROC / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    # (state, start time in ticks) from /proc/<pid>/stat; the command name is in parentheses
+    # and may hold spaces or ')' itself, so the fields start after the *last* ')'.
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])  # field 3 (state) and field 22 (starttime)
+
+
+def identify(pid: int) -> ProcessId | None:
+    """The identity of a running process, or None when there is no such pid."""
+    stat = _stat(pid)
+    return None if stat is None else ProcessId(pid, stat[1], boot_id())
+
+
+def is_alive(process: ProcessId) -> bool:
+    """The process is running (not a zombie) and is the one that started at `start_ticks`."""
+    stat = _stat(process.pid)
+    if stat is None or process.boot_id != boot_id():
+        return False
+    state, start_ticks = stat
+    return start_ticks == process.start_ticks and state not in ("Z", "X")
+
+
+def exit_of(process: ProcessId) -> Exit | None:
+    """None while the process runs; its `Exit` once it is gone (reaped if it was our child)."""
+    try:
+        pid, status = os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if is_alive(process) else Exit(None)  # adopted: init reaps it
+    if pid == 0:
+        return None
+    return Exit(os.waitstatus_to_exitcode(status))
+
+
+def signal_group(process: ProcessId, signum: int) -> None:
+    """Send `signum` to the engine's process group (its pid: it leads its own session).
+
+    The group outlives its leader when the engine forked workers (vLLM's tensor-parallel
+    ranks), so a group whose leader is gone is still signalled: a group id is never reused
+    while a process is in it, so this reaches only what the engine started.
+    """
+    if process.boot_id != boot_id():
+        return
+    stat = _stat(process.pid)
+    if stat is not None and stat[1] != process.start_ticks:
+        return  # the pid is someone else's now; their group is not ours to signal
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_fd: int) -> ProcessId:
+    """Start `argv` in a new session, stdin from /dev/null, stdout and stderr into `log_fd`.
+
+    `posix_spawnp` rather than a `Process` object: nothing in the agent holds the child's
+    pipes or warns when it is left running, which is what an engine does when the agent
+    stops. A program that is not found raises `FileNotFoundError` here, at once.
+    """
+    pid = os.posix_spawnp(
+        argv[0],
+        list(argv),
+        dict(env),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ],
+        setsid=True,
+    )
+    found = identify(pid)
+    # A child that has already exited is still a zombie with its stat until it is reaped.
+    return found if found is not None else ProcessId(pid, -1, boot_id())
+
+
+class PortPool:
+    """Ports for replicas from `[engines] port_range`: one per replica, never one in use.
+
+    A port is free when no replica holds it and a bind test on 127.0.0.1 succeeds (another
+    program's listener is skipped). The search goes round the range from where it last
+    stopped, so a port just given back is not handed out again at once.
+    """
+
+    def __init__(self, low: int, high: int) -> None:
+        if not 0 < low <= high <= 65535:
+            raise ValueError(f"port range {low}-{high}")
+        self.low, self.high = low, high
+        self._held: dict[str, int] = {}
+        self._next = low
+
+    def take(self, owner: str, wanted: int = 0) -> int:
+        """A port for `owner` (`wanted` when it is free or already `owner`'s)."""
+        if owner in self._held:
+            return self._held[owner]
+        size = self.high - self.low + 1
+        candidates: Iterable[int] = (
+            self.low + (self._next - self.low + n) % size for n in range(size)
+        )
+        if wanted:
+            candidates = [wanted]
+        taken = set(self._held.values())
+        for port in candidates:
+            if port not in taken and _bindable(port):
+                self._held[owner] = port
+                self._next = port + 1 if port < self.high else self.low
+                return port
+        what = f"port {wanted}" if wanted else f"every port of {self.low}-{self.high}"
+        raise NoFreePort(f"{owner}: {what} is taken (by a replica or another program)")
+
+    def claim(self, owner: str, port: int) -> None:
+        """Record `port` as `owner`'s without a bind test (an adopted engine listens on it)."""
+        self._held[owner] = port
+
+    def release(self, owner: str) -> None:
+        """`owner` no longer holds a port."""
+        self._held.pop(owner, None)
+
+
+def _bindable(port: int) -> bool:
+    # SO_REUSEADDR as servers set it: a port in TIME_WAIT is free, one with a listener is not.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

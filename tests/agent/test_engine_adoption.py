@@ -1,0 +1,148 @@
+"""Engines outlive the agent (issue 13, item 3): a new supervisor on the same home adopts
+the engines still running (pid + start time), never starts a second one, cleans up stale
+records without signalling a reused pid; and every file it writes is private."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent.engine_proc import ReplicaState
+from agent.engine_proc_files import ProcRecord, ReplicaFiles
+from agent.engine_proc_os import PortPool, boot_id, identify
+from agent.engine_proc_state import NoFreePort
+from tests.agent.engine_harness import Harness, open_harness, serves, state_of
+from tests.fixtures.waiting import eventually
+from tests.workload_manager.cluster_harness import free_port
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with open_harness(tmp_path) as opened:
+        yield opened
+
+
+async def test_a_new_supervisor_adopts_the_running_engine_without_a_second_one(
+    harness: Harness,
+) -> None:
+    first = harness.supervisor()
+    spec = harness.spec("ad", "mock")
+    first.launch(spec)
+    await eventually(
+        lambda: state_of(first, spec)().state is ReplicaState.READY, "ready under the first"
+    )
+    pid = state_of(first, spec)().pid
+    await first.aclose()  # the agent goes away without stopping its engines
+    assert list(harness.pids()) == [pid]
+
+    second = harness.supervisor()
+    assert second.adopt() == [spec.replica_id]
+    current = state_of(second, spec)
+    assert (current().pid, current().adopted) == (pid, True)
+    await eventually(lambda: current().state is ReplicaState.READY, "ready again, adopted")
+    assert second.launch(spec).pid == pid  # the caller's launch is a no-op
+    assert list(harness.pids()) == [pid]
+    assert await serves(current().url, "model-ad")
+    assert await second.retain([]) == [spec.replica_id]  # it should not exist: stopped
+    assert not harness.pids()
+
+
+async def test_an_adopted_engine_that_dies_is_restarted(harness: Harness) -> None:
+    first = harness.supervisor()
+    spec = harness.spec("ar", "mock")
+    first.launch(spec)
+    await eventually(lambda: state_of(first, spec)().state is ReplicaState.READY, "ready")
+    pid = state_of(first, spec)().pid
+    assert pid is not None
+    await first.aclose()
+    second = harness.supervisor()
+    second.adopt()
+    current = state_of(second, spec)
+    os.kill(pid, signal.SIGKILL)
+    await eventually(
+        lambda: current().restarts == 1 and current().state is ReplicaState.READY,
+        "restarted by the adopting supervisor",
+    )
+    assert list(harness.pids()) == [current().pid]
+
+
+def test_stale_records_are_cleaned_up_and_their_pid_left_alone(harness: Harness) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    me = identify(os.getpid())
+    assert me is not None
+    records = {
+        "dead": (int(dead.stdout), 12345),
+        "reused": (os.getpid(), me.start_ticks + 1),  # a live pid, but another process now
+    }
+    for name, (pid, ticks) in records.items():
+        spec = harness.spec(name, "mock", port=harness.port_range[0])
+        ReplicaFiles(harness.home / "replicas" / spec.replica_id).write_record(
+            ProcRecord(
+                pid=pid,
+                start_ticks=ticks,
+                boot_id=boot_id(),
+                port=spec.port,
+                ready_path="/v1/models",
+                spec=spec,
+            )
+        )
+    garbage = harness.home / "replicas" / "rep_garbage"
+    garbage.mkdir()
+    (garbage / "proc.json").write_text("{not json")
+    supervisor = harness.supervisor()
+    assert supervisor.adopt() == []
+    assert supervisor.replicas() == []
+    assert list((harness.home / "replicas").glob("*/proc.json")) == []
+    assert identify(os.getpid()) == me  # we were not signalled
+
+
+async def test_files_are_private_under_umask_000(harness: Harness) -> None:
+    old = os.umask(0)
+    try:
+        supervisor = harness.supervisor()
+        spec = harness.spec("m", "fake")
+        supervisor.launch(spec)
+        await eventually(lambda: state_of(supervisor, spec)().pid is not None, "spawned")
+        files = ReplicaFiles(harness.home / "replicas" / spec.replica_id)
+        files.log.write_bytes(b"x" * 200)  # the engine appends; make it big enough to rotate
+        assert files.rotate_if_large(limit=100)
+        assert files.log.stat().st_size == 0
+        assert files.log.with_name("engine.log.1").read_bytes() == b"x" * 100
+    finally:
+        os.umask(old)
+    modes = {
+        p.relative_to(harness.home).as_posix(): stat.S_IMODE(p.stat().st_mode)
+        for p in (harness.home / "replicas").rglob("*")
+    }
+    modes["replicas"] = stat.S_IMODE((harness.home / "replicas").stat().st_mode)
+    rid = spec.replica_id
+    assert {f"replicas/{rid}/{n}" for n in ("engine.log", "engine.log.1", "proc.json")} <= set(
+        modes
+    )
+    wrong = {path: f"{mode:04o}" for path, mode in modes.items()
+             if mode != (0o700 if (harness.home / path).is_dir() else 0o600)}  # fmt: skip
+    assert wrong == {}
+
+
+def test_the_port_pool_skips_ports_in_use_and_held() -> None:
+    low = free_port()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", low))
+        listener.listen()
+        pool = PortPool(low, low + 2)
+        assert pool.take("a") == low + 1
+        assert pool.take("a") == low + 1
+        assert pool.take("b") == low + 2
+        with pytest.raises(NoFreePort, match="taken"):
+            pool.take("c")
+        pool.release("a")
+        assert pool.take("c") == low + 1
