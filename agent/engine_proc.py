@@ -34,7 +34,7 @@ import msgspec
 
 from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
 
-from .engine_proc_files import ProcRecord, ReplicaFiles, replica_dirs
+from .engine_proc_files import KEEP_STOPPED, ProcRecord, ReplicaFiles, prune_stopped, replica_dirs
 from .engine_proc_os import Exit, PortPool, ProcessId, exit_of, is_alive, signal_group, spawn
 from .engine_proc_state import (
     ReplicaState,
@@ -43,7 +43,7 @@ from .engine_proc_state import (
     UnknownTemplate,
     check_transition,
 )
-from .templates import BUILTIN_TEMPLATES, LaunchSpec, LaunchTemplate, render
+from .templates import BUILTIN_TEMPLATES, LaunchSpec, LaunchTemplate, check_replica_id, render
 
 __all__ = ["EngineSupervisor", "LaunchSpec", "ReplicaState", "ReplicaStatus"]
 
@@ -93,6 +93,7 @@ class EngineSupervisor:
         max_replicas: int = MAX_REPLICAS,
         on_change: Callable[[], None] = lambda: None,
         poll_s: float = POLL_S,
+        keep_stopped: int = KEEP_STOPPED,
     ) -> None:
         self.home = home
         self._templates = dict(templates)
@@ -102,6 +103,7 @@ class EngineSupervisor:
         self._max_replicas = max_replicas
         self._on_change = on_change
         self._poll_s = poll_s
+        self._keep_stopped = keep_stopped
         self._replicas: dict[str, _Replica] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -137,6 +139,8 @@ class EngineSupervisor:
         if len(self._replicas) >= self._max_replicas:
             raise TooManyReplicas(f"this node runs {self._max_replicas} replicas already")
         port = self._ports.take(spec.replica_id, spec.port)
+        running = {*self._replicas, spec.replica_id}
+        prune_stopped(self.home, keep=self._keep_stopped, running=running)
         replica = self._add(msgspec.structs.replace(spec, port=port), template, adopted=False)
         replica.task = asyncio.create_task(self._run(replica, None), name=spec.replica_id)
         self._changed()
@@ -181,7 +185,7 @@ class EngineSupervisor:
             await self._terminate(replica.process)
         replica.files.remove_record()
         self._ports.release(replica_id)
-        del self._replicas[replica_id]
+        self._replicas.pop(replica_id, None)
         replica.gone.set()
         log.info("%s: stopped", replica_id)
         self._changed()
@@ -339,7 +343,7 @@ class EngineSupervisor:
         log.info("%s: adopted pid %d on port %d", spec.replica_id, process.pid, record.port)
 
     def _files(self, replica_id: str) -> ReplicaFiles:
-        return ReplicaFiles(self.home / "replicas" / replica_id)
+        return ReplicaFiles(self.home / "replicas" / check_replica_id(replica_id))
 
     def _set(self, replica: _Replica, state: ReplicaState) -> None:
         check_transition(replica.state, state)

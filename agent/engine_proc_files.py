@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +26,22 @@ from certs import make_private_dir, write_atomic
 
 from .templates import LaunchSpec
 
-__all__ = ["LOG_BYTES", "LOG_KEEP", "ProcRecord", "ReplicaFiles", "replica_dirs"]
+__all__ = [
+    "KEEP_STOPPED",
+    "LOG_BYTES",
+    "LOG_KEEP",
+    "ProcRecord",
+    "ReplicaFiles",
+    "prune_stopped",
+    "replica_dirs",
+]
 
 LOG_BYTES: Final = 10 * 1024 * 1024  # rotate engine.log past this size
 LOG_KEEP: Final = 3  # engine.log.1 .. engine.log.3
 TAIL_LINES: Final = 20
 TAIL_BYTES: Final = 4096
 MAX_RECORD_BYTES: Final = 256 * 1024
+KEEP_STOPPED: Final = 64  # stopped replicas whose logs stay for `nvpair logs`
 
 
 class ProcRecord(msgspec.Struct, kw_only=True, frozen=True):
@@ -145,3 +155,20 @@ def replica_dirs(home: Path) -> Iterator[ReplicaFiles]:
         files = ReplicaFiles(entry)
         if entry.is_dir() and files.record.exists():
             yield files
+
+
+def prune_stopped(home: Path, *, keep: int, running: set[str]) -> list[str]:
+    """Remove the directories of stopped replicas (no `proc.json`, not `running`) beyond the
+    `keep` most recently changed: each holds up to 40 MiB of logs, and ids are not reused."""
+    root = home / "replicas"
+    try:
+        entries = [e for e in root.iterdir() if e.is_dir() and e.name not in running]
+    except FileNotFoundError:
+        return []
+    stopped = [e for e in entries if not ReplicaFiles(e).record.exists()]
+    stopped.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
+    removed = []
+    for entry in stopped[keep:]:
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry.name)
+    return removed

@@ -34,6 +34,7 @@ __all__ = [
     "LaunchSpec",
     "LaunchTemplate",
     "TemplateError",
+    "check_replica_id",
     "custom_template",
     "render",
 ]
@@ -74,10 +75,16 @@ class LaunchSpec(Struct, kw_only=True, frozen=True):
     port: Annotated[int, Meta(ge=0, le=65535)] = 0
 
     def __post_init__(self) -> None:
-        if not _REPLICA_ID.fullmatch(self.replica_id):
-            raise ValueError(f"replica id {self.replica_id[:80]!r}: letters, digits, _ and -")
+        check_replica_id(self.replica_id)
         if any("," in uuid or not uuid for uuid in self.gpu_uuids):
             raise ValueError(f"{self.replica_id}: a GPU UUID is non-empty and has no comma")
+
+
+def check_replica_id(replica_id: str) -> str:
+    """`replica_id` when it can name a directory (1-64 letters, digits, _ and -)."""
+    if not _REPLICA_ID.fullmatch(replica_id):
+        raise ValueError(f"replica id {replica_id[:80]!r}: 1 to 64 letters, digits, _ and -")
+    return replica_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.engine_proc import ReplicaState
-from agent.engine_proc_files import ProcRecord, ReplicaFiles
+from agent.engine_proc_files import ProcRecord, ReplicaFiles, prune_stopped
 from agent.engine_proc_os import PortPool, boot_id, identify
 from agent.engine_proc_state import NoFreePort
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
@@ -146,3 +146,21 @@ def test_the_port_pool_skips_ports_in_use_and_held() -> None:
             pool.take("c")
         pool.release("a")
         assert pool.take("c") == low + 1
+
+
+async def test_only_the_newest_stopped_replicas_keep_their_logs(harness: Harness) -> None:
+    root = harness.home / "replicas"
+    for n in range(5):
+        files = ReplicaFiles(root / f"rep_old{n}")
+        os.close(files.open_log())  # stopped: its log is left, no proc.json
+        os.utime(files.directory, ns=(n * 10**9, n * 10**9))
+    supervisor = harness.supervisor(keep_stopped=2)
+    spec = harness.spec("new", "fake")
+    supervisor.launch(spec)
+    await eventually(lambda: state_of(supervisor, spec)().pid is not None, "spawned")
+    left = sorted(p.name for p in root.iterdir())
+    assert left == sorted(["rep_old3", "rep_old4", spec.replica_id])
+    removed = prune_stopped(harness.home, keep=0, running={spec.replica_id})
+    assert removed == ["rep_old4", "rep_old3"]
+    with pytest.raises(ValueError, match="replica id"):
+        supervisor.logs("../../etc")
