@@ -19,6 +19,7 @@ and boot), cleaning up the rest; the caller then says which replicas should exis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,7 +36,17 @@ import msgspec
 from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
 
 from .engine_proc_files import KEEP_STOPPED, ProcRecord, ReplicaFiles, prune_stopped, replica_dirs
-from .engine_proc_os import Exit, PortPool, ProcessId, exit_of, is_alive, signal_group, spawn
+from .engine_proc_os import (
+    Exit,
+    PortPool,
+    ProcessId,
+    exit_of,
+    is_alive,
+    replica_marks,
+    signal_group,
+    spawn,
+    unrecorded_processes,
+)
 from .engine_proc_state import (
     ReplicaState,
     ReplicaStatus,
@@ -154,7 +165,7 @@ class EngineSupervisor:
         adopted = []
         for files in replica_dirs(self.home):
             record = files.read_record()
-            process = None if record is None else _process_of(record)
+            process = None if record is None else record.process()
             if record is None or process is None or record.spec.replica_id != files.replica_id:
                 log.warning("%s: unreadable proc.json; removing it", files.record)
                 files.remove_record()
@@ -165,6 +176,12 @@ class EngineSupervisor:
             elif files.replica_id not in self._replicas:
                 self._adopt_one(files, record, process)
                 adopted.append(files.replica_id)
+        # An engine started in the instant before its proc.json was written, or whose record
+        # was lost, is known by the marks in its environment: stopped, never duplicated.
+        for pid in unrecorded_processes(self.home, keep=set(self._replicas)):
+            log.warning("pid %d runs a replica of this home without a record; killing it", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if adopted:
             self._changed()
         return adopted
@@ -256,7 +273,7 @@ class EngineSupervisor:
         argv, extra_env = render(replica.template, spec)
         env = {**os.environ, **extra_env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)  # "" hides every GPU
-        env["NVPAIR_REPLICA"] = spec.replica_id  # so `ps e` and the operator can tell
+        env.update(replica_marks(self.home, spec.replica_id))  # finds it without proc.json
         fd = replica.files.open_log()
         try:
             os.write(fd, f"--- nvpair: starting {spec.replica_id}: {argv!r}\n".encode())
@@ -267,7 +284,9 @@ class EngineSupervisor:
         finally:
             os.close(fd)
         replica.process = process
-        replica.files.write_record(_record_of(replica, process))
+        replica.files.write_record(
+            ProcRecord.of(process, replica.spec, replica.template.ready_path, replica.restarts)
+        )
         log.info("%s: started pid %d on port %d", spec.replica_id, process.pid, spec.port)
         self._changed()
         return process
@@ -377,21 +396,3 @@ class EngineSupervisor:
             last_error=replica.last_error,
             log_tail=replica.log_tail,
         )
-
-
-def _record_of(replica: _Replica, process: ProcessId) -> ProcRecord:
-    return ProcRecord(
-        pid=process.pid,
-        start_ticks=process.start_ticks,
-        boot_id=process.boot_id,
-        port=replica.spec.port,
-        ready_path=replica.template.ready_path,
-        spec=replica.spec,
-        restarts=replica.restarts,
-    )
-
-
-def _process_of(record: ProcRecord) -> ProcessId | None:
-    if record.pid <= 1 or record.start_ticks < 0:
-        return None
-    return ProcessId(record.pid, record.start_ticks, record.boot_id)

@@ -24,6 +24,7 @@ import msgspec
 
 from certs import make_private_dir, write_atomic
 
+from .engine_proc_os import ProcessId
 from .templates import LaunchSpec
 
 __all__ = [
@@ -54,6 +55,25 @@ class ProcRecord(msgspec.Struct, kw_only=True, frozen=True):
     ready_path: str
     spec: LaunchSpec
     restarts: int = 0
+
+    @classmethod
+    def of(cls, process: ProcessId, spec: LaunchSpec, ready_path: str, restarts: int) -> ProcRecord:
+        """The record of `spec`'s engine running as `process`."""
+        return cls(
+            pid=process.pid,
+            start_ticks=process.start_ticks,
+            boot_id=process.boot_id,
+            port=spec.port,
+            ready_path=ready_path,
+            spec=spec,
+            restarts=restarts,
+        )
+
+    def process(self) -> ProcessId | None:
+        """The process it names; None for a pid no engine can have."""
+        if self.pid <= 1 or self.start_ticks < 0:
+            return None
+        return ProcessId(self.pid, self.start_ticks, self.boot_id)
 
 
 _decode_record = msgspec.json.Decoder(ProcRecord).decode

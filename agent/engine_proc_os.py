@@ -26,7 +26,17 @@ from typing import Final
 
 from .engine_proc_state import NoFreePort
 
-__all__ = ["Exit", "PortPool", "ProcessId", "exit_of", "is_alive", "signal_group", "spawn"]
+__all__ = [
+    "Exit",
+    "PortPool",
+    "ProcessId",
+    "exit_of",
+    "is_alive",
+    "replica_marks",
+    "signal_group",
+    "spawn",
+    "unrecorded_processes",
+]
 
 _PROC: Final = Path("/proc")
 
@@ -118,6 +128,33 @@ def signal_group(process: ProcessId, signum: int) -> None:
         return  # the pid is someone else's now; their group is not ours to signal
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
+
+
+def replica_marks(home: Path, replica_id: str) -> dict[str, str]:
+    """The environment variables that say which home's replica a process runs (`ps e`)."""
+    return {"NVPAIR_REPLICA": replica_id, "NVPAIR_REPLICA_HOME": str(home)}
+
+
+def unrecorded_processes(home: Path, *, keep: set[str]) -> list[int]:
+    """Processes of ours marked as running a replica of `home` that is not in `keep`.
+
+    Forked workers carry their engine's marks too, so this finds a whole engine.
+    """
+    wanted = f"NVPAIR_REPLICA_HOME={home}".encode()
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if wanted not in environ:
+            continue
+        replica = next((v[15:] for v in environ if v.startswith(b"NVPAIR_REPLICA=")), b"")
+        if replica.decode(errors="replace") not in keep:
+            found.append(int(entry.name))
+    return found
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_fd: int) -> ProcessId:

@@ -4,6 +4,7 @@ records without signalling a reused pid; and every file it writes is private."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -164,3 +165,25 @@ async def test_only_the_newest_stopped_replicas_keep_their_logs(harness: Harness
     assert removed == ["rep_old4", "rep_old3"]
     with pytest.raises(ValueError, match="replica id"):
         supervisor.logs("../../etc")
+
+
+async def test_an_engine_without_a_record_is_stopped_not_duplicated(harness: Harness) -> None:
+    # The agent died between spawning the engine and writing its proc.json.
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    marks = {"NVPAIR_REPLICA": harness.spec("orphan", "mock").replica_id}
+    ours = {**os.environ, **marks, "NVPAIR_REPLICA_HOME": str(harness.home)}
+    theirs = {**os.environ, **marks, "NVPAIR_REPLICA_HOME": f"{harness.home}-other"}
+    orphan = await asyncio.create_subprocess_exec(*sleep, env=ours)
+    elsewhere = await asyncio.create_subprocess_exec(*sleep, env=theirs)
+    try:
+        await eventually(lambda: len(harness.pids()) == 2, "both marked processes run")
+        assert harness.supervisor().adopt() == []
+        async with asyncio.timeout(20):
+            assert await orphan.wait() == -signal.SIGKILL  # the unrecorded engine is killed
+        assert elsewhere.returncode is None  # another home's engine is not ours
+        assert elsewhere.pid in harness.pids()
+    finally:
+        for process in (orphan, elsewhere):
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
