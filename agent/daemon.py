@@ -38,6 +38,8 @@ from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemova
 
 from .config import PORTS, AgentConfig
 from .deployments import Deployments
+from .engine_load import LoadScraper
+from .engine_proc import EngineSupervisor
 from .engines import Engines
 from .errors import PortInUse
 from .facade import Facade, facade_address
@@ -52,6 +54,8 @@ from .node_client import NodeClient
 from .operations import Operations
 from .plane_sync import PlaneSync
 from .repair import AntiEntropy
+from .replicas import ReplicaControl
+from .routing import replica_views
 from .upkeep import LoadPoller, Pruner
 from .view import SchedulingView
 
@@ -128,14 +132,18 @@ class Agent:
         engines = Engines(config.engines, on_change=lambda: heartbeat.push_now())
         stack.push_async_callback(engines.aclose)
         key = identity.key
+        started = False
         self.own = own = OwnRecord(
             config,
             node_id,
             gpus,
             lambda: engines.current,
             sign=lambda record: sign_record(record, key),
+            replicas=lambda: control.replicas() if started else [],
         )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
+        control, scraper = self._replica_parts(deployments, own, lambda: heartbeat.push_now())
+        started = True  # the record carries replicas from here on
         read_gpus = None if config.simulate_gpus else self._gpu_reader(node_id)
         heartbeat = Heartbeat(
             own=own,
@@ -159,6 +167,14 @@ class Agent:
             view=view,
             engines=engines,
             forward=client.forward,
+            replicas=lambda: replica_views(
+                members.records(),
+                self_id=node_id,
+                reachable=lambda n: members.reachable(n, time.monotonic()),
+                kind_of=lambda name: d.engine if (d := deployments.get(name)) else "unknown",
+                now_ms=int(time.time() * 1000),
+            ),
+            replica_url=control.url_of,
             submit=self.submit,
             host=facade_host,
             port=config.facade_port,
@@ -261,10 +277,15 @@ class Agent:
         except ManagerPortInUse:
             raise _port_in_use("manager_port", config.manager_port) from None
         await engines.probe()  # engines in the first record, before requests are placed
+        await control.start()  # what a previous agent left running, adopted or stopped
+        stack.push_async_callback(control.aclose)
+        stack.push_async_callback(scraper.aclose)
 
         tasks.spawn("heartbeat", heartbeat.run())
         tasks.spawn("engines", engines.run())
         tasks.spawn("load", load.run())
+        tasks.spawn("replicas", control.run())
+        tasks.spawn("engine-load", scraper.run())
         pruner = Pruner(
             lambda older_ms, before: store.prune(older_than_ms=older_ms, removed_before=before),
             retention_h=config.job_retention_h,
@@ -283,6 +304,39 @@ class Agent:
                 await self._stack.aclose()
         except TimeoutError:
             log.error("the agent did not stop within %.0fs; leaving anyway", CLOSE_BOUND_S)
+
+    def _replica_parts(
+        self, deployments: Deployments, own: OwnRecord, push: Callable[[], None]
+    ) -> tuple[ReplicaControl, LoadScraper]:
+        """The engine supervisor, the replica controller over it, and the load scraper."""
+        config, members = self.config, self.members
+        launch = config.launch
+
+        def changed() -> None:  # an engine moved: a round soon, and the record at once
+            control.poke()
+            push()
+
+        engine_supervisor = EngineSupervisor(
+            config.home,
+            templates={t.name: t for t in launch.templates},
+            port_range=launch.port_range,
+            stop_grace_s=launch.stop_grace_s,
+            on_change=changed,
+        )
+        scraper = LoadScraper(lambda: control.urls())
+        control = ReplicaControl(
+            config.home,
+            self_id=self.node_id,
+            supervisor=engine_supervisor,
+            deployments=deployments.live,
+            records=members.records,
+            reachable=lambda n: members.reachable(n, time.monotonic()),
+            gpus=lambda: own.gpus,
+            cordoned=lambda: own.cordoned,
+            loads=scraper.current,
+            on_change=push,
+        )
+        return control, scraper
 
     # -- the few things parts share -----------------------------------------------------------
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from broker.inventory import GpuInventory
-from broker.records import Engine, NodeRecord
+from broker.records import Engine, NodeRecord, Replica
 from workload_manager import VERSION
 
 from .config import AgentConfig
@@ -44,12 +44,14 @@ class OwnRecord:
         gpus: GpuInventory,
         engines: Callable[[], list[Engine]],
         sign: Callable[[NodeRecord], NodeRecord] = lambda record: record,
+        replicas: Callable[[], list[Replica]] = list,
     ) -> None:
         self._config = config
         self._sign = sign  # with this node's key (broker/record_signing.py)
         self._node_id = node_id
         self.gpus = gpus
         self._engines = engines
+        self._replicas = replicas  # this node's replicas and their engine load
         self.cordoned = False
         self._generation = 0
         self.current = self.renew()
@@ -73,6 +75,7 @@ class OwnRecord:
                 devices=self.gpus.devices,
                 domains=self.gpus.domains,
                 engines=self._engines(),
+                replicas=self._replicas(),
                 queueLimit=config.queue_limit,
                 cordoned=self.cordoned,
                 gpuNote=self.gpus.reason,
