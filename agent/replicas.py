@@ -31,7 +31,7 @@ from broker.inventory import GpuInventory
 from broker.records import NodeRecord, Replica
 from certs import write_atomic
 from plane.ids import new_id
-from scheduler.reconcile import Gpu, Host, Plan, Running, Want, admissible, reconcile
+from scheduler.reconcile import Gpu, Host, Plan, Running, Want, admissible, reconcile, why_not_on
 
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
@@ -307,6 +307,12 @@ class ReplicaControl:
                 )
             )
         return out
+
+    def why_not(self, name: str) -> list[tuple[Host, str | None]] | None:
+        """`nvpair explain --deployment`: every member of this round's view and why a replica
+        of `name` cannot go there now (None: it can); None when `name` is not managed here."""
+        found = [d for d in self._deployments() if d.name == name and d.authority == "managed"]
+        return [(h, why_not_on(_want(found[0]), h)) for h in self._hosts()] if found else None
 
     def url_of(self, replica_id: str) -> str | None:
         """Where a ready replica of this node listens, or None."""
