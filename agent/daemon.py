@@ -334,6 +334,7 @@ class Agent:
             gpus=lambda: own.gpus,
             cordoned=lambda: own.cordoned,
             loads=scraper.current,
+            name=config.name,
             on_change=push,
         )
         return control, scraper

@@ -36,6 +36,7 @@ from scheduler.reconcile import Gpu, Host, Plan, Running, Want, admissible, reco
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
 from .engine_proc_state import EngineProcError, ReplicaState, ReplicaStatus
+from .observed import ObservedEngines
 from .templates import LaunchSpec
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
@@ -83,11 +84,13 @@ class ReplicaControl:
         gpus: Callable[[], GpuInventory],
         cordoned: Callable[[], bool],
         loads: Callable[[], Mapping[str, EngineLoad]] = dict,
+        name: str = "",
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = home / ALLOCATIONS_FILE
         self._loads = loads
+        self.observed = ObservedEngines(self_id=self_id, self_name=name)
         self.self_id = self_id
         self.supervisor = supervisor
         self._deployments = deployments
@@ -149,7 +152,10 @@ class ReplicaControl:
 
     async def round(self) -> Plan:
         """One round: plan over the view, carry out this node's part."""
-        wants = {d.name: d for d in self._deployments() if d.authority == "managed"}
+        declared = self._deployments()
+        if await self.observed.probe(declared, int(time.time() * 1000)):
+            self._on_change()
+        wants = {d.name: d for d in declared if d.authority == "managed"}
         plan = reconcile(self.self_id, [_want(d) for d in wants.values()], self._hosts())
         self.last_plan = plan
         now = self._clock()
@@ -228,6 +234,7 @@ class ReplicaControl:
 
     async def aclose(self) -> None:
         """Let stops in progress finish; the engines themselves keep running."""
+        await self.observed.aclose()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
 
@@ -306,6 +313,17 @@ class ReplicaControl:
                     loadAt=load.at_ms if load else 0,
                 )
             )
+        for watched in self.observed.replicas():
+            load = loads.get(watched.id)
+            out.append(
+                msgspec.structs.replace(
+                    watched,
+                    running=load.running if load else 0.0,
+                    waiting=load.waiting if load else 0.0,
+                    kvUsage=load.kv_usage if load else None,
+                    loadAt=load.at_ms if load else 0,
+                )
+            )
         return out
 
     def why_not(self, name: str) -> list[tuple[Host, str | None]] | None:
@@ -318,12 +336,13 @@ class ReplicaControl:
         """Where a ready replica of this node listens, or None."""
         status = self.supervisor.status(replica_id)
         if status is None or status.state is not ReplicaState.READY:
-            return None
+            return self.observed.url_of(replica_id)
         return status.url
 
     def urls(self) -> dict[str, str]:
         """Replica id -> url of every replica that runs here, for the load scraper."""
-        return {s.replica_id: s.url for s in self.supervisor.replicas() if s.port}
+        urls = {s.replica_id: s.url for s in self.supervisor.replicas() if s.port}
+        return {**urls, **self.observed.urls()}
 
 
 def _by_id(a: Allocation) -> str:

@@ -114,6 +114,8 @@ async def test_files_are_private_under_umask_000(harness: Harness) -> None:
         supervisor.launch(spec)
         await eventually(lambda: state_of(supervisor, spec)().pid is not None, "spawned")
         files = ReplicaFiles(harness.home / "replicas" / spec.replica_id)
+        # Once it has said it serves, the engine writes nothing more to its log.
+        await eventually(lambda: b"serving" in files.log.read_bytes(), "the engine serves")
         files.log.write_bytes(b"x" * 200)  # the engine appends; make it big enough to rotate
         assert files.rotate_if_large(limit=100)
         assert files.log.stat().st_size == 0
