@@ -27,7 +27,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from workload_manager.sites import start_site
 
@@ -65,6 +71,7 @@ class MockEngine:
         self.echo_errors = echo_errors
         self.random = random.Random(seed)
         self.requests = 0
+        self.succeeded: dict[str, int] = dict.fromkeys(self.models, 0)  # answered, per model
         self.in_flight = 0
         self.max_concurrency = max_concurrency
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
@@ -125,8 +132,15 @@ class MockEngine:
             labels,
             registry=registry,
         )
+        done = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=registry,
+        )
         usage = self.kv_usage()
         for model in self.models:
+            done.labels(model, "length").inc(self.succeeded[model])
             running.labels(model).set(self.running[model])
             waiting.labels(model).set(self.waiting[model])
             kv.labels(model).set(usage)
@@ -170,7 +184,10 @@ class MockEngine:
         self.in_flight += 1
         try:
             async with self._slot(model):
-                return await self._answer(request, body, model, tokens, chat=chat)
+                answer = await self._answer(request, body, model, tokens, chat=chat)
+            if answer.status < 400:
+                self.succeeded[model] += 1
+            return answer
         finally:
             self.in_flight -= 1
 
