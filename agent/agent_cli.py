@@ -77,8 +77,13 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     ops.add_argument("--json", action="store_true")
     ops.set_defaults(run=_ops)
 
-    explain = commands.add_parser("explain", help="how the scheduler ranks members for a model")
-    explain.add_argument("model", metavar="MODEL")
+    explain = commands.add_parser(
+        "explain",
+        help="why a request for MODEL goes where, or why a deployment's replica is not placed",
+    )
+    explain.add_argument("model", metavar="MODEL", nargs="?")
+    explain.add_argument("--deployment", metavar="NAME", help="why (not) on each member")
+    explain.add_argument("--node", metavar="NODE", help="with --deployment: only this member")
     explain.add_argument("--json", action="store_true")
     explain.set_defaults(run=_explain)
 
@@ -282,9 +287,28 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    result = _get("/v1/explain?model=" + urllib.parse.quote(args.model))
+    if args.deployment:
+        return _explain_deployment(args.deployment, args.node or "", as_json=args.json)
+    if not args.model:
+        raise cli_http.CliError("explain needs a MODEL or --deployment NAME")
+    model = urllib.parse.quote(args.model)
+    result = _get("/v1/explain?model=" + model)
+    replicas = _get("/v1/explain/replicas?model=" + model)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**result, "replicas": replicas}, indent=2))
+        return 0
+    if replicas["deployment"]:  # a deployment's model is routed per replica, on engine load
+        rows = [["RANK", "REPLICA", "NODE", "SCORE / REASON", "RUNNING", "WAITING", "SENT"]]
+        rows += [
+            [str(n + 1), e["replica"], e["node"], f"{e['score']:.3f}", _figure(e["running"]),
+             _figure(e["waiting"]), str(e["pending"])]
+            for n, e in enumerate(replicas["ranked"])
+        ]  # fmt: skip
+        rows += [
+            ["-", e["replica"], e["node"], e["reason"], "", "", ""] for e in replicas["refused"]
+        ]
+        print(f"{args.model} is a deployment: each request goes to the best replica")
+        print(_table(rows))
         return 0
     rows = [["RANK", "NODE", "SCORE / REASON"]]
     rows += [
@@ -294,6 +318,27 @@ def _explain(args: argparse.Namespace) -> int:
     rows += [["-", entry["nodeId"], entry["reason"]] for entry in result["refused"]]
     print(_table(rows))
     return 0
+
+
+def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
+    query = "?node=" + urllib.parse.quote(node) if node else ""
+    result = _get(f"/v1/deployments/{urllib.parse.quote(name, safe='')}/explain{query}")
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    rows = [["NODE", "ID", "HOLDS", "A REPLICA MORE HERE NOW"]]
+    rows += [
+        [e["node"], e["nodeId"], str(e["replicas"]), e["reason"] or "can be placed"]
+        for e in result["nodes"]
+    ]
+    print(_table(rows))
+    for why in result["unplaced"]:
+        print(f"\nunplaced in this node's last plan: {why}")
+    return 0
+
+
+def _figure(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
 
 
 def _remove(args: argparse.Namespace) -> int:

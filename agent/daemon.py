@@ -37,6 +37,7 @@ from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .config import PORTS, AgentConfig
+from .deploy_api import DeployPorts
 from .deployments import Deployments
 from .engine_load import LoadScraper
 from .engine_proc import EngineSupervisor
@@ -252,7 +253,7 @@ class Agent:
                 remove_member=remove_member,
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
                 repairs=lambda: dataclasses.asdict(repair.counters),
-                deployments=deployments,
+                deployments=DeployPorts(deployments, control, members, facade.pending),
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens

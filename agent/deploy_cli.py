@@ -1,10 +1,13 @@
-"""`nvpair deploy`, `deployments`, `scale`, `undeploy`, `replicas`: deployments through the
-running agent's local API (any member: a declaration reaches every member)."""
+"""`nvpair deploy`, `deployments`, `scale`, `undeploy`, `replicas`, `logs`: deployments through
+the running agent's local API (any member: a declaration reaches every member; a replica's
+log only on the node that runs it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 import urllib.parse
 from typing import Any
 
@@ -13,6 +16,7 @@ from . import cli_http
 __all__ = ["add_commands"]
 
 _GIB = 2**30
+FOLLOW_POLL_S = 0.5  # how often `nvpair logs --follow` asks for new lines
 
 
 def add_commands(commands: Any) -> None:
@@ -60,6 +64,16 @@ def add_commands(commands: Any) -> None:
     replicas = commands.add_parser("replicas", help="every member's replicas")
     replicas.add_argument("--json", action="store_true")
     replicas.set_defaults(run=_replicas)
+
+    logs = commands.add_parser(
+        "logs",
+        help="a replica's engine log (on the node that runs it)",
+        description="The engine's output: shown only here, to this node's owner.",
+    )
+    logs.add_argument("replica", metavar="REPLICA", help="a rep_ id (nvpair replicas)")
+    logs.add_argument("--tail", type=int, default=100, help="last N lines (default 100)")
+    logs.add_argument("-f", "--follow", action="store_true", help="then print new lines")
+    logs.set_defaults(run=_logs)
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -130,8 +144,40 @@ def _replicas(args: argparse.Namespace) -> int:
             [r["id"], r["deployment"], r["node"], r["state"], str(len(r["devices"])),
              str(r["port"]), str(r["restarts"]), r.get("error", "")[:60]]
         )  # fmt: skip
-    print(_table(rows))
+    table = _table(rows).split("\n")
+    print(table[0])
+    for line, r in zip(table[1:], replicas, strict=True):
+        print(line)
+        for logged in r.get("logTail", []):  # a failed replica of this node: why, in its words
+            print(f"    | {logged}")
     return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    path = f"/v1/replicas/{urllib.parse.quote(args.replica, safe='')}/log"
+    chunk = cli_http.get(f"{path}?tail={max(1, args.tail)}")
+    if chunk["truncated"]:
+        print(
+            "nvpair: earlier lines left out (at most 1 MiB or 10000 lines a call)", file=sys.stderr
+        )
+    for line in chunk["lines"]:
+        print(line)
+    if not args.follow:
+        if chunk["partial"]:
+            print(chunk["partial"])
+        return 0
+    sys.stdout.flush()
+    try:
+        while True:
+            time.sleep(FOLLOW_POLL_S)
+            chunk = cli_http.get(f"{path}?from={chunk['offset']}")
+            if chunk["rotated"]:
+                print("nvpair: the log was rotated; from its start", file=sys.stderr)
+            for line in chunk["lines"]:
+                print(line)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 0
 
 
 def _table(rows: list[list[str]]) -> str:

@@ -55,8 +55,7 @@ from workload_manager.workload import (
     lifecycle_mismatch,
 )
 
-from .deploy_api import deployment_routes
-from .deployments import Deployments
+from .deploy_api import DeployPorts, deployment_routes
 from .lifetime import SHUTDOWN_S, Health
 from .local_guard import refusal
 from .members import Members, remover
@@ -93,7 +92,7 @@ class LocalPorts:
     remove_member: Callable[[str], None]
     plane: Callable[[], tuple[int, int] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
-    deployments: Deployments | None = None
+    deployments: DeployPorts | None = None  # the deployment routes' parts
 
 
 class LocalApi:
