@@ -1,10 +1,14 @@
-"""`nvpair demo`: three agents on 127.0.0.1 with simulated GPUs and mock engines.
+"""`nvpair demo`: three agents on 127.0.0.1 with simulated GPUs, running mock engines.
 
-It starts three mock engines and three agents (each with its own NVPAIR_HOME under a
-temporary directory and its own ports), pairs them with `cluster init` / `invite` / `join`
-over the network, sends a burst of requests through different members, and prints the Jobs
-list as every member sees it, side by side. Ctrl-C stops everything (`--once` stops after
-printing, for scripts and tests).
+It starts three agents (each with its own NVPAIR_HOME under a temporary directory, its own
+ports and its own engine port range), pairs them with `cluster init` / `invite` / `join`
+over the network, declares deployments with `nvpair deploy` (engine `mock`: the agents
+launch the engines on the GPUs placement chose), waits for every replica to be ready in
+every member's view, sends a burst of requests through different members, and prints the
+Jobs list as every member sees it, side by side. Ctrl-C stops everything (`--once` stops
+after printing, for scripts and tests): agents leave their engines running when they stop
+(the next agent adopts them), so the demo undeploys first and waits for the engines to go,
+and kills any that are left, by the pids in their `proc.json`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -30,11 +36,15 @@ __all__ = ["add_command"]
 
 Member = tuple[str, str, str, Path]  # name, facade URL, local API URL, NVPAIR_HOME
 
-NODES = (
-    ("gpu-a", "h100-80gb-sxm:8", "llama-3-8b", ("--latency-ms", "150")),
-    ("gpu-b", "l40s:4", "llama-3-8b,qwen-2-7b", ("--latency-ms", "50")),
-    ("gpu-c", "l4:2", "llama-3-8b,mistral-7b", ("--fail-rate", "0.1")),
+NODES = (("gpu-a", "h100-80gb-sxm:8"), ("gpu-b", "l40s:4"), ("gpu-c", "l4:2"))
+# `nvpair deploy` arguments: name, then flags; the mock engine's own flags after `--`.
+DEPLOYMENTS = (
+    ("llama-3-8b", "--replicas", "3", "--", "--latency-ms", "50"),
+    ("qwen-2-7b", "--gpus", "2", "--one-domain", "--device-class", "l40s"),
+    ("mistral-7b", "--device-class", "l4", "--", "--fail-rate", "0.1"),
 )
+REPLICAS = 5  # what DEPLOYMENTS add up to
+ENGINE_PORTS = 100  # per agent: one host, three agents, each its own range
 
 
 def add_command(commands: Any) -> None:
@@ -69,6 +79,7 @@ async def _demo(requests: int, once: bool) -> int:
         root = Path(tmp)
         try:
             facades = await _start(root, procs)
+            await _deploy(facades)
             await _burst(facades, requests)
             await _show(facades)
             if not once:
@@ -81,6 +92,7 @@ async def _demo(requests: int, once: bool) -> int:
                 await stop.wait()
         finally:
             say("stopping…")
+            await _stop_engines(root)
             for proc in reversed(procs):
                 if proc.returncode is None:
                     proc.terminate()
@@ -114,42 +126,31 @@ async def _cli(args: list[str], env: dict[str, str]) -> str:
 
 
 async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Member]:
-    """Engines and agents up and paired; returns (name, facade URL, API URL, home) per node."""
+    """Agents up and paired; returns (name, facade URL, API URL, home) per node."""
     nodes = []
-    for name, gpus, models, engine_flags in NODES:
-        engine_port = _free_port()
+    base = random.randrange(20000, 60000 - ENGINE_PORTS * len(NODES), ENGINE_PORTS)
+    for n, (name, gpus) in enumerate(NODES):
         env = {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
-        procs.append(
-            await _spawn(
-                ["mock-engine", "--port", str(engine_port), "--model", models, *engine_flags],
-                dict(os.environ),
-                root / f"{name}-engine.log",
-            )
+        (root / name).mkdir(mode=0o700)
+        low = base + n * ENGINE_PORTS  # a port taken by another program is skipped anyway
+        (root / name / "nvpair.toml").write_text(
+            f'[engines]\nport_range = "{low}-{low + ENGINE_PORTS - 1}"\nstop_grace_s = 5.0\n'
         )
         ports = {k: _free_port() for k in ("manager", "node", "api", "facade")}
-        nodes.append((name, gpus, engine_port, env, ports))
+        nodes.append((name, gpus, env, ports))
     async with aiohttp.ClientSession() as session:
-        for n, (name, gpus, engine_port, env, ports) in enumerate(nodes):
+        for n, (name, gpus, env, ports) in enumerate(nodes):
             if n == 0:
                 await _cli(["cluster", "init", "--name", "demo", "--node-name", name], env)
                 say(f"{name}: created the cluster CA")
             else:
-                token = await _cli(["cluster", "invite"], nodes[0][3])
+                token = await _cli(["cluster", "invite"], nodes[0][2])
                 await _cli(
-                    ["cluster", "join", f"127.0.0.1:{nodes[0][4]['node']}", token, "--name", name],
+                    ["cluster", "join", f"127.0.0.1:{nodes[0][3]['node']}", token, "--name", name],
                     env,
                 )
                 say(f"{name}: joined over the network with a one-time invite")
-            args = [
-                "agent",
-                "run",
-                "--name",
-                name,
-                "--simulate-gpus",
-                gpus,
-                "--engine",
-                f"vllm=http://127.0.0.1:{engine_port}",
-            ]
+            args = ["agent", "run", "--name", name, "--simulate-gpus", gpus]
             for key, port in ports.items():
                 args += [f"--{key}-port", str(port)]
             procs.append(await _spawn(args, env, root / f"{name}.log"))
@@ -163,18 +164,12 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Me
                 lambda listed: len(listed) == 3 and all(n["reachable"] for n in listed),
                 headers=_owner(root / name),
             )
-            await _until(
-                session,
-                f"http://127.0.0.1:{ports['facade']}/v1/models",
-                lambda m: len(m.get("data", [])) == 3,
-            )
-        say("three members, each sees the others' GPUs and models:")
-        first = f"http://127.0.0.1:{nodes[0][4]['api']}/v1/nodes"
+        say("three members, each sees the others' GPUs:")
+        first = f"http://127.0.0.1:{nodes[0][3]['api']}/v1/nodes"
         async with session.get(first, headers=_owner(root / nodes[0][0])) as response:
             for node in await response.json():
                 classes = ",".join(sorted({d["deviceClass"] for d in node["devices"]}))
-                models = ", ".join(sorted({m for e in node["engines"] for m in e["models"]}))
-                say(f"  {node['name']}: {len(node['devices'])} x {classes}  serves {models}")
+                say(f"  {node['name']}: {len(node['devices'])} x {classes}")
     return [
         (
             name,
@@ -186,15 +181,83 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Me
     ]
 
 
+async def _deploy(members: list[Member]) -> None:
+    """`nvpair deploy` on the first member; every replica ready in every member's view."""
+    env = _env(members[0][3])
+    say("\ndeploying through gpu-a (the agents launch mock engines on the GPUs placed):")
+    for name, *flags in DEPLOYMENTS:
+        say("  " + await _cli(["deploy", name, "--model", name, "--engine", "mock", *flags], env))
+    async with aiohttp.ClientSession() as session:
+        for _, _, api, home in members:
+            await _until(
+                session,
+                f"{api}/v1/replicas",
+                lambda listed: (
+                    len(listed) == REPLICAS and all(r["state"] == "ready" for r in listed)
+                ),
+                headers=_owner(home),
+                within_s=90.0,
+            )
+        async with session.get(f"{members[0][2]}/v1/replicas", headers=_owner(members[0][3])) as r:
+            listed = await r.json()
+    say(f"{REPLICAS} replicas ready, the same in every member's view:")
+    for replica in listed:
+        say(
+            f"  {replica['deployment']:<11} {replica['id']}  on {replica['node']}"
+            f"  {len(replica['devices'])} GPU(s)  port {replica['port']}  {replica['state']}"
+        )
+
+
+async def _stop_engines(root: Path) -> None:
+    """Undeploy, wait for the engines to stop, and kill any left (by their proc.json)."""
+    homes = [root / name for name, _ in NODES]
+    with contextlib.suppress(RuntimeError, OSError):
+        for name, *_ in DEPLOYMENTS:
+            await asyncio.wait_for(_cli(["undeploy", name], _env(homes[0])), 15)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:  # the engines are not our children: poll /proc
+            if not any(_engine_pids(home) for home in homes):
+                break
+            await asyncio.sleep(0.2)
+    for home in homes:
+        for pid in _engine_pids(home):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # an engine leads its own process group
+
+
+def _engine_pids(home: Path) -> list[int]:
+    """The engines this home's agent launched and that still run (their env names home)."""
+    pids = []
+    for record in home.glob("replicas/*/proc.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            pid = int(json.loads(record.read_text())["pid"])
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"NVPAIR_REPLICA_HOME={home}".encode() in environ:
+                pids.append(pid)
+    return pids
+
+
+def _all_ready(listed: list[dict[str, Any]]) -> bool:
+    return len(listed) == REPLICAS and all(r["state"] == "ready" for r in listed)
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "NVPAIR_HOME": str(home), "NVPAIR_BIND": "127.0.0.1"}
+
+
 def _owner(home: Path) -> dict[str, str]:
     # The local API answers its owner: the token the agent in `home` wrote at its start.
     return {"Authorization": f"Bearer {read_token(home)}"}
 
 
 async def _until(
-    session: aiohttp.ClientSession, url: str, check: Any, headers: dict[str, str] | None = None
+    session: aiohttp.ClientSession,
+    url: str,
+    check: Any,
+    headers: dict[str, str] | None = None,
+    within_s: float = 30.0,
 ) -> None:
-    deadline = time.monotonic() + 30.0
+    deadline = time.monotonic() + within_s
     while True:
         with contextlib.suppress(aiohttp.ClientError, ValueError):
             async with session.get(url, headers=headers) as response:
@@ -224,7 +287,7 @@ async def _burst(facades: list[Member], count: int) -> None:
     async with aiohttp.ClientSession() as session:
         statuses = await asyncio.gather(*(one(n, session) for n in range(count)))
     ok = sum(1 for s in statuses if s == 200)
-    say(f"{ok} answered, {count - ok} failed (gpu-c's engine fails 10% on purpose)")
+    say(f"{ok} answered, {count - ok} failed (mistral-7b's engine fails 10% on purpose)")
 
 
 async def _show(facades: list[Member]) -> None:

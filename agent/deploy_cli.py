@@ -27,9 +27,10 @@ def add_commands(commands: Any) -> None:
         description="Declare (or change) a deployment; extra engine arguments go after --.",
     )
     deploy.add_argument("name", help="the model name clients use")
-    deploy.add_argument("--model", required=True, help="what the engine loads: a path or an id")
+    # Required, checked in `_deploy`: argparse alone misses them after NAME (see below).
+    deploy.add_argument("--model", help="what the engine loads: a path or an id (required)")
     deploy.add_argument(
-        "--engine", required=True, help="vllm, sglang, llama.cpp, mock, or a [templates] name"
+        "--engine", help="vllm, sglang, llamacpp, mock, or a [templates] name (required)"
     )
     deploy.add_argument("--gpus", type=int, default=1, help="GPUs per replica (default 1)")
     deploy.add_argument("--tp", type=int, default=0, help="tensor-parallel size (default: --gpus)")
@@ -45,8 +46,9 @@ def add_commands(commands: Any) -> None:
         metavar="URL",
         help="an engine that already runs there: record and watch it, never restart it",
     )
+    # REMAINDER takes every word after NAME, flags too: `_deploy` parses those before `--`.
     deploy.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- ENGINE ARGS...")
-    deploy.set_defaults(run=_deploy)
+    deploy.set_defaults(run=_deploy, parser=deploy)
 
     listing = commands.add_parser("deployments", help="the declared deployments")
     listing.add_argument("--json", action="store_true")
@@ -77,9 +79,14 @@ def add_commands(commands: Any) -> None:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    extra = list(args.engine_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    rest = list(args.engine_args)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    flags, extra = rest[:cut], rest[cut + 1 :]
+    parser: argparse.ArgumentParser = args.parser
+    if flags:  # the flags written after NAME, parsed as if before it
+        args = parser.parse_args([*flags, args.name])
+    if not args.model or not args.engine:
+        parser.error("--model and --engine are required")
     body = {
         "name": args.name,
         "engine": args.engine,

@@ -1,4 +1,6 @@
-"""`nvpair demo` as a newcomer runs it: three agents, paired, under load, then gone.
+"""`nvpair demo` as a newcomer runs it: three agents, paired, running the demo's models as
+deployments (mock engines the agents launch on simulated GPUs), under load, then gone --
+the engines too, though agents leave theirs running when they stop.
 
 "Gone" is checked for the processes this demo started and no others (other tests and
 other people's agents may run on the same machine): every process the demo starts inherits
@@ -67,6 +69,8 @@ async def test_demo_runs_and_cleans_up() -> None:
     assert saw_them, "the demo's agents and engines were never seen running"
     assert "gpu-b: joined over the network with a one-time invite" in out
     assert "gpu-a: 8 x h100-80gb-sxm" in out
+    assert "5 replicas ready, the same in every member's view:" in out
+    assert "qwen-2-7b   rep_" in out  # a replica row: deployment, id, node, GPUs, port
     assert "AS GPU-A SEES IT  AS GPU-B SEES IT  AS GPU-C SEES IT" in out
     assert "12 jobs; every member shows the same list: yes" in out
     assert started_by(marker) == {"agent run": [], "mock-engine": [], "other": []}
