@@ -25,6 +25,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ async def _demo(requests: int, once: bool) -> int:
             await _show(facades)
             if not once:
                 say(f"\nThe cluster keeps running: NVPAIR_HOME={root}/gpu-a nvpair jobs")
+                say("  (or nvpair replicas, nvpair explain llama-3-8b, nvpair logs REPLICA)")
                 say("Press Ctrl-C to stop.")
                 stop = asyncio.Event()
                 loop = asyncio.get_running_loop()
@@ -335,4 +337,6 @@ async def _show(facades: list[Member]) -> None:
         and all(view[k]["state"] == keyed[0][k]["state"] for k in view)
         for view in keyed
     )
-    say(f"\n{len(every)} jobs; every member shows the same list: {'yes' if same else 'NO'}")
+    served = Counter(names.get(keyed[0][k].get("scheduledOn", ""), "-") for k in keyed[0])
+    say("\nrequests served by node: " + ", ".join(f"{n} {c}" for n, c in sorted(served.items())))
+    say(f"{len(every)} jobs; every member shows the same list: {'yes' if same else 'NO'}")

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -53,12 +54,20 @@ async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[N
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def echo(trio: list[Node]) -> str:
-    """One ready mock replica of `echo` on big; its id."""
+    """One ready mock replica of `echo` on big, declared with `nvpair deploy` as the docs
+    write it (flags after NAME, engine arguments after --); its id."""
     # By node id: the node's own view names itself by id only (see the report).
-    body = {"name": "echo", "engine": "mock", "constraints": {"node": await trio[0].node_id()}}
-    code, text = await post(trio[1], "/v1/deployments", body)
-    assert code == 201, text
+    big_id = await trio[0].node_id()
+    code, out, err = await trio[1].cli(
+        "deploy", "echo", "--model", "echo", "--engine", "mock", "--node", big_id,
+        "--", "--latency-ms", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "deployment echo (dep_" in out
     await eventually(lambda: ready_everywhere(trio, "echo", 1), "echo ready", within_s=60)
+    (declared,) = [d for d in await trio[2].get("/v1/deployments") if d["name"] == "echo"]
+    assert declared["args"] == ["--latency-ms", "1"]
+    assert declared["engine"] == "mock"
     (replica,) = await replicas(trio[0], "echo")
     return str(replica["id"])
 
@@ -73,6 +82,13 @@ async def test_logs_are_read_on_the_replicas_node_and_followed(trio: list[Node],
     assert code == 1
     assert f"{echo} runs on big" in err
     assert "nvpair logs" in err
+    # Only the owner of the local API reads it.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{big.api}/v1/replicas/{echo}/log") as response,
+    ):
+        assert response.status == 401
+        assert "mock engine serving" not in await response.text()
     # --follow prints what is written after it started.
     follow = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agent", "logs", echo, "--follow", env=big.env,
