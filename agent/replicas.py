@@ -31,12 +31,13 @@ from broker.inventory import GpuInventory
 from broker.records import NodeRecord, Replica
 from certs import write_atomic
 from plane.ids import new_id
-from scheduler.reconcile import Gpu, Host, Plan, Running, Want, admissible, reconcile, why_not_on
+from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
 
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
 from .engine_proc_state import EngineProcError, ReplicaState, ReplicaStatus
 from .observed import ObservedEngines
+from .placement_view import gpu_of, running_of, want_of
 from .templates import LaunchSpec
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 ALLOCATIONS_FILE: Final = "allocations.json"
 ROUND_S: Final = 1.0
 SETTLE_S: Final = 3.0
+RETRY_FAILED_S: Final = 300.0  # a failed replica is stopped (its GPUs freed) and placed anew
 
 
 class Allocation(msgspec.Struct, kw_only=True, frozen=True):
@@ -102,6 +104,7 @@ class ReplicaControl:
         self._clock = clock
         self._wake = asyncio.Event()
         self._cuts: dict[str, float] = {}  # surplus replica -> when the cut was first planned
+        self._failed_at: dict[str, float] = {}  # failed replica -> when we saw it fail
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
@@ -156,7 +159,7 @@ class ReplicaControl:
         if await self.observed.probe(declared, int(time.time() * 1000)):
             self._on_change()
         wants = {d.name: d for d in declared if d.authority == "managed"}
-        plan = reconcile(self.self_id, [_want(d) for d in wants.values()], self._hosts())
+        plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
         self.last_plan = plan
         now = self._clock()
         cut_now = set()
@@ -170,12 +173,26 @@ class ReplicaControl:
                     continue
             self._stop(rid, why)
         self._cuts = {rid: t for rid, t in self._cuts.items() if rid in cut_now}
+        self._retry_failed(now)
         for start in plan.start:
             mine = self._running()
             if not admissible(start, mine):
                 continue  # a plan from a view older than what runs here
             self._launch(wants[start.deployment], start.devices)
         return plan
+
+    def _retry_failed(self, now: float) -> None:
+        # A failed replica holds its GPUs and counts as one of the declared (so a broken
+        # deployment cannot spread); after RETRY_FAILED_S it is stopped and placed anew.
+        failed = {
+            s.replica_id for s in self.supervisor.replicas() if s.state is ReplicaState.FAILED
+        }
+        for rid in failed - self._failed_at.keys():
+            self._failed_at[rid] = now
+        self._failed_at = {rid: t for rid, t in self._failed_at.items() if rid in failed}
+        for rid, since in list(self._failed_at.items()):
+            if now - since >= RETRY_FAILED_S and rid not in self._stopping:
+                self._stop(rid, f"failed {RETRY_FAILED_S:.0f} s ago; placing it anew")
 
     # -- carrying out -------------------------------------------------------------------------
 
@@ -259,9 +276,10 @@ class ReplicaControl:
         inventory = self._gpus()
         me = Host(
             self.self_id,
+            self.observed.self_name,
             cordoned=self._cordoned(),
             gpus=tuple(
-                _gpu(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
+                gpu_of(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
                 for d in inventory.devices
             ),
             replicas=tuple(self._running()),
@@ -277,10 +295,10 @@ class ReplicaControl:
                     reachable=self._reachable(record.nodeId),
                     cordoned=record.cordoned,
                     gpus=tuple(
-                        _gpu(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
+                        gpu_of(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
                         for d in record.devices
                     ),
-                    replicas=tuple(_from_record(r) for r in record.replicas),
+                    replicas=tuple(running_of(r) for r in record.replicas),
                 )
             )
         return hosts
@@ -330,7 +348,7 @@ class ReplicaControl:
         """`nvpair explain --deployment`: every member of this round's view and why a replica
         of `name` cannot go there now (None: it can); None when `name` is not managed here."""
         found = [d for d in self._deployments() if d.name == name and d.authority == "managed"]
-        return [(h, why_not_on(_want(found[0]), h)) for h in self._hosts()] if found else None
+        return [(h, why_not_on(want_of(found[0]), h)) for h in self._hosts()] if found else None
 
     def url_of(self, replica_id: str) -> str | None:
         """Where a ready replica of this node listens, or None."""
@@ -359,28 +377,3 @@ def _error(status: ReplicaStatus | None) -> str:
     if status is None or status.state is not ReplicaState.FAILED:
         return ""
     return (status.last_error or "failed")[:256]
-
-
-def _gpu(dev_id: str, cls: str, memory: int, health: str, domain: str | None) -> Gpu:
-    return Gpu(dev_id, cls, memory, health == "ok", domain or "")
-
-
-def _from_record(r: Replica) -> Running:
-    return Running(
-        r.id, r.deployment, r.deploymentId, r.spec, tuple(r.devices), r.state, r.createdAt
-    )
-
-
-def _want(d: Deployment) -> Want:
-    c = d.constraints
-    return Want(
-        d.name,
-        d.id,
-        spec_digest(d),
-        replicas=d.replicas,
-        gpus=d.gpus,
-        node=c.node,
-        device_class=c.deviceClass,
-        one_domain=c.oneDomain,
-        min_memory=c.minMemory,
-    )

@@ -15,7 +15,8 @@ deterministic over the view, so once the views agree the cluster agrees:
   lands on this node is a `Start`.
 - **Surplus replicas** (more live ones than declared: a race, or a member back from a
   partition with its replicas still running) are cut to the declared number keeping ready
-  ones first, then the oldest, then by id; a node stops its own replicas outside that set.
+  ones first, then starting, then failed, then the oldest, then by id; a node stops its own
+  replicas outside that set.
   A replica of another version of the deployment's spec, or of a deployment no longer
   declared, is stopped by its node.
 
@@ -42,7 +43,10 @@ __all__ = [
     "why_not_on",
 ]
 
-LIVE: Final = frozenset({"starting", "ready"})
+# A failed replica counts towards the declared number: its node keeps it (and its GPUs), and
+# shows why, until it retries it -- a deployment that cannot start must not take GPU after
+# GPU across the cluster. Surplus cuts take failed ones first.
+LIVE: Final = frozenset({"starting", "ready", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +144,7 @@ def reconcile(self_id: str, wants: Sequence[Want], hosts: Sequence[Host]) -> Pla
             and r.state in LIVE
         ]
         if len(live) > want.replicas:
-            keep = sorted(live, key=lambda nr: (nr[1].state != "ready", nr[1].created_at, nr[1].id))
+            keep = sorted(live, key=lambda nr: (_rank(nr[1].state), nr[1].created_at, nr[1].id))
             for node_id, replica in keep[want.replicas :]:
                 if node_id == self_id:
                     plan.stop.append((replica.id, f"more than the {want.replicas} declared"))
@@ -170,6 +174,10 @@ def admissible(start: Start, mine: Iterable[Running]) -> bool:
     replicas, however stale that view was."""
     held = {d for r in mine for d in r.devices}
     return held.isdisjoint(start.devices)
+
+
+def _rank(state: str) -> int:
+    return {"ready": 0, "starting": 1}.get(state, 2)
 
 
 def _key(host: Host) -> str:

@@ -298,3 +298,15 @@ def test_any_interleaving_never_double_books_and_converges(
         assert len(live) == want.replicas, want  # capacity always suffices here
     declared = {d.name for d in members[0].declared.live()}
     assert {r.deployment for m in members for r in m.replicas.values()} <= declared
+
+
+def test_a_failed_replica_counts_so_a_broken_deployment_does_not_spread() -> None:
+    failed = Running("rep_f", "m", "dep_9", "s1", ("a-g00",), "failed", 0)
+    host = Host("nod_a", gpus=BIG.gpus, replicas=(failed,))
+    plan = reconcile("nod_a", [Want("m", "dep_9", "s1", replicas=1)], [host, SPLIT])
+    assert (plan.start, plan.elsewhere, plan.stop) == ([], [], [])  # not placed again
+    # ... and it is the first cut when there are too many
+    ready = Running("rep_r", "m", "dep_9", "s1", ("a-g01",), "ready", 5)
+    host = Host("nod_a", gpus=BIG.gpus, replicas=(failed, ready))
+    plan = reconcile("nod_a", [Want("m", "dep_9", "s1", replicas=1)], [host])
+    assert [rid for rid, _ in plan.stop] == ["rep_f"]
