@@ -264,7 +264,7 @@ class Facade:
         self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
         try:
             async with self._engines.post(url, path, raw) as reply:
-                answer, _ = await _relay(request, reply)
+                answer, _ = await _relay(request, reply, origin=False)
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
@@ -287,7 +287,7 @@ class Facade:
             async with upstream as reply:
                 if reply.status in FAILOVER_STATUSES:
                     return None, (WorkloadState.FAILED, for_status(reply.status))
-                return await _relay(request, reply)
+                return await _relay(request, reply, local=local)
         except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
             error = for_exception(exc, local=local)
             log.warning(
@@ -351,9 +351,11 @@ def _refused(refusal: Refusal | None, model: str) -> web.Response:
 
 
 async def _relay(
-    request: web.Request, reply: aiohttp.ClientResponse
+    request: web.Request, reply: aiohttp.ClientResponse, *, local: bool = True, origin: bool = True
 ) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
-    """Pass the engine's answer through, streaming what streams."""
+    """Pass the engine's answer through, streaming what streams. A stream that breaks is
+    ended with an error event at the `origin` (the member facing the client); a member
+    running a forwarded request breaks its own answer instead, so the origin sees it."""
     if reply.status >= 400:
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
@@ -372,7 +374,11 @@ async def _relay(
                 await response.write(chunk)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Bytes reached the client: no failover now. End the stream as OpenAI does.
-            error = for_exception(exc, local=True)
+            error = for_exception(exc, local=local)
+            if not origin:
+                if request.transport is not None:
+                    request.transport.abort()
+                return response, (WorkloadState.FAILED, error)
             await response.write(sse_error(error.value))
             await response.write_eof()
             return response, (WorkloadState.FAILED, error)

@@ -196,3 +196,38 @@ def _launched(home: Path) -> list[dict[str, Any]]:
         spec = json.loads(record.read_text())["spec"]
         out.append({"deployment": spec.get("served"), **spec})
     return out
+
+
+async def test_a_stream_broken_after_its_first_bytes_ends_with_an_error_event(
+    pair: list[Node],
+) -> None:
+    a, b = pair
+    body = {"name": "slow-stream", "engine": "mock", "gpus": 0, "replicas": 1,
+            "constraints": {"node": "b"}, "args": ["--tokens-per-s", "5"]}  # fmt: skip
+    assert (await post(a, "/v1/deployments", body))[0] == 201
+    await eventually(lambda: ready(a, "slow-stream", 1), "slow-stream ready", within_s=60)
+    (rid,) = [r["id"] for r in await replicas(b, "slow-stream")]
+    url = f"http://127.0.0.1:{a.ports['facade']}/v1/chat/completions"
+    request = {"model": "slow-stream", "stream": True, "max_tokens": 100,
+               "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    async with aiohttp.ClientSession() as session, session.post(url, json=request) as response:
+        assert response.status == 200
+        first = await response.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: {")  # the control: the stream had begun
+        os.kill(engine_pids(b.home)[rid], signal.SIGKILL)
+        rest = await response.content.read()  # ends cleanly: no reset raised here
+    events = [e for e in rest.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert error["type"] == "server_error"
+    assert error["message"] in {
+        "engine closed the connection",
+        "member unreachable",
+        "engine unreachable",
+    }
+
+    async def job_failed() -> bool:
+        jobs = [j for j in await a.jobs() if j["model"] == "slow-stream"]
+        return [j["state"] for j in jobs] == ["failed"] and jobs[0]["error"] == error["message"]
+
+    await eventually(job_failed, "the job is failed with the same normalised error")
