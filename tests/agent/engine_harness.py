@@ -17,7 +17,7 @@ import aiohttp
 
 from agent.engine_proc import EngineSupervisor, LaunchSpec, ReplicaStatus
 from agent.templates import BUILTIN_TEMPLATES, LaunchTemplate, custom_template
-from tests.workload_manager.cluster_harness import free_port
+from tests.workload_manager.cluster_harness import engine_ports
 
 __all__ = ["Harness", "open_harness", "serves", "state_of"]
 
@@ -71,8 +71,7 @@ class Harness:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.tag = secrets.token_hex(4)
-        low = free_port()
-        self.port_range = (low, min(low + 40, 65535))
+        self.port_range = engine_ports(41)
         self.templates = _templates(home)
         self.supervisors: list[EngineSupervisor] = []
         self.changes = 0

@@ -15,6 +15,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.workload_manager.cluster_harness import engine_ports
+
 from .harness import TIMEOUT, Node, eventually, make_node, start_cluster
 from .test_replicas_e2e import kill_engines, post, ready_everywhere, replicas
 
@@ -38,11 +40,11 @@ ready_timeout_s = 2
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("deploy-ops")
     nodes = [make_node(root, name, gpus) for name, gpus in GPUS.items()]
-    for i, node in enumerate(nodes):
+    for node in nodes:
         node.home.mkdir(parents=True)
-        low = 23000 + 100 * i  # one host for three members: each its own engine ports
+        low, high = engine_ports()  # one host for three members: each its own engine ports
         (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{low + 99}"\n{STUCK}'
+            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n{STUCK}'
         )
     try:
         async for started in start_cluster(nodes):

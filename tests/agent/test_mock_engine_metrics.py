@@ -4,7 +4,6 @@ follow the requests it really runs and queues under `--max-concurrency`."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import AsyncIterator
 
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.engine_load import EngineLoad, parse_engine_load
 from agent.mock_engine import MockEngine
 from tests.fixtures.waiting import eventually
+from tests.workload_manager.cluster_harness import free_port
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
@@ -84,13 +84,6 @@ async def test_queued_requests_are_all_served_in_turn(session: aiohttp.ClientSes
         assert await load_of(session, engine.url) == EngineLoad(0.0, 0.0, 0.0, 0)
     finally:
         await engine.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def test_the_command_line_flag_limits_a_real_engine_process(

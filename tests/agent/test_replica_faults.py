@@ -18,6 +18,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.workload_manager.cluster_harness import engine_ports
+
 from .harness import Node, eventually, make_node, start_cluster, start_engine
 from .test_replicas_e2e import alive, engine_pids, kill_engines, post, replicas
 
@@ -28,11 +30,11 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("replica-faults")
     nodes = [make_node(root, name, None) for name in ("a", "b")]
-    for i, node in enumerate(nodes):
+    for node in nodes:
         node.home.mkdir(parents=True)
-        low = 22000 + 100 * i
+        low, high = engine_ports()
         (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{low + 99}"\n'
+            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
         )
     try:
         async for started in start_cluster(nodes):

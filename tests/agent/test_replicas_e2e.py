@@ -19,6 +19,8 @@ import openai
 import pytest
 import pytest_asyncio
 
+from tests.workload_manager.cluster_harness import engine_ports
+
 from .harness import Node, eventually, make_node, start_cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -54,13 +56,13 @@ def kill_engines(home: Path) -> None:
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("replicas")
     nodes = [make_node(root, name, gpus) for name, gpus in GPUS.items()]
-    for i, node in enumerate(nodes):
+    for node in nodes:
         node.home.mkdir(parents=True)
         # One host for three members: each its own engine ports (on their own hosts they
         # would share the default range).
-        low = 21000 + 100 * i
+        low, high = engine_ports()
         (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{low + 99}"\n'
+            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
         )
     try:
         async for started in start_cluster(nodes):

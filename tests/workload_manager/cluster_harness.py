@@ -29,6 +29,7 @@ __all__ = [
     "STATES",
     "TIMEOUT",
     "Member",
+    "engine_ports",
     "eventually",
     "eventually_async",
     "free_port",
@@ -44,17 +45,28 @@ eventually_async = eventually
 # Ports handed to a process that binds them later. Taken below the kernel's ephemeral range
 # (32768-60999 on Linux): a port the kernel gave out for port 0 or an outgoing connection can
 # be taken again by it before our process binds; one below the range cannot (the race behind
-# an agent that found its port in use). Never the same one twice in a run.
-_PORTS_LOW, _PORTS_HIGH = 20_000, 32_000
+# an agent that found its port in use). Never the same one twice in a run. Under pytest-xdist
+# each worker takes only its own residue class, so two workers never hand out the same port;
+# engine port ranges (`engine_ports`) come from a band of their own, split between workers.
+_PORTS_LOW, _PORTS_HIGH = 20_000, 30_000
+_ENGINES_LOW, _ENGINES_HIGH = 30_000, 32_000
 _handed_out: set[int] = set()
 _pick = random.Random()
 
 
+def _worker() -> tuple[int, int]:
+    """(this xdist worker's index, the number of workers); (0, 1) without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return int(name.removeprefix("gw") or 0) % max(count, 1), max(count, 1)
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now and that the kernel will not hand out itself."""
+    index, count = _worker()
     for _ in range(1000):
         port = _pick.randrange(_PORTS_LOW, _PORTS_HIGH)
-        if port in _handed_out:
+        if port in _handed_out or port % count != index:
             continue
         with socket.socket() as probe:
             try:
@@ -64,6 +76,22 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError("no free port below the ephemeral range")
+
+
+_engine_next: list[int] = []
+
+
+def engine_ports(size: int = 100) -> tuple[int, int]:
+    """A range of `size` ports for one agent's engines (`[engines] port_range`), this
+    worker's own, never handed out twice in a run (ports in use in it are skipped anyway)."""
+    index, count = _worker()
+    band = (_ENGINES_HIGH - _ENGINES_LOW) // count
+    low, high = _ENGINES_LOW + index * band, _ENGINES_LOW + (index + 1) * band
+    start = _engine_next[0] if _engine_next else low
+    if start + size > high:
+        start = low  # wrapped: the earliest ranges' engines are long gone
+    _engine_next[:] = [start + size]
+    return start, start + size - 1
 
 
 def record(origin: str, wid: str, seq: int, *, run: str = "run-1") -> dict[str, Any]:
