@@ -1,19 +1,21 @@
 """A member cannot speak for another: records pushed to a real agent for a third node --
 signed with the pusher's key, unsigned, altered after signing, or with a generation from the
 future -- change nothing there; the pusher's own record is taken (issue 12, item 1). Nor can
-it remove a member in another's name (issue 12, item 2)."""
+it remove a member, or declare a deployment, in another's name (issue 12, item 2; issue 13)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
 
 from agent.node_client import NodeClient
-from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal
+from broker.deployments import Deployment
+from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
 from broker.records import NodeRecord, RecordsPush, Removal
 from certs import ClusterDir
 from tests.fixtures.records import node_record
@@ -67,6 +69,37 @@ async def test_records_for_another_node_change_nothing(trio: list[Node]) -> None
         await client.aclose()
     assert a.log_count("ignoring a record for") >= len(forged)  # each refusal is logged
     assert a.log_count("did not sign") >= 1
+
+
+async def test_a_deployment_in_another_members_name_changes_nothing(trio: list[Node]) -> None:
+    a, b, _ = trio
+    ids = [await n.node_id() for n in trio]
+    b_cluster = ClusterDir(b.home / "cluster")
+    b_identity = b_cluster.load_identity()
+    a_record = node_record(ids[0], node_port=a.ports["node"])
+    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    mine = Deployment(id="dep_" + "0" * 26, name="forged", engine="mock", gpus=0, replicas=9)
+    signed = sign_statement(mine, b_identity.key, b_identity.cert)
+    forged = [
+        mine,  # unsigned
+        msgspec.structs.replace(signed, by=ids[0]),  # b's signature, a's name
+        msgspec.structs.replace(signed, replicas=64),  # altered after signing
+    ]
+    try:
+        await client.push_records(ids[0], RecordsPush(deployments=forged))
+        assert [d["name"] for d in await a.get("/v1/deployments")] == []
+        # The control: b's own signed declaration is taken, b named as its author.
+        await client.push_records(ids[0], RecordsPush(deployments=[signed]))
+        (taken,) = await a.get("/v1/deployments")
+        assert (taken["name"], taken["by"], taken["replicas"]) == ("forged", ids[1], 9)
+    finally:
+        await client.aclose()
+    assert a.log_count("a deployment of forged") >= 3
+    # leave nothing declared for the tests after this one
+    async with aiohttp.ClientSession(headers=a.owner) as session:
+        url = a.api + "/v1/deployments/forged/undeploy"
+        async with session.post(url, json={}) as response:
+            assert response.status == 200
 
 
 async def test_a_removal_in_another_members_name_changes_nothing(trio: list[Node]) -> None:
