@@ -15,10 +15,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.workload_manager.cluster_harness import engine_ports
-
-from .harness import TIMEOUT, Node, eventually, make_node, start_cluster
-from .test_replicas_e2e import kill_engines, post, ready_everywhere, replicas
+from .deploy_harness import engine_cluster, post, ready_everywhere, replicas
+from .harness import TIMEOUT, Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,20 +36,8 @@ ready_timeout_s = 2
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
-    root = tmp_path_factory.mktemp("deploy-ops")
-    nodes = [make_node(root, name, gpus) for name, gpus in GPUS.items()]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        low, high = engine_ports()  # one host for three members: each its own engine ports
-        (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n{STUCK}'
-        )
-    try:
-        async for started in start_cluster(nodes):
-            yield started
-    finally:
-        for node in nodes:
-            kill_engines(node.home)
+    async for started in engine_cluster(tmp_path_factory.mktemp("deploy-ops"), GPUS, STUCK):
+        yield started
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.workload_manager.cluster_harness import engine_ports
-
-from .harness import Node, eventually, make_node, start_cluster, start_engine
-from .test_replicas_e2e import alive, engine_pids, kill_engines, post, replicas
+from .deploy_harness import alive, engine_cluster, engine_pids, post, replicas
+from .harness import Node, eventually, start_engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -29,19 +28,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("replica-faults")
-    nodes = [make_node(root, name, None) for name in ("a", "b")]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        low, high = engine_ports()
-        (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
-        )
-    try:
-        async for started in start_cluster(nodes):
-            yield started
-    finally:
-        for node in nodes:
-            kill_engines(node.home)
+    async for started in engine_cluster(root, {"a": None, "b": None}):
+        yield started
 
 
 async def ready(node: Node, deployment: str, count: int) -> bool:
@@ -116,15 +104,19 @@ async def test_a_replica_with_a_long_queue_gets_no_new_requests(pair: list[Node]
     await eventually(lambda: ready(a, "queue", 2), "two ready replicas of queue", within_s=60)
     on_b = next(r for r in await replicas(a, "queue") if r["node"] == "b")
     on_a = next(r for r in await replicas(a, "queue") if r["node"] == "a")
-    # Fill b's engine directly (not through nvpair): one running, five waiting.
+    # Fill b's engine directly (not through nvpair): one running, seven waiting.
     direct = f"http://127.0.0.1:{on_b['port']}/v1/chat/completions"
     async with aiohttp.ClientSession() as session:
         body_b = {"model": "queue", "messages": [{"role": "user", "content": "x"}]}
-        flood = [asyncio.create_task(_post(session, direct, body_b)) for _ in range(6)]
+        flood = [asyncio.create_task(_post(session, direct, body_b)) for _ in range(8)]
 
         async def a_sees_the_queue() -> bool:
+            # ... in a fresh report: one older than scheduler.replicas.STALE_MS would count
+            # as unknown (neutral), which a machine this busy can make it
             seen = {r["id"]: r for r in await replicas(a, "queue")}
-            return bool(seen[on_b["id"]]["waiting"] >= 4)
+            b_now = seen[on_b["id"]]
+            age_ms = time.time() * 1000 - b_now["loadAt"]
+            return bool(b_now["waiting"] >= 4 and age_ms < 2000)
 
         await eventually(a_sees_the_queue, "a's view shows b's queue")
         served_before = await _requests(on_a["port"])

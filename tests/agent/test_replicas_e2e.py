@@ -6,90 +6,24 @@ deployment never lands on the node whose domains hold 2 each; scaling down stops
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
-import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 
-from tests.workload_manager.cluster_harness import engine_ports
-
-from .harness import Node, eventually, make_node, start_cluster
+from .deploy_harness import alive, engine_cluster, engine_pids, post, ready_everywhere, replicas
+from .harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 GPUS = {"big": "h100-80gb-sxm:8", "split": "h100-80gb-sxm:2,h100-80gb-sxm:2", "small": "l4:2"}
 
 
-def engine_pids(home: Path) -> dict[str, int]:
-    """Replica id -> pid of the engines this home's agent launched (from proc.json)."""
-    pids = {}
-    for record in home.glob("replicas/*/proc.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            pids[record.parent.name] = int(json.loads(record.read_text())["pid"])
-    return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-
-
-def kill_engines(home: Path) -> None:
-    # Agents leave their engines running when they stop (the next start adopts them).
-    for pid in engine_pids(home).values():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
-    root = tmp_path_factory.mktemp("replicas")
-    nodes = [make_node(root, name, gpus) for name, gpus in GPUS.items()]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        # One host for three members: each its own engine ports (on their own hosts they
-        # would share the default range).
-        low, high = engine_ports()
-        (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
-        )
-    try:
-        async for started in start_cluster(nodes):
-            yield started
-    finally:
-        for node in nodes:
-            kill_engines(node.home)
-
-
-async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession(headers=node.owner) as session,
-        session.post(node.api + path, json=body) as response,
-    ):
-        return response.status, await response.text()
-
-
-async def replicas(node: Node, deployment: str) -> list[dict[str, Any]]:
-    return [r for r in await node.get("/v1/replicas") if r["deployment"] == deployment]
-
-
-async def ready_everywhere(nodes: list[Node], deployment: str, count: int) -> bool:
-    for node in nodes:
-        seen = await replicas(node, deployment)
-        if len(seen) != count or any(r["state"] != "ready" for r in seen):
-            return False
-    return True
+    async for started in engine_cluster(tmp_path_factory.mktemp("replicas"), GPUS):
+        yield started
 
 
 async def test_three_replicas_of_two_gpus_serve_through_any_member(trio: list[Node]) -> None:

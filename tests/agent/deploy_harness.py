@@ -1,0 +1,95 @@
+"""Agents that run deployments, for the tests: a cluster whose members each have their own
+engine ports (one host for every member), and the engines' processes as proc.json names
+them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.workload_manager.cluster_harness import engine_ports
+
+from .harness import Node, make_node, start_cluster
+
+__all__ = [
+    "alive",
+    "engine_cluster",
+    "engine_pids",
+    "kill_engines",
+    "post",
+    "ready_everywhere",
+    "replicas",
+]
+
+
+async def engine_cluster(
+    root: Path, gpus: Mapping[str, str | None], extra_toml: str = ""
+) -> AsyncIterator[list[Node]]:
+    """Started members named and with simulated GPUs as `gpus` says; their engines killed
+    at the end (agents leave engines running when they stop: the next start adopts them)."""
+    nodes = [make_node(root, name, spec) for name, spec in gpus.items()]
+    for node in nodes:
+        node.home.mkdir(parents=True)
+        # One host for every member: each its own engine ports (on their own hosts they
+        # would share the default range).
+        low, high = engine_ports()
+        (node.home / "nvpair.toml").write_text(
+            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n{extra_toml}'
+        )
+    try:
+        async for started in start_cluster(nodes):
+            yield started
+    finally:
+        for node in nodes:
+            kill_engines(node.home)
+
+
+def engine_pids(home: Path) -> dict[str, int]:
+    """Replica id -> pid of the engines this home's agent launched (from proc.json)."""
+    pids = {}
+    for record in home.glob("replicas/*/proc.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pids[record.parent.name] = int(json.loads(record.read_text())["pid"])
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+
+def kill_engines(home: Path) -> None:
+    # Agents leave their engines running when they stop (the next start adopts them).
+    for pid in engine_pids(home).values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(headers=node.owner) as session,
+        session.post(node.api + path, json=body) as response,
+    ):
+        return response.status, await response.text()
+
+
+async def replicas(node: Node, deployment: str) -> list[dict[str, Any]]:
+    return [r for r in await node.get("/v1/replicas") if r["deployment"] == deployment]
+
+
+async def ready_everywhere(nodes: list[Node], deployment: str, count: int) -> bool:
+    for node in nodes:
+        seen = await replicas(node, deployment)
+        if len(seen) != count or any(r["state"] != "ready" for r in seen):
+            return False
+    return True
