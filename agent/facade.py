@@ -36,7 +36,7 @@ from .engines import Engines
 from .errors import MemberUnreachable
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
-from .routing import FAILOVER_STATUSES, Target, choose, sse_error
+from .routing import FAILOVER_STATUSES, Target, choose, served_models, sse_error
 from .view import SchedulingView
 
 __all__ = ["Facade", "facade_address", "openai_error"]
@@ -138,11 +138,7 @@ class Facade:
     # -- routes -----------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        cluster = self._view.current()[0]
-        data = [
-            {"id": model, "object": "model", "created": 0, "owned_by": "nvpair", "nodes": nodes}
-            for model, nodes in cluster.models().items()
-        ]
+        data = served_models(self._view.current()[0].models(), self._replicas())
         return web.Response(
             body=msgspec.json.encode({"object": "list", "data": data}),
             content_type="application/json",

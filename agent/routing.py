@@ -22,7 +22,7 @@ from broker.records import NodeRecord
 from scheduler import Cluster, Load, Refusal, Request, rank
 from scheduler.replicas import ReplicaView, ReportedLoad, rank_replicas
 
-__all__ = ["FAILOVER_STATUSES", "Target", "choose", "replica_views", "sse_error"]
+__all__ = ["FAILOVER_STATUSES", "Target", "choose", "replica_views", "served_models", "sse_error"]
 
 FAILOVER_STATUSES: Final = frozenset({502, 503})  # a target that could not take it at all
 
@@ -90,6 +90,21 @@ def choose(
     if not top:
         return ranked.refusal() or Refusal.MODEL_NOT_SERVED
     return [Target(node, "", kind_on(node, model)) for node, _ in top]
+
+
+def served_models(
+    engines: Mapping[str, Iterable[str]], replicas: Iterable[ReplicaView]
+) -> list[dict[str, object]]:
+    """`/v1/models`: the engines' models (`--engine`, by node) and every deployment with a
+    ready replica on a reachable member."""
+    served = {model: set(nodes) for model, nodes in engines.items()}
+    for replica in replicas:
+        if replica.state == "ready" and replica.reachable:
+            served.setdefault(replica.model, set()).add(replica.node_id)
+    return [
+        {"id": model, "object": "model", "created": 0, "owned_by": "nvpair", "nodes": sorted(n)}
+        for model, n in sorted(served.items())
+    ]
 
 
 def sse_error(message: str) -> bytes:

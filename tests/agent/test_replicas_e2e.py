@@ -44,6 +44,8 @@ async def test_three_replicas_of_two_gpus_serve_through_any_member(trio: list[No
             base_url=f"http://127.0.0.1:{node.ports['facade']}/v1", api_key="unused"
         )
         async with client:
+            listed = [m.id for m in (await client.models.list()).data]
+            assert "chat-3x2" in listed  # a deployment with a ready replica is a model
             answer = await client.chat.completions.create(
                 model="chat-3x2", messages=[{"role": "user", "content": "hello"}], max_tokens=4
             )

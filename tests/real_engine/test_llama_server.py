@@ -1,6 +1,6 @@
 """llama.cpp's real `llama-server`, on CPU, launched by real agents from the built-in
 `llamacpp` template (issue 14, item 2): readiness through the loading phase; `/v1/models`
-(the facade's does not list deployments yet: a strict xfail marks it); chat (streamed and
+(which lists deployments with a ready replica); chat (streamed and
 not) and completions through any member with the `openai` client; the usage a client gets
 equals the server's own token counters; the server's `llamacpp:*` load reaches the replica
 records and `nvpair explain`; kill -9 restarts it; a corrupt model fails the replica with
@@ -147,11 +147,6 @@ async def test_the_server_serves_the_deployment_under_its_name(pair: list[Node])
     assert "tiny" in [m["id"] for m in json.loads(text)["data"]]  # --alias {served}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the facade's /v1/models lists only the --engine servers' models, not deployments'"
-    " (scheduler/rank.py Cluster.models(): engines of kind None only): found by this tier",
-)
 async def test_models_lists_the_deployment_through_any_member(pair: list[Node]) -> None:
     for node in pair:
         async with client(node) as api:
