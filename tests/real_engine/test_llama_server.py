@@ -131,7 +131,8 @@ async def test_the_replica_is_ready_only_once_the_server_answers_health(
         return True
 
     await eventually(ready, "the llama.cpp replica on b is ready", within_s=120)
-    assert states[0] == "starting", states  # it was starting before it was ready
+    # Before it was ready it was only ever starting (the tiny model loads in well under a
+    # second, so a poll may not catch that phase: the server's log below shows it).
     assert set(states[:-1]) <= {"starting"}, states
     assert health_when_ready == [200]
     (rid,) = engine_pids(b.home)
