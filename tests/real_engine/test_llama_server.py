@@ -9,7 +9,6 @@ the server's own log lines and leaves the agent serving."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -24,8 +23,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.engine_load import parse_engine_load
-from tests.agent.harness import Node, eventually, make_node, start_cluster
-from tests.workload_manager.cluster_harness import engine_ports
+from tests.agent.deploy_harness import engine_cluster, engine_pids, replicas
+from tests.agent.harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,40 +37,10 @@ LONG = {"ignore_eos": True}  # random weights say EOS at random; a long answer m
 async def pair(
     llama_server: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[list[Node]]:
+    # `llama_server` first: it puts the server's folder on the PATH the agents inherit.
     root = tmp_path_factory.mktemp("real-engine")
-    nodes = [make_node(root, name, None) for name in ("a", "b")]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        low, high = engine_ports()
-        (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
-        )
-    try:
-        async for started in start_cluster(nodes):
-            yield started
-    finally:
-        for node in nodes:
-            kill_engines(node.home)
-
-
-def engine_pids(home: Path) -> dict[str, int]:
-    """Replica id -> pid of the engines this home's agent launched (from proc.json)."""
-    pids = {}
-    for record in home.glob("replicas/*/proc.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            pids[record.parent.name] = int(json.loads(record.read_text())["pid"])
-    return pids
-
-
-def kill_engines(home: Path) -> None:
-    # Agents leave their engines running when they stop (the next start adopts them).
-    for pid in engine_pids(home).values():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-
-
-async def replicas(node: Node, deployment: str) -> list[dict[str, Any]]:
-    return [r for r in await node.get("/v1/replicas") if r["deployment"] == deployment]
+    async for started in engine_cluster(root, {"a": None, "b": None}):
+        yield started
 
 
 def client(node: Node) -> openai.AsyncOpenAI:
