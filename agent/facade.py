@@ -36,6 +36,7 @@ from .engines import Engines
 from .errors import MemberUnreachable
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
+from .openai_errors import openai_error, openai_errors
 from .routing import FAILOVER_STATUSES, Target, choose, served_models, sse_error
 from .view import SchedulingView
 
@@ -46,14 +47,6 @@ log = logging.getLogger(__name__)
 MAX_BODY: Final = 8 * 1024 * 1024
 _body_decoder: Final = msgspec.json.Decoder(dict[str, Any])
 _HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
-
-
-def openai_error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
-    """An error in the shape OpenAI clients parse."""
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
-    )
 
 
 @dataclass
@@ -112,7 +105,7 @@ class Facade:
         self._seq = itertools.count(1)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors()])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
@@ -138,6 +131,8 @@ class Facade:
     # -- routes -----------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self._requester(request) is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         data = served_models(self._view.current()[0].models(), self._replicas())
         return web.Response(
             body=msgspec.json.encode({"object": "list", "data": data}),

@@ -44,7 +44,9 @@ class Rig:
         await self.engine.aclose()
 
 
-async def rig(engine: MockEngine, queue_limit: int = 8) -> Rig:
+async def rig(
+    engine: MockEngine, queue_limit: int = 8, api_keys: dict[str, str] | None = None
+) -> Rig:
     await engine.start()
     engines = Engines([("vllm-0", "vllm", engine.url)])
     await engines.probe()
@@ -77,7 +79,7 @@ async def rig(engine: MockEngine, queue_limit: int = 8) -> Rig:
         submit=lambda method, record: events.append((method, record)),
         host="127.0.0.1",
         port=0,
-        api_keys={},
+        api_keys=api_keys or {},
         queue_limit=queue_limit,
     )
     await facade.start()
@@ -166,3 +168,33 @@ async def test_full_queue_is_429_and_a_client_that_leaves_is_cancelled() -> None
         assert done.state.value == "cancelled"
     finally:
         await r.aclose()
+
+
+async def test_unknown_routes_and_methods_get_openai_shaped_errors(solo: Rig) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(solo.url + "/v1/no-such-route") as response:
+            assert response.status == 404
+            error = (await response.json())["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "unknown_url")
+        async with session.get(solo.url + "/v1/chat/completions") as response:
+            assert response.status == 405
+            assert "POST" in response.headers["Allow"]
+            assert (await response.json())["error"]["code"] == "method_not_allowed"
+        # The control: the routes that exist still answer.
+        async with session.get(solo.url + "/v1/models") as response:
+            assert response.status == 200
+
+
+async def test_models_obey_the_api_keys() -> None:
+    keyed = await rig(MockEngine(model="m1"), api_keys={"team-a": "sk-test-1"})
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(keyed.url + "/v1/models") as response:
+                assert response.status == 401
+                assert (await response.json())["error"]["code"] == "invalid_api_key"
+            headers = {"Authorization": "Bearer sk-test-1"}
+            async with session.get(keyed.url + "/v1/models", headers=headers) as response:
+                assert response.status == 200
+                assert [m["id"] for m in (await response.json())["data"]] == ["m1"]
+    finally:
+        await keyed.aclose()
