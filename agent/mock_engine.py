@@ -35,6 +35,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from workload_manager import VERSION
 from workload_manager.sites import start_site
 
 __all__ = ["MockEngine", "add_command"]
@@ -80,6 +81,7 @@ class MockEngine:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/version", self._version)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
@@ -98,6 +100,9 @@ class MockEngine:
     async def aclose(self) -> None:
         """Stop serving and close connections."""
         await self._runner.cleanup()
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": f"nvpair-mock {VERSION}"})
 
     async def _models(self, request: web.Request) -> web.Response:
         data = [

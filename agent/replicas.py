@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
+import aiohttp
 import msgspec
 
 from broker.deployments import Deployment, spec_digest
@@ -36,6 +37,7 @@ from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
 from .engine_proc_state import EngineProcError, ReplicaState, ReplicaStatus
+from .engine_version import ask_version
 from .observed import ObservedEngines
 from .placement_view import gpu_of, running_of, want_of
 from .templates import LaunchSpec
@@ -105,6 +107,7 @@ class ReplicaControl:
         self._wake = asyncio.Event()
         self._cuts: dict[str, float] = {}  # surplus replica -> when the cut was first planned
         self._failed_at: dict[str, float] = {}  # failed replica -> when we saw it fail
+        self._versions: dict[str, str] = {}  # replica -> its engine's version, once ready
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
@@ -158,6 +161,7 @@ class ReplicaControl:
         declared = self._deployments()
         if await self.observed.probe(declared, int(time.time() * 1000)):
             self._on_change()
+        await self._ask_versions()
         wants = {d.name: d for d in declared if d.authority == "managed"}
         plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
         self.last_plan = plan
@@ -180,6 +184,20 @@ class ReplicaControl:
                 continue  # a plan from a view older than what runs here
             self._launch(wants[start.deployment], start.devices)
         return plan
+
+    async def _ask_versions(self) -> None:
+        # Once per ready replica (again after a restart): what its engine says it is.
+        ready = {
+            s.replica_id: s for s in self.supervisor.replicas() if s.state is ReplicaState.READY
+        }
+        self._versions = {rid: v for rid, v in self._versions.items() if rid in ready}
+        unknown = [s for rid, s in ready.items() if rid not in self._versions]
+        if not unknown:
+            return
+        async with aiohttp.ClientSession() as session:
+            found = await asyncio.gather(*(ask_version(session, s.url, s.kind) for s in unknown))
+        self._versions.update({s.replica_id: v for s, v in zip(unknown, found, strict=True)})
+        self._on_change()
 
     def _retry_failed(self, now: float) -> None:
         # A failed replica holds its GPUs and counts as one of the declared (so a broken
@@ -323,6 +341,7 @@ class ReplicaControl:
                     port=s.port if s is not None else 0,
                     state=state,  # type: ignore[arg-type]  # one of the four
                     restarts=s.restarts if s is not None else 0,
+                    engineVersion=self._versions.get(a.replica, ""),
                     error=_error(s),
                     createdAt=a.createdAt,
                     running=load.running if load else 0.0,

@@ -37,6 +37,12 @@ async def test_three_replicas_of_two_gpus_serve_through_any_member(trio: list[No
     )
     seen = await replicas(trio[2], "chat-3x2")
     devices = [d for r in seen for d in r["devices"]]
+
+    async def versions_known() -> bool:  # each engine asked what it is, once ready
+        got = [r["engineVersion"] for r in await replicas(trio[2], "chat-3x2")]
+        return all(v.startswith("nvpair-mock ") for v in got)
+
+    await eventually(versions_known, "every replica's engine version in the records")
     assert len(devices) == len(set(devices)) == 6  # every replica on distinct GPUs
     # Served through any member, with the openai client.
     for node in trio:

@@ -116,6 +116,11 @@ async def test_the_server_serves_the_deployment_under_its_name(pair: list[Node])
     assert status == 200, text
     assert "tiny" in [m["id"] for m in json.loads(text)["data"]]  # --alias {served}
 
+    async def version_known() -> bool:  # the server's own build_info (GET /props)
+        return bool((await the_replica(pair[0], "tiny"))["engineVersion"])
+
+    await eventually(version_known, "the llama.cpp replica's engine version in the records")
+
 
 async def test_models_lists_the_deployment_through_any_member(pair: list[Node]) -> None:
     for node in pair:
