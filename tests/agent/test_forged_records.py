@@ -18,6 +18,7 @@ from broker.deployments import Deployment
 from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
 from broker.records import NodeRecord, RecordsPush, Removal
 from certs import ClusterDir
+from certs.cluster_dir import Identity
 from tests.fixtures.records import node_record
 
 from .harness import Node, eventually, make_node, start_cluster
@@ -72,12 +73,9 @@ async def test_records_for_another_node_change_nothing(trio: list[Node]) -> None
 
 
 async def test_a_deployment_in_another_members_name_changes_nothing(trio: list[Node]) -> None:
-    a, b, _ = trio
+    a = trio[0]
     ids = [await n.node_id() for n in trio]
-    b_cluster = ClusterDir(b.home / "cluster")
-    b_identity = b_cluster.load_identity()
-    a_record = node_record(ids[0], node_port=a.ports["node"])
-    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    client, b_identity = b_towards_a(trio, ids)
     mine = Deployment(id="dep_" + "0" * 26, name="forged", engine="mock", gpus=0, replicas=9)
     signed = sign_statement(mine, b_identity.key, b_identity.cert)
     forged = [
@@ -104,12 +102,9 @@ async def test_a_deployment_in_another_members_name_changes_nothing(trio: list[N
 
 async def test_a_removal_in_another_members_name_changes_nothing(trio: list[Node]) -> None:
     # Last in the module: its control removes c.
-    a, b, _ = trio
+    a = trio[0]
     ids = [await n.node_id() for n in trio]
-    b_cluster = ClusterDir(b.home / "cluster")
-    b_identity = b_cluster.load_identity()
-    a_record = node_record(ids[0], node_port=a.ports["node"])
-    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    client, b_identity = b_towards_a(trio, ids)
     signed = sign_removal(Removal(nodeId=ids[2], removedAt=1), b_identity.key, b_identity.cert)
     forged = [
         Removal(nodeId=ids[2], removedAt=1),  # unsigned
@@ -131,6 +126,15 @@ async def _removed_by(node: Node, node_id: str) -> object:
     member = next(m for m in await node.get("/v1/members") if m["nodeId"] == node_id)
     assert (member["removed"] is None) == (member["removedBy"] is None)
     return member["removedBy"]
+
+
+def b_towards_a(trio: list[Node], ids: list[str]) -> tuple[NodeClient, Identity]:
+    """A node client of b's that reaches a, and b's identity (what b signs with)."""
+    a, b, _ = trio
+    b_cluster = ClusterDir(b.home / "cluster")
+    a_record = node_record(ids[0], node_port=a.ports["node"])
+    client = NodeClient(b_cluster, lambda node: a_record if node == ids[0] else None)
+    return client, b_cluster.load_identity()
 
 
 async def _knows(node: Node, ids: list[str]) -> bool:
