@@ -159,13 +159,6 @@ def _get(path: str) -> Any:
     return cli_http.get(path)
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
 def _jobs(args: argparse.Namespace) -> int:
     filters = (("state", args.state), ("node", args.node))
     query = "".join(f"&{k}={urllib.parse.quote(v)}" for k, v in filters if v)
@@ -186,7 +179,7 @@ def _jobs(args: argparse.Namespace) -> int:
                     [job["id"], job["state"], job["model"], job["originatedFrom"][-8:],
                      (job.get("scheduledOn") or "-")[-8:], created, (job.get("error") or "")[:40]]
                 )  # fmt: skip
-            print(_table(rows))
+            print(cli_http.table(rows))
         if not args.watch:
             return 0
         time.sleep(2)
@@ -231,7 +224,7 @@ def _nodes(args: argparse.Namespace) -> int:
              f"{free:.0f}/{total:.0f} GiB" if devices else "-",
              f"{sum(util) / len(util):.0f}%" if util else "-"]
         )  # fmt: skip
-    print(_table(rows))
+    print(cli_http.table(rows))
     return 0
 
 
@@ -282,7 +275,7 @@ def _ops(args: argparse.Namespace) -> int:
         ]
         for o in ops
     ]
-    print(_table(rows))
+    print(cli_http.table(rows))
     return 0
 
 
@@ -308,7 +301,7 @@ def _explain(args: argparse.Namespace) -> int:
             ["-", e["replica"], e["node"], e["reason"], "", "", ""] for e in replicas["refused"]
         ]
         print(f"{args.model} is a deployment: each request goes to the best replica")
-        print(_table(rows))
+        print(cli_http.table(rows))
         return 0
     rows = [["RANK", "NODE", "SCORE / REASON"]]
     rows += [
@@ -316,7 +309,7 @@ def _explain(args: argparse.Namespace) -> int:
         for n, entry in enumerate(result["ranked"])
     ]
     rows += [["-", entry["nodeId"], entry["reason"]] for entry in result["refused"]]
-    print(_table(rows))
+    print(cli_http.table(rows))
     return 0
 
 
@@ -331,7 +324,7 @@ def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
         [e["node"], e["nodeId"], str(e["replicas"]), e["reason"] or "can be placed"]
         for e in result["nodes"]
     ]
-    print(_table(rows))
+    print(cli_http.table(rows))
     for why in result["unplaced"]:
         print(f"\nunplaced in this node's last plan: {why}")
     return 0

@@ -19,7 +19,7 @@ from typing import Any, Final
 from .config import nvpair_home
 from .local_guard import TOKEN_FILE, read_token
 
-__all__ = ["CliError", "agent_headers", "agent_url", "get", "post", "request"]
+__all__ = ["CliError", "agent_headers", "agent_url", "get", "post", "request", "table"]
 
 TIMEOUT_S: Final = 10.0
 
@@ -126,3 +126,11 @@ def _alive(pid: int) -> bool:
     except OverflowError:
         return False
     return True
+
+
+def table(rows: list[list[str]]) -> str:
+    """Rows as left-aligned columns two spaces apart (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )

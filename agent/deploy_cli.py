@@ -122,7 +122,7 @@ def _deployments(args: argparse.Namespace) -> int:
             [d["name"], d["engine"], str(d["replicas"]), str(states.get("ready", 0)),
              str(d["gpus"]), str(d["version"]), d["by"][-8:]]
         )  # fmt: skip
-    print(_table(rows))
+    print(cli_http.table(rows))
     return 0
 
 
@@ -151,7 +151,7 @@ def _replicas(args: argparse.Namespace) -> int:
             [r["id"], r["deployment"], r["node"], r["state"], str(len(r["devices"])),
              str(r["port"]), str(r["restarts"]), r.get("error", "")[:60]]
         )  # fmt: skip
-    table = _table(rows).split("\n")
+    table = cli_http.table(rows).split("\n")
     print(table[0])
     for line, r in zip(table[1:], replicas, strict=True):
         print(line)
@@ -185,10 +185,3 @@ def _logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     except KeyboardInterrupt:
         return 0
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
