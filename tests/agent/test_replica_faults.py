@@ -113,10 +113,12 @@ async def test_a_replica_with_a_long_queue_gets_no_new_requests(pair: list[Node]
         async def a_sees_the_queue() -> bool:
             # ... in a fresh report: one older than scheduler.replicas.STALE_MS would count
             # as unknown (neutral), which a machine this busy can make it
+            # -- and a's own replica's too: one never read counts as the mean of the others
+            # (scheduler.replicas), which would make idle a look as busy as b
             seen = {r["id"]: r for r in await replicas(a, "queue")}
-            b_now = seen[on_b["id"]]
-            age_ms = time.time() * 1000 - b_now["loadAt"]
-            return bool(b_now["waiting"] >= 4 and age_ms < 2000)
+            now_ms = time.time() * 1000
+            fresh = all(now_ms - seen[r["id"]]["loadAt"] < 2000 for r in (on_a, on_b))
+            return bool(seen[on_b["id"]]["waiting"] >= 4 and fresh)
 
         await eventually(a_sees_the_queue, "a's view shows b's queue")
         served_before = await _requests(on_a["port"])
