@@ -1,8 +1,7 @@
 """The inference facade on 14323: OpenAI-compatible, any member takes any request.
 
-This is seed 002's "proxy". At start it mints a `runId` (ULID); each request is a job with
-`id` from a counter starting at 1 and `seq` from the facade's event counter. A request is
-placed by the scheduler (NVML data, engines in the node records, pending work), then:
+This is seed 002's "proxy": each request is a job (`facade_jobs`: one `runId` per start,
+`id` counting from 1, a new `seq` per change). A request is placed by the scheduler (NVML data, engines in the node records, pending work), then:
 `workload:submitted` (queued, `originatedFrom` = this node), `workload:started` with
 `scheduledOn`, and `workload:completed` or `workload:errored` (failed with a normalised
 error, or cancelled when the client goes away). The request runs on the local engine or is
@@ -15,17 +14,13 @@ an event, a log line, a metric or the plane.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
 import msgspec
 from aiohttp import web
-from ulid import ULID
 
 from scheduler import Cluster, Load, Refusal
 from scheduler.replicas import ReplicaView
@@ -34,10 +29,12 @@ from workload_manager.workload import Workload, WorkloadState
 
 from .engines import Engines
 from .errors import MemberUnreachable
+from .facade_jobs import JobBook, now_ms
+from .facade_relay import refused, relay
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
-from .routing import FAILOVER_STATUSES, Target, choose, served_models, sse_error
+from .routing import FAILOVER_STATUSES, Target, choose, served_models
 from .view import SchedulingView
 
 __all__ = ["Facade", "facade_address", "openai_error"]
@@ -46,12 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY: Final = 8 * 1024 * 1024
 _body_decoder: Final = msgspec.json.Decoder(dict[str, Any])
-_HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
-
-
-@dataclass
-class _Job:
-    record: Workload
 
 
 def facade_address(
@@ -91,7 +82,6 @@ class Facade:
         self._view = view
         self._engines = engines
         self._forward = forward
-        self._submit = submit
         self._replicas = replicas
         self._replica_url = replica_url
         self.pending: dict[str, int] = {}  # replica id -> our requests running there
@@ -100,9 +90,7 @@ class Facade:
         self.port = port
         self.keys = {key: name for name, key in api_keys.items()}
         self.queue_limit = queue_limit
-        self.run_id = str(ULID())
-        self._ids = itertools.count(1)
-        self._seq = itertools.count(1)
+        self.jobs = JobBook(node_id, submit)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
         app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors()])
@@ -172,20 +160,19 @@ class Facade:
             kind_on=self._view.engine_kind_for,
         )
         if isinstance(targets, Refusal):
-            return _refused(targets, model)
-        job = self._new_job(
-            model, targets[0].kind, requester if isinstance(requester, str) else None
-        )
-        self._emit("workload:submitted", job)
+            return refused(targets, model)
+        jobs = self.jobs
+        job = jobs.new(model, targets[0].kind, requester if isinstance(requester, str) else None)
+        jobs.emit("workload:submitted", job)
         outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
         try:
             for attempt, target in enumerate(targets):
                 if attempt:
                     self.failovers += 1
                     log.warning("failing over to %s", target.replica or target.node_id)
-                self._advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
-                              startedAt=job.record.startedAt or _now_ms())  # fmt: skip
-                self._emit("workload:started", job)  # each target in the job's history
+                jobs.advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
+                             startedAt=job.record.startedAt or now_ms())  # fmt: skip
+                jobs.emit("workload:started", job)  # each target in the job's history
                 answer, outcome = await self._attempt(request, path, raw, target, model)
                 if answer is not None:
                     return answer
@@ -196,13 +183,13 @@ class Facade:
         finally:
             # The error is a phrase of the closed vocabulary, never an engine's words.
             state, error = outcome
-            self._advance(
+            jobs.advance(
                 job,
                 state=state,
-                completedAt=_now_ms(),
+                completedAt=now_ms(),
                 error=None if error is None else error.value,
             )
-            self._emit(
+            jobs.emit(
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,
             )
@@ -255,7 +242,7 @@ class Facade:
         self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
         try:
             async with self._engines.post(url, path, raw) as reply:
-                answer, _ = await _relay(request, reply, origin=False)
+                answer, _ = await relay(request, reply, origin=False)
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
@@ -278,7 +265,7 @@ class Facade:
             async with upstream as reply:
                 if reply.status in FAILOVER_STATUSES:
                     return None, (WorkloadState.FAILED, for_status(reply.status))
-                return await _relay(request, reply, local=local)
+                return await relay(request, reply, local=local)
         except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
             error = for_exception(exc, local=local)
             log.warning(
@@ -290,7 +277,7 @@ class Facade:
             )
             return None, (WorkloadState.FAILED, error)
 
-    # -- jobs -------------------------------------------------------------------------------
+    # -- keys -------------------------------------------------------------------------------
 
     def _requester(self, request: web.Request) -> str | bool | None:
         if not self.keys:
@@ -298,89 +285,3 @@ class Facade:
         header = request.headers.get("Authorization", "")
         key = header[7:] if header.startswith("Bearer ") else ""
         return self.keys.get(key, False)
-
-    def _new_job(self, model: str, engine: str, requester: str | None) -> _Job:
-        record = Workload(
-            id=str(next(self._ids)),
-            model=model[:256],
-            engine=engine,
-            runId=self.run_id,
-            state=WorkloadState.QUEUED,
-            originatedFrom=self.node_id,
-            createdAt=_now_ms(),
-            startedAt=None,
-            completedAt=None,
-            error=None,
-            requesterId=requester,
-            seq=next(self._seq),
-        )
-        return _Job(record)
-
-    def _advance(self, job: _Job, **changes: Any) -> None:
-        job.record = msgspec.structs.replace(job.record, seq=next(self._seq), **changes)
-
-    def _emit(self, method: str, job: _Job) -> None:
-        self._submit(method, job.record)
-
-
-def _refused(refusal: Refusal | None, model: str) -> web.Response:
-    # The scheduler says why no member can take it; its status is what the client sees.
-    status = refusal.status if refusal is not None else 503
-    if status == 429:
-        response = openai_error(429, "every member serving this model is busy", "rate_limit_error")
-        response.headers["Retry-After"] = "1"
-        return response
-    if status == 404:
-        return openai_error(
-            404,
-            f"The model `{model[:256]}` does not exist on any member",
-            "invalid_request_error",
-            "model_not_found",
-        )
-    reason = f" ({refusal.value})" if refusal is not None else ""
-    return openai_error(503, f"no member can serve this model now{reason}", "server_error")
-
-
-async def _relay(
-    request: web.Request, reply: aiohttp.ClientResponse, *, local: bool = True, origin: bool = True
-) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
-    """Pass the engine's answer through, streaming what streams. A stream that breaks is
-    ended with an error event at the `origin` (the member facing the client); a member
-    running a forwarded request breaks its own answer instead, so the origin sees it."""
-    if reply.status >= 400:
-        # The client gets the engine's answer as it is; the job, only the status class.
-        body = await reply.read()
-        outcome = (WorkloadState.FAILED, for_status(reply.status))
-        return web.Response(
-            status=reply.status, body=body, content_type=reply.content_type
-        ), outcome
-    if reply.content_type == "text/event-stream":
-        response = web.StreamResponse(
-            status=reply.status,
-            headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
-        )
-        await response.prepare(request)
-        try:
-            async for chunk in reply.content.iter_any():
-                await response.write(chunk)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            # Bytes reached the client: no failover now. End the stream as OpenAI does.
-            error = for_exception(exc, local=local)
-            if not origin:
-                if request.transport is not None:
-                    request.transport.abort()
-                return response, (WorkloadState.FAILED, error)
-            await response.write(sse_error(error.value))
-            await response.write_eof()
-            return response, (WorkloadState.FAILED, error)
-        await response.write_eof()
-        return response, (WorkloadState.COMPLETED, None)
-    body = await reply.read()
-    return web.Response(status=reply.status, body=body, content_type=reply.content_type), (
-        WorkloadState.COMPLETED,
-        None,
-    )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -1,0 +1,83 @@
+"""The facade's answers: the engine's reply passed through to the client, streaming what
+streams, and the refusal a client sees when no member can take its request.
+
+Nothing of an engine's error body reaches a job record: a job keeps only the status class,
+in the closed vocabulary of `job_errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+
+from scheduler import Refusal
+from workload_manager.workload import WorkloadState
+
+from .job_errors import JobError, for_exception, for_status
+from .openai_errors import openai_error
+from .routing import sse_error
+
+__all__ = ["refused", "relay"]
+
+_HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
+
+
+def refused(refusal: Refusal | None, model: str) -> web.Response:
+    # The scheduler says why no member can take it; its status is what the client sees.
+    status = refusal.status if refusal is not None else 503
+    if status == 429:
+        response = openai_error(429, "every member serving this model is busy", "rate_limit_error")
+        response.headers["Retry-After"] = "1"
+        return response
+    if status == 404:
+        return openai_error(
+            404,
+            f"The model `{model[:256]}` does not exist on any member",
+            "invalid_request_error",
+            "model_not_found",
+        )
+    reason = f" ({refusal.value})" if refusal is not None else ""
+    return openai_error(503, f"no member can serve this model now{reason}", "server_error")
+
+
+async def relay(
+    request: web.Request, reply: aiohttp.ClientResponse, *, local: bool = True, origin: bool = True
+) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
+    """Pass the engine's answer through, streaming what streams. A stream that breaks is
+    ended with an error event at the `origin` (the member facing the client); a member
+    running a forwarded request breaks its own answer instead, so the origin sees it."""
+    if reply.status >= 400:
+        # The client gets the engine's answer as it is; the job, only the status class.
+        body = await reply.read()
+        outcome = (WorkloadState.FAILED, for_status(reply.status))
+        return web.Response(
+            status=reply.status, body=body, content_type=reply.content_type
+        ), outcome
+    if reply.content_type == "text/event-stream":
+        response = web.StreamResponse(
+            status=reply.status,
+            headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+        )
+        await response.prepare(request)
+        try:
+            async for chunk in reply.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # Bytes reached the client: no failover now. End the stream as OpenAI does.
+            error = for_exception(exc, local=local)
+            if not origin:
+                if request.transport is not None:
+                    request.transport.abort()
+                return response, (WorkloadState.FAILED, error)
+            await response.write(sse_error(error.value))
+            await response.write_eof()
+            return response, (WorkloadState.FAILED, error)
+        await response.write_eof()
+        return response, (WorkloadState.COMPLETED, None)
+    body = await reply.read()
+    return web.Response(status=reply.status, body=body, content_type=reply.content_type), (
+        WorkloadState.COMPLETED,
+        None,
+    )
