@@ -1,11 +1,12 @@
 """The inference facade on 14323: OpenAI-compatible, any member takes any request.
 
 This is seed 002's "proxy": each request is a job (`facade_jobs`: one `runId` per start,
-`id` counting from 1, a new `seq` per change). A request is placed by the scheduler (NVML data, engines in the node records, pending work), then:
-`workload:submitted` (queued, `originatedFrom` = this node), `workload:started` with
-`scheduledOn`, and `workload:completed` or `workload:errored` (failed with a normalised
-error, or cancelled when the client goes away). The request runs on the local engine or is
-forwarded over the node API (mTLS, pinned) and streamed back.
+`id` counting from 1, a new `seq` per change). A request is placed by the scheduler (NVML
+data, engines in the node records, pending work), then: `workload:submitted` (queued,
+`originatedFrom` = this node), `workload:started` with `scheduledOn`, and
+`workload:completed` or `workload:errored` (failed with a normalised error, or cancelled
+when the client goes away). The request runs on the local engine or is forwarded over the
+node API (mTLS, pinned) and streamed back.
 
 Prompts and completions pass through here and over the node API only: they are never put in
 an event, a log line, a metric or the plane.
@@ -137,28 +138,11 @@ class Facade:
         requester = self._requester(request)
         if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            # aiohttp's own 413 is plain text: OpenAI clients parse an error object.
-            message = f"the body is over {MAX_BODY} bytes"
-            return openai_error(413, message, "invalid_request_error", "request_too_large")
-        try:
-            body = _body_decoder.decode(raw)
-            model = body["model"]
-            if not isinstance(model, str) or not model:
-                raise TypeError
-        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
-            # RecursionError: msgspec's answer to JSON nested past the recursion limit.
-            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        targets = choose(
-            model,
-            replicas=self._replicas(),
-            pending=self.pending,
-            nodes=self._nodes,
-            origin=self.node_id,
-            kind_on=self._view.engine_kind_for,
-        )
+        read = await self._read(request)
+        if isinstance(read, web.Response):
+            return read
+        raw, model = read
+        targets = self._place(model)
         if isinstance(targets, Refusal):
             return refused(targets, model)
         jobs = self.jobs
@@ -193,6 +177,34 @@ class Facade:
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,
             )
+
+    async def _read(self, request: web.Request) -> tuple[bytes, str] | web.Response:
+        """The body and the model it names, or the error the client gets."""
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            # aiohttp's own 413 is plain text: OpenAI clients parse an error object.
+            message = f"the body is over {MAX_BODY} bytes"
+            return openai_error(413, message, "invalid_request_error", "request_too_large")
+        try:
+            model = _body_decoder.decode(raw)["model"]
+            if not isinstance(model, str) or not model:
+                raise TypeError
+        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
+            # RecursionError: msgspec's answer to JSON nested past the recursion limit.
+            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
+        return raw, model
+
+    def _place(self, model: str) -> list[Target] | Refusal:
+        """Where the request runs (best first, for one failover), or why nowhere."""
+        return choose(
+            model,
+            replicas=self._replicas(),
+            pending=self.pending,
+            nodes=self._nodes,
+            origin=self.node_id,
+            kind_on=self._view.engine_kind_for,
+        )
 
     def _nodes(self) -> tuple[Cluster, Load]:
         cluster, load = self._view.current()
