@@ -269,3 +269,16 @@ def test_contexts_are_built_once_per_change_not_per_handshake(cluster: Cluster) 
     cluster.a.rotate()
     assert identity.current() is not None
     assert contexts.builds == 2
+
+
+def test_a_client_looks_at_its_files_once_a_recheck_window_not_per_call(cluster: Cluster) -> None:
+    contexts = ClientContexts(cluster.a)
+    before = contexts.current()
+    identity = contexts._identity
+    identity.recheck_s = 3600.0  # a window that cannot pass during the test
+    cluster.a.rotate()
+    assert contexts.current() is before  # no stat() per call: the hot paths ask per batch
+    identity.recheck_s = 0.0  # the window has passed
+    rotated = contexts.current()
+    assert rotated is not before
+    assert identity.builds == 2
