@@ -60,6 +60,7 @@ from .errors import (
     ManagerRefused,
     ManagerUnavailable,
 )
+from .frame_batch import FrameBatch
 from .jobs import JobsStore, JobsWriter
 from .liveness import Drops, Liveness, watch
 from .process import pass_stderr, spawn_stdio, start_failure, stop_process
@@ -120,8 +121,7 @@ class ManagerSupervisor:
         self.hung: str | None = None  # why the last child was declared hung, until a ready
         self._policy = RestartPolicy()
         self._proc: asyncio.subprocess.Process | None = None
-        self._outgoing: list[bytes] = []  # frames (and newlines) for this turn's one write
-        self._outgoing_bytes = 0
+        self._batch = FrameBatch(lambda: self._proc, self.drops, MAX_UNREAD)
         self._channel: BrokerChannel | None = None
         self._ready = asyncio.Event()
         self._started: asyncio.Future[None] | None = None
@@ -241,32 +241,7 @@ class ManagerSupervisor:
             channel.forget(request_id)
 
     def _send(self, frame: bytes) -> bool:
-        proc = self._proc
-        if proc is None or proc.returncode is not None or proc.stdin is None:
-            # The child is restarting; it catches up through its snapshot and peers.
-            return self.drops.dropped("the workload manager is not running")
-        if proc.stdin.transport.get_write_buffer_size() + self._outgoing_bytes > MAX_UNREAD:
-            # A child that does not read is stuck; the liveness check restarts it, and what
-            # it missed it gets back from the Jobs store (its snapshot) and its catch-up.
-            return self.drops.dropped(f"{MAX_UNREAD // 2**20} MiB wait unread", unread=True)
-        self.drops.delivered()
-        # Frames sent in one turn of the loop go out in one write: a request's events (and
-        # every other request's) cost one system call and one wake-up of the child, not one
-        # each. Order is kept; a frame is never held past the current turn.
-        if not self._outgoing:
-            asyncio.get_running_loop().call_soon(self._write_outgoing, proc)
-        self._outgoing.append(frame)
-        self._outgoing.append(b"\n")
-        self._outgoing_bytes += len(frame) + 1
-        return True
-
-    def _write_outgoing(self, proc: asyncio.subprocess.Process) -> None:
-        parts, self._outgoing, self._outgoing_bytes = self._outgoing, [], 0
-        if proc is self._proc and proc.returncode is None and proc.stdin is not None:
-            proc.stdin.write(b"".join(parts))
-            return
-        for _ in range(len(parts) // 2):  # it exited within the turn: caught up as above
-            self.drops.dropped("the workload manager is not running")
+        return self._batch.send(self._proc, frame)
 
     def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:
         if proc.returncode is not None or self._stopping:
