@@ -56,9 +56,8 @@ from .operations import Operations
 from .plane_sync import PlaneSync
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
-from .routing import replica_views
 from .upkeep import LoadPoller, Pruner
-from .view import SchedulingView
+from .view import ReplicaViews, SchedulingView
 
 __all__ = ["Agent"]
 
@@ -168,13 +167,12 @@ class Agent:
             view=view,
             engines=engines,
             forward=client.forward,
-            replicas=lambda: replica_views(
-                members.records(),
+            replicas=ReplicaViews(
                 self_id=node_id,
-                reachable=lambda n: members.reachable(n, time.monotonic()),
+                records=members.records,
+                reachable=members.reachable,
                 kind_of=lambda name: d.engine if (d := deployments.get(name)) else "unknown",
-                now_ms=int(time.time() * 1000),
-            ),
+            ).current,
             replica_url=control.url_of,
             submit=self.submit,
             host=facade_host,

@@ -83,7 +83,7 @@ def choose(
         kinds = {r.replica_id: r.kind for r in replicas}
         return [Target(node, rid, kinds.get(rid, "unknown")) for rid, node, _ in ranking.ranked[:2]]
     cluster, load = nodes()
-    if model not in cluster.models():
+    if (None, model) not in cluster.served:  # served by some engine (of any kind)
         return Refusal.MODEL_NOT_SERVED
     ranked = rank(Request(model, origin=origin), cluster, load)
     top = ranked.top(2)

@@ -13,10 +13,14 @@ from typing import Final
 
 from broker.records import NodeRecord
 from scheduler import Cluster, DeviceView, EngineView, Load, NodeView
+from scheduler.replicas import ReplicaView
 
-__all__ = ["SchedulingView"]
+from .routing import replica_views
+
+__all__ = ["ReplicaViews", "SchedulingView"]
 
 TTL_S: Final = 0.5
+REPLICA_TTL_S: Final = 0.1  # load ages and reachability may lag this much (STALE_MS is 5 s)
 
 
 class SchedulingView:
@@ -89,3 +93,41 @@ class SchedulingView:
             if model in engine.models and engine.up:
                 return engine.kind
         return "unknown"
+
+
+class ReplicaViews:
+    """Every member's replicas as ranking sees them (`routing.replica_views`), built again
+    when a record changes and otherwise at most every `REPLICA_TTL_S` -- not per request."""
+
+    def __init__(
+        self,
+        *,
+        self_id: str,
+        records: Callable[[], list[NodeRecord]],
+        reachable: Callable[[str, float], bool],
+        kind_of: Callable[[str], str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._self_id = self_id
+        self._records = records
+        self._reachable = reachable
+        self._kind_of = kind_of
+        self._clock = clock
+        self._cache: tuple[tuple[tuple[str, int], ...], float, list[ReplicaView]] | None = None
+
+    def current(self) -> list[ReplicaView]:
+        """The views (shared: callers do not change them)."""
+        now = self._clock()
+        records = self._records()
+        key = tuple((r.nodeId, r.generation) for r in records)
+        cached = self._cache
+        if cached is None or cached[0] != key or now - cached[1] > REPLICA_TTL_S:
+            views = replica_views(
+                records,
+                self_id=self._self_id,
+                reachable=lambda node_id: self._reachable(node_id, now),
+                kind_of=self._kind_of,
+                now_ms=int(time.time() * 1000),
+            )
+            cached = self._cache = (key, now, views)
+        return cached[2]

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S: Final = 0.5  # how often a sender that may not send looks again
 VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot before syncing
+# A batch follows the previous one by at least this much unless it is full: an event after a
+# quiet spell goes out at once, and under load a peer gets a request per LINGER_S with every
+# event of that time in it (a job's submitted/started/completed often coalesced into one)
+# instead of one request per event or two -- a TLS write and a wake-up each, on both sides.
+LINGER_S: Final = 0.01
 _SYNC_ID: Final = "sync"
 
 View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
@@ -196,6 +201,7 @@ class _Sender:
         self.needs_sync = True
         self.state = "starting"
         self.task: asyncio.Task[None]
+        self._last_batch_at = -LINGER_S
 
     async def supervised(self, name: str) -> None:
         """`run()`, reported when it dies. Its coroutine is made only once this task starts,
@@ -234,11 +240,17 @@ class _Sender:
             sync = self.needs_sync
             if sync:
                 self.queue_view()
+            elif self.outbox.depth < self.outbox.max_batch:
+                linger = self._last_batch_at + LINGER_S - now
+                if linger > 0:
+                    await asyncio.sleep(linger)
+                    now = loop.time()
             batch = self.outbox.next_batch(now)
             if batch is None and not sync:
                 self.state = "idle"
                 await self._sleep(None)
                 continue
+            self._last_batch_at = now
             await self._send(batch or [], sync=sync)
 
     def _may_send(self) -> bool:
