@@ -112,7 +112,7 @@ class ApiKeys:
     def in_use(self) -> bool:
         """Whether this cluster uses keys: any key held, revoked or expired included (the
         facade stays closed once a key was ever issued), or a keys file that was unreadable."""
-        return self.closed or bool(self.held.all())
+        return self.closed or len(self.held) > 0
 
     # -- changes ------------------------------------------------------------------------------
 

@@ -138,6 +138,9 @@ class KeySet:
         del self._by_name[min(tombstones, key=lambda k: k.updatedAt).name]
         return True
 
+    def __len__(self) -> int:
+        return len(self._by_name)
+
     def get(self, name: str) -> ApiKey | None:
         """The version held for `name`, tombstones included."""
         return self._by_name.get(name)
