@@ -17,21 +17,32 @@ from pathlib import Path
 from typing import Annotated, Final
 
 import msgspec
+from cryptography import x509
 from msgspec import Meta
 
 from broker.api_keys import ApiKey, KeySet, hash_secret, keys_decoder, new_secret
-from broker.record_signing import sign_statement
+from broker.record_signing import RecordVerifier, sign_statement
 from certs import Identity, write_atomic
 
 from .errors import AgentError
 
-__all__ = ["KEYS_FILE", "ApiKeys", "KeyExists", "KeyRefused", "KeyRequest"]
+__all__ = ["KEYS_FILE", "ApiKeys", "KeyExists", "KeyRefused", "KeyRequest", "save_joined"]
 
 log = logging.getLogger(__name__)
 
 KEYS_FILE: Final = "api-keys.json"
 MAX_EXPIRY_S: Final = 100 * 365 * 24 * 3600
 _encode: Final = msgspec.json.Encoder().encode
+
+
+def save_joined(home: Path, keys: Iterable[ApiKey], ca: x509.Certificate) -> None:
+    """Keep the keys a join answer carried, each checked against the cluster CA, so a node
+    that joins a cluster with keys starts with its facade closed to anyone without one (and
+    listening on every interface) instead of open until its first push."""
+    verifier = RecordVerifier()
+    held = [k for k in keys if verifier.statement_why_not(k, ca, f"an API key {k.name}") is None]
+    if held:
+        write_atomic(home / KEYS_FILE, _encode(held))
 
 
 class KeyRefused(AgentError):

@@ -230,6 +230,7 @@ class Agent:
             on_cancel=facade.cancel_on,
             on_digest=repair.answer_digest,
             on_exchange=repair.answer_exchange,
+            api_keys=api_keys.all,
         )
         sync = None
         if config.plane is not None:

@@ -158,3 +158,29 @@ async def test_rpm_is_shared_across_the_members(trio: list[Node]) -> None:
     for _, headers, body in limited:
         assert (body["error"]["type"], body["error"]["code"]) == ("requests", "rate_limit_exceeded")
         assert 1 <= int(headers["Retry-After"]) <= 60
+
+
+async def test_a_member_that_joins_later_starts_with_the_keys(
+    trio: list[Node], engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    a = trio[0]
+    secret = await create(a, "late")
+    await known_everywhere(trio, secret)
+    d = make_node(tmp_path_factory.mktemp("joiner"), "d", None)
+    d.extra = ["--engine", f"vllm={engine.url}"]
+    code, token, err = await a.cli("cluster", "invite")
+    assert code == 0, err
+    code, _, err = await d.cli(
+        "cluster", "join", f"127.0.0.1:{a.ports['node']}", token.strip(), "--name", "d"
+    )
+    assert code == 0, err
+    assert "late" in (d.home / "api-keys.json").read_text()  # before it ever starts
+    assert secret not in (d.home / "api-keys.json").read_text()
+    await d.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            # With the keys it joined with: closed to a guess, open to the key.
+            assert (await chat(session, d, "sk-nvp-guess"))[0] == 401
+            assert (await chat(session, d, secret))[0] == 200
+    finally:
+        await d.stop()
