@@ -114,8 +114,20 @@ async def test_a_scoped_key_works_everywhere_and_revoked_is_refused_everywhere(
                 assert unknown.value.code == "invalid_api_key"
         jobs = await a.jobs()
         assert {j["requesterId"] for j in jobs if j["requesterId"]} == {"team-a"}
+        for body, status in (
+            ({"name": "team-a"}, 409),  # in use
+            ({"name": "x", "rpm": -1}, 400),
+            ({"name": "bad name!"}, 400),
+            ({"name": "x", "expiresInS": "soon"}, 400),
+            ({"name": "x", "secret": "sk-mine"}, 400),  # a secret is never chosen by the caller
+        ):
+            async with session.post(a.api + "/v1/keys", json=body, headers=a.owner) as response:
+                assert response.status == status, (body, await response.text())
+        async with session.post(a.api + "/v1/keys/nobody/revoke", json={}, headers=a.owner) as r:
+            assert r.status == 404
         code, listed, err = await c.cli("keys", "list")
         assert code == 0, err
+        assert "x" not in listed.split()  # none of the refused ones was made
         assert "team-a" in listed
         assert "active" in listed
         assert secret not in listed
