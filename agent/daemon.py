@@ -36,6 +36,7 @@ from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
+from .api_keys import ApiKeys
 from .config import PORTS, AgentConfig
 from .deploy_api import DeployPorts
 from .deployments import Deployments
@@ -46,6 +47,7 @@ from .errors import PortInUse
 from .facade import Facade, facade_address
 from .gpus import discover, simulate
 from .heartbeat import Heartbeat, OwnRecord
+from .key_check import KeyCheck
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
 from .local_guard import issue_token
@@ -56,7 +58,7 @@ from .operations import Operations
 from .plane_sync import PlaneSync
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
-from .upkeep import LoadPoller, Pruner
+from .upkeep import LoadPoller, Pruner, gpu_reader
 from .view import ReplicaViews, SchedulingView
 
 __all__ = ["Agent"]
@@ -117,6 +119,7 @@ class Agent:
             sign=lambda d: sign_statement(d, identity.key, identity.cert),
             on_change=lambda: heartbeat.push_now(),
         )
+        api_keys = ApiKeys.signed_by(identity, config.home, lambda: heartbeat.push_now())
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -125,6 +128,7 @@ class Agent:
             set_peers=supervisor.set_peers,
             sign=lambda removal: sign_removal(removal, identity.key, identity.cert),
             deployments=deployments,
+            api_keys=api_keys,
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -144,7 +148,7 @@ class Agent:
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
         control, scraper = self._replica_parts(deployments, own, lambda: heartbeat.push_now())
         started = True  # the record carries replicas from here on
-        read_gpus = None if config.simulate_gpus else self._gpu_reader(node_id)
+        read_gpus = None if config.simulate_gpus else gpu_reader(node_id)
         heartbeat = Heartbeat(
             own=own,
             members=members,
@@ -161,7 +165,8 @@ class Agent:
             reachable=members.reachable,
             remote_load=lambda: load.remote,
         )
-        facade_host, facade_why = facade_address(config.facade_bind, bind, bool(config.api_keys))
+        keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
+        facade_host, facade_why = facade_address(config.facade_bind, bind, keys.in_use())
         self.facade = facade = Facade(
             node_id=node_id,
             view=view,
@@ -178,6 +183,7 @@ class Agent:
             host=facade_host,
             port=config.facade_port,
             api_keys=dict(config.api_keys),
+            key_check=keys,
             queue_limit=config.queue_limit,
         )
         tasks = Tasks(health)
@@ -222,6 +228,7 @@ class Agent:
             on_cancel=facade.cancel_on,
             on_digest=repair.answer_digest,
             on_exchange=repair.answer_exchange,
+            api_keys=api_keys.all,
         )
         sync = None
         if config.plane is not None:
@@ -359,14 +366,6 @@ class Agent:
     async def _active_on(self, target: str) -> list[str]:
         await self.writer.flush()
         return await self.store.active_on(target)
-
-    @staticmethod
-    def _gpu_reader(node_id: str) -> Callable[[], Awaitable[Any]]:
-        async def read() -> Any:
-            # Memory in use and utilisation move; NVML calls block, so off the loop.
-            return await asyncio.to_thread(discover, node_id)
-
-        return read
 
     def _write_state(self, api_url: str) -> None:
         state = self.config.state_file

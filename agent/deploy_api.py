@@ -15,6 +15,8 @@
   `name` can or cannot be placed there now, and the last plan's reason it is unplaced.
 - `GET /v1/explain/replicas?model=M` -- the replicas of `M` ranked as the facade ranks them
   (`scheduler.rank_replicas`, with what this member has sent and not seen finish).
+
+The API key routes (`agent.keys_api`) are served with these.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from scheduler.replicas import rank_replicas
 from . import replica_logs
 from .deployments import DeploymentRefused, DeploymentRequest, Deployments
 from .engine_proc_state import ReplicaState
+from .keys_api import key_routes
 from .members import Members
 from .replicas import ReplicaControl
 from .routing import replica_views
@@ -184,6 +187,7 @@ def deployment_routes(
         web.get("/v1/replicas/{id}/log", log),
         web.get("/v1/deployments/{name}/explain", explain_deployment),
         web.get("/v1/explain/replicas", explain_replicas),
+        *key_routes(ports.members.api_keys),  # the cluster's API keys (agent.keys_api)
     ]
 
 

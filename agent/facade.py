@@ -33,6 +33,7 @@ from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
 from .facade_relay import refused, relay
 from .job_errors import JobError, for_exception, for_status
+from .key_check import KeyCheck
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
@@ -78,6 +79,7 @@ class Facade:
         queue_limit: int,
         replicas: Callable[[], list[ReplicaView]] = list,
         replica_url: Callable[[str], str | None] = lambda _: None,
+        key_check: KeyCheck | None = None,
     ) -> None:
         self.node_id = node_id
         self._view = view
@@ -89,7 +91,7 @@ class Facade:
         self.failovers = 0
         self.host = host
         self.port = port
-        self.keys = {key: name for name, key in api_keys.items()}
+        self.keys = key_check or KeyCheck(api_keys)  # who may send requests (agent.key_check)
         self.queue_limit = queue_limit
         self.jobs = JobBook(node_id, submit)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
@@ -142,6 +144,8 @@ class Facade:
         if isinstance(read, web.Response):
             return read
         raw, model = read
+        if (denied := self.keys.admit(requester, model)) is not None:
+            return denied  # a model the key may not use, or over the key's limits: no job
         targets = self._place(model)
         if isinstance(targets, Refusal):
             return refused(targets, model)
@@ -292,8 +296,4 @@ class Facade:
     # -- keys -------------------------------------------------------------------------------
 
     def _requester(self, request: web.Request) -> str | bool | None:
-        if not self.keys:
-            return None
-        header = request.headers.get("Authorization", "")
-        key = header[7:] if header.startswith("Bearer ") else ""
-        return self.keys.get(key, False)
+        return self.keys.requester(request.headers.get("Authorization", ""))

@@ -20,6 +20,7 @@ from certs import (
 from certs.identity import ca_fingerprint, load_cert
 from certs.invites import parse_token
 
+from .api_keys import save_joined
 from .errors import AgentError
 from .members import SEEDS_FILE
 from .node_api import JoinAnswer
@@ -85,4 +86,5 @@ async def _join(address: str, token: str, name: str, sans: list[str], cluster: C
     )
     seeds = cluster.path.parent / SEEDS_FILE
     write_atomic(seeds, msgspec.json.encode(answer.records))  # 0600 from the start
+    save_joined(cluster.path.parent, answer.apiKeys, load_cert(answer.ca.encode()))
     return node_id

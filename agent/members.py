@@ -23,6 +23,7 @@ from certs import ClusterDir, PinRefused
 from certs.pins import Member
 from workload_manager.manager import Peer
 
+from .api_keys import ApiKeys
 from .deployments import Deployments
 
 __all__ = ["SEEDS_FILE", "Members", "read_seeds", "remover"]
@@ -69,6 +70,7 @@ class Members:
         set_peers: Callable[[Sequence[Peer]], None],
         sign: Callable[[Removal], Removal],
         deployments: Deployments | None = None,
+        api_keys: ApiKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.self_id = self_id
@@ -77,6 +79,7 @@ class Members:
         self._set_peers = set_peers
         self._sign = sign  # a removal as this node's signed statement
         self.deployments = deployments
+        self.api_keys = api_keys
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
@@ -126,6 +129,10 @@ class Members:
         now = self._clock()
         return [r.nodeId for r in self.peers() if self.membership.reachable(r.nodeId, now)]
 
+    def alive(self) -> int:
+        """How many members are alive: this node and the others heard from recently."""
+        return 1 + len(self.reachable_peers())
+
     def manager_peers(self) -> list[Peer]:
         """The workload manager's peers."""
         return manager_peers(self.membership.peers(), self._cluster.pins.is_member)
@@ -145,6 +152,7 @@ class Members:
             removals=self.membership.removals(),
             certificates=[pem.decode() for pem in self._cluster.pins.pems()],
             deployments=self.deployments.all() if self.deployments is not None else [],
+            apiKeys=self.api_keys.all() if self.api_keys is not None else [],
         )
 
     # -- changes ----------------------------------------------------------------------------
@@ -182,6 +190,8 @@ class Members:
         self._tombstone(plan.tombstones)
         if self.deployments is not None and plan.deployments:
             self.deployments.merge(plan.deployments)
+        if self.api_keys is not None and plan.api_keys:
+            self.api_keys.merge(plan.api_keys)
         for pin in plan.pins:
             try:
                 self._cluster.pins.pin(pin.cert, ca=self._ca)

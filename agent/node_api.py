@@ -27,6 +27,7 @@ import msgspec
 from aiohttp import web
 
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
+from broker.api_keys import ApiKey
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import (
     ClusterDir,
@@ -78,6 +79,7 @@ class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
     pins: list[str]
     records: list[NodeRecord]
     removed: list[Tombstone] = []
+    apiKeys: list[ApiKey] = []  # a joiner into a cluster with keys starts with them
 
 
 class NodeApi:
@@ -97,7 +99,9 @@ class NodeApi:
         on_cancel: Callable[[str], int] = lambda target: 0,
         on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
         on_exchange: Callable[[Exchange], Awaitable[ExchangeAnswer]] | None = None,
+        api_keys: Callable[[], list[ApiKey]] = list,
     ) -> None:
+        self.api_keys = api_keys
         self.on_digest = on_digest
         self.on_exchange = on_exchange
         self.run_here = run_here
@@ -187,6 +191,7 @@ class NodeApi:
             pins=answer.pins,
             records=self.records(),
             removed=answer.removed,
+            apiKeys=self.api_keys(),
         )
         return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
 

@@ -1,8 +1,10 @@
-"""Two small loops over the Jobs store: the pending work per node, and retention.
+"""Small loops over the Jobs store (the pending work per node, and retention), and the
+GPU re-read.
 
 `LoadPoller` reads, every `LOAD_REFRESH_S`, how many queued and running jobs other members
 placed on each node (from the shared Jobs view); the facade adds its own in-flight count.
-`Pruner` deletes finished jobs past the retention and old removal tombstones.
+`Pruner` deletes finished jobs past the retention and old removal tombstones;
+`gpu_reader` re-reads this node's GPUs for its heartbeat.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 from broker.errors import BrokerError
 
-__all__ = ["LoadPoller", "Pruner"]
+from .gpus import discover
+
+__all__ = ["LoadPoller", "Pruner", "gpu_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +77,13 @@ class Pruner:
                 await self.once()
             except (BrokerError, sqlite3.Error) as exc:
                 log.warning("pruning the Jobs store failed, trying again later: %s", exc)
+
+
+def gpu_reader(node_id: str) -> Callable[[], Awaitable[Any]]:
+    """The heartbeat's GPU re-read: memory in use and utilisation move, and NVML calls
+    block, so each read runs off the loop."""
+
+    async def read() -> Any:
+        return await asyncio.to_thread(discover, node_id)
+
+    return read

@@ -21,6 +21,7 @@ from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
 from workload_manager.manager import Peer
 
+from .api_keys import ApiKey
 from .deployments import Deployment
 from .record_signing import RecordVerifier
 from .records import NodeRecord, RecordsPush, Removal
@@ -46,6 +47,7 @@ class PushPlan:
     offers: tuple[NodeRecord, ...]  # members' records to offer (newer generation wins)
     refused: tuple[str, ...]  # why a certificate was not pinned, for the log
     deployments: tuple[Deployment, ...] = ()  # declared deployments, each signed by a member
+    api_keys: tuple[ApiKey, ...] = ()  # API keys, each signed by a member
 
 
 def plan_push(
@@ -115,24 +117,28 @@ def plan_push(
             refused.append(why)
             continue
         offers.append(record)
-    deployments: list[Deployment] = []
-    for deployment in push.deployments:
-        what = f"a deployment of {deployment.name} (version {deployment.version})"
-        why = verifier.statement_why_not(deployment, ca, what)
-        signer = tombstones.get(deployment.by)
-        gone = signer.removedAt if signer is not None else removed_at(deployment.by)
-        if why is None and gone is not None and deployment.updatedAt >= gone:
-            why = f"{what} signed by {deployment.by} after it was removed"
+
+    def signed(statement: Deployment | ApiKey, what: str) -> bool:
+        why = verifier.statement_why_not(statement, ca, what)
+        signer = tombstones.get(statement.by)
+        gone = signer.removedAt if signer is not None else removed_at(statement.by)
+        if why is None and gone is not None and statement.updatedAt >= gone:
+            why = f"{what} signed by {statement.by} after it was removed"
         if why is not None:
             refused.append(why)
-        else:
-            deployments.append(deployment)
+        return why is None
+
+    deployments = [
+        d for d in push.deployments if signed(d, f"a deployment of {d.name} (version {d.version})")
+    ]
+    api_keys = [k for k in push.apiKeys if signed(k, f"an API key {k.name} (version {k.version})")]
     return PushPlan(
         tuple(tombstones.values()),
         tuple(pins.values()),
         tuple(offers),
         tuple(refused),
         tuple(deployments),
+        tuple(api_keys),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from .api_keys import MAX_KEYS, ApiKey
 from .deployments import MAX_DEPLOYMENTS, Deployment
 from .inventory import Device, TopologyDomain
 
@@ -113,6 +114,7 @@ class RecordsPush(Struct, kw_only=True, frozen=True):
         list[Annotated[str, Meta(max_length=16384)]], Meta(max_length=1024)
     ] = []
     deployments: Annotated[list[Deployment], Meta(max_length=MAX_DEPLOYMENTS)] = []
+    apiKeys: Annotated[list[ApiKey], Meta(max_length=MAX_KEYS)] = []  # signed, as deployments
 
 
 push_decoder: Final = msgspec.json.Decoder(RecordsPush)
