@@ -195,6 +195,17 @@ async def test_bad_bodies_and_routes_are_openai_errors_and_no_jobs(cluster: list
         got, error = await post(a, path, body, content_type)
         assert (got, error["error"]["type"]) == (status, "invalid_request_error"), path
         assert says in error["error"]["message"]
+
+    # Chunked, with no Content-Length: refused once the body passes the limit.
+    async def chunked() -> AsyncIterator[bytes]:
+        yield b'{"model": "m", "input": "'
+        for _ in range(9):
+            yield b"x" * 1024 * 1024
+
+    url = f"http://127.0.0.1:{a.ports['facade']}/v1/embeddings"
+    async with aiohttp.ClientSession() as session, session.post(url, data=chunked()) as reply:
+        assert reply.status == 413
+        assert (await reply.json())["error"]["code"] == "request_too_large"
     # The control: the same route with a model is served.
     status, _ = await post(a, "/v1/embeddings", {"model": MODEL, "input": "x"})
     assert status == 200
