@@ -43,7 +43,7 @@ __all__ = ["Facade", "facade_address", "openai_error"]
 
 log = logging.getLogger(__name__)
 
-MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # each route's: `_read`
+MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
 
 
 def facade_address(
