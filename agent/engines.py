@@ -85,10 +85,10 @@ class Engines:
                 return engine.url
         return None
 
-    def post(self, url: str, path: str, body: bytes) -> Any:
-        """POST an inference request to a local engine; an aiohttp request context."""
+    def post(self, url: str, path: str, body: bytes, content_type: str = "application/json") -> Any:
+        """POST an inference request (`body` as the client sent it, with `content_type`) to
+        a local engine; an aiohttp request context."""
         if self._call_session is None:
             self._call_session = aiohttp.ClientSession(timeout=CALL_TIMEOUT)
-        return self._call_session.post(
-            url + path, data=body, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": content_type}
+        return self._call_session.post(url + path, data=body, headers=headers)

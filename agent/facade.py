@@ -36,6 +36,7 @@ from .job_errors import JobError, for_exception, for_status
 from .key_check import KeyCheck
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
+from .openai_routes import ROUTES, BadBody, model_object, model_of, read_body
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
 from .view import SchedulingView
 
@@ -43,8 +44,7 @@ __all__ = ["Facade", "facade_address", "openai_error"]
 
 log = logging.getLogger(__name__)
 
-MAX_BODY: Final = 8 * 1024 * 1024
-_body_decoder: Final = msgspec.json.Decoder(dict[str, Any])
+MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
 
 
 def facade_address(
@@ -71,7 +71,7 @@ class Facade:
         node_id: str,
         view: SchedulingView,
         engines: Engines,
-        forward: Callable[[str, str, bytes, str], Any],
+        forward: Callable[[str, str, bytes, str, str], Any],
         submit: Callable[[str, Workload], None],
         host: str | None,
         port: int,
@@ -97,9 +97,10 @@ class Facade:
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
         app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors()])
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
+        for path in ROUTES:  # agent.openai_routes: every route a job, as chat is
+            app.router.add_post(path, self._route(path))
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
         # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
         self._runner = web.AppRunner(
             app,
@@ -130,17 +131,28 @@ class Facade:
             content_type="application/json",
         )
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._infer(request, "/v1/chat/completions")
+    async def _model(self, request: web.Request) -> web.Response:
+        if self._requester(request) is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        model = request.match_info["model"]
+        served = served_models(self._view.current()[0].models(), self._replicas())
+        entry = model_object(served, model)
+        if entry is None:
+            message = f"The model `{model[:256]}` does not exist"
+            return openai_error(404, message, "invalid_request_error", "model_not_found")
+        return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._infer(request, "/v1/completions")
+    def _route(self, path: str) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._infer(request, path)
+
+        return handle
 
     async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
         requester = self._requester(request)
         if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        read = await self._read(request)
+        read = await self._read(request, path)
         if isinstance(read, web.Response):
             return read
         raw, model = read
@@ -182,22 +194,18 @@ class Facade:
                 job,
             )
 
-    async def _read(self, request: web.Request) -> tuple[bytes, str] | web.Response:
-        """The body and the model it names, or the error the client gets."""
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            # aiohttp's own 413 is plain text: OpenAI clients parse an error object.
-            message = f"the body is over {MAX_BODY} bytes"
+    async def _read(self, request: web.Request, path: str) -> tuple[bytes, str] | web.Response:
+        """The body and the model it names (read as the route says), or the error the
+        client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
+        route = ROUTES[path]
+        raw = await read_body(request, route.limit)
+        if raw is None:
+            message = f"the body is over {route.limit} bytes"
             return openai_error(413, message, "invalid_request_error", "request_too_large")
         try:
-            model = _body_decoder.decode(raw)["model"]
-            if not isinstance(model, str) or not model:
-                raise TypeError
-        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
-            # RecursionError: msgspec's answer to JSON nested past the recursion limit.
-            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
-        return raw, model
+            return raw, model_of(route, request.headers.get("Content-Type", ""), raw)
+        except BadBody as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
 
     def _place(self, model: str) -> list[Target] | Refusal:
         """Where the request runs (best first, for one failover), or why nowhere."""
@@ -247,17 +255,18 @@ class Facade:
         self, request: web.Request, path: str, raw: bytes
     ) -> web.StreamResponse:
         """Run a request another member placed here, on a local engine."""
+        sent = request.headers.get("Content-Type", "")
         try:
-            model = _body_decoder.decode(raw)["model"]
-        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
-            return openai_error(400, "the body must be JSON with a model", "invalid_request_error")
+            model = model_of(ROUTES[path], sent, raw)
+        except BadBody as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
         replica = request.headers.get("X-Nvpair-Replica", "")
         url = self._replica_url(replica) if replica else self._engines.url_for(str(model))
         if url is None:
             return openai_error(503, "no engine here serves the model", "server_error")
         self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
         try:
-            async with self._engines.post(url, path, raw) as reply:
+            async with self._engines.post(url, path, raw, sent) as reply:
                 answer, _ = await relay(request, reply, origin=False)
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -269,15 +278,16 @@ class Facade:
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str
     ) -> tuple[web.StreamResponse | None, tuple[WorkloadState, JobError | None]]:
         local = target.node_id == self.node_id
+        sent = ROUTES[path].engine_content_type(request.headers.get("Content-Type", ""))
         try:
             if local:
                 url = self._replica_url(target.replica) if target.replica else None
                 url = url or self._engines.url_for(model)
                 if url is None:
                     return None, (WorkloadState.FAILED, JobError.NO_ENGINE)
-                upstream = self._engines.post(url, path, raw)
+                upstream = self._engines.post(url, path, raw, sent)
             else:
-                upstream = self._forward(target.node_id, path, raw, target.replica)
+                upstream = self._forward(target.node_id, path, raw, target.replica, sent)
             async with upstream as reply:
                 if reply.status in FAILOVER_STATUSES:
                     return None, (WorkloadState.FAILED, for_status(reply.status))

@@ -52,10 +52,8 @@ async def relay(
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
         outcome = (WorkloadState.FAILED, for_status(reply.status))
-        return web.Response(
-            status=reply.status, body=body, content_type=reply.content_type
-        ), outcome
-    if reply.content_type == "text/event-stream":
+        return web.Response(status=reply.status, body=body, headers=_type_of(reply)), outcome
+    if _streams(reply):
         response = web.StreamResponse(
             status=reply.status,
             headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
@@ -67,7 +65,8 @@ async def relay(
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Bytes reached the client: no failover now. End the stream as OpenAI does.
             error = for_exception(exc, local=local)
-            if not origin:
+            if not origin or reply.content_type != "text/event-stream":
+                # A forwarded answer, or bytes (audio) that cannot carry an error event: cut.
                 if request.transport is not None:
                     request.transport.abort()
                 return response, (WorkloadState.FAILED, error)
@@ -77,7 +76,20 @@ async def relay(
         await response.write_eof()
         return response, (WorkloadState.COMPLETED, None)
     body = await reply.read()
-    return web.Response(status=reply.status, body=body, content_type=reply.content_type), (
+    return web.Response(status=reply.status, body=body, headers=_type_of(reply)), (
         WorkloadState.COMPLETED,
         None,
     )
+
+
+def _streams(reply: aiohttp.ClientResponse) -> bool:
+    """Whether the answer is passed on as it comes: server-sent events, and a body of
+    unknown length that is not JSON (audio the engine streams as it makes it)."""
+    if reply.content_type == "text/event-stream":
+        return True
+    return reply.content_length is None and reply.content_type != "application/json"
+
+
+def _type_of(reply: aiohttp.ClientResponse) -> dict[str, str]:
+    # The engine's Content-Type as it sent it, parameters (charset) and all.
+    return {"Content-Type": reply.headers.get("Content-Type", "application/octet-stream")}

@@ -38,6 +38,8 @@ from prometheus_client import (
 from workload_manager import VERSION
 from workload_manager.sites import start_site
 
+from .mock_engine_routes import add_routes
+
 __all__ = ["MockEngine", "add_command"]
 
 # KV-cache blocks a request holds while it runs when there is no concurrency limit: the
@@ -84,6 +86,7 @@ class MockEngine:
         app.router.add_get("/version", self._version)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        add_routes(app, self.models)  # embeddings, rerank, audio, images, responses, ...
         # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, handler_cancellation=True

@@ -42,6 +42,7 @@ from workload_manager.guard import peer_node_id, pinned
 from workload_manager.sites import PerSourceRate, handler_bounds, start_site
 
 from .lifetime import SHUTDOWN_S
+from .openai_routes import ROUTES, read_body
 
 __all__ = ["JoinAnswer", "NodeApi"]
 
@@ -198,10 +199,15 @@ class NodeApi:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         # A member placed a request here: run it on a local engine and stream the answer.
         # The job's events are the placing member's to send (one writer per job).
+        # Each route's own body limit (an audio form's is over MAX_BODY), not aiohttp's.
         path = request.headers.get("X-Nvpair-Path", "")
-        if path not in ("/v1/chat/completions", "/v1/completions") or self.run_here is None:
+        route = ROUTES.get(path)
+        if route is None or self.run_here is None:
             raise web.HTTPBadRequest(text="X-Nvpair-Path names an inference route\n")
-        return await self.run_here(request, path, await request.read())
+        body = await read_body(request, route.limit)
+        if body is None:
+            raise web.HTTPRequestEntityTooLarge(route.limit, request.content_length or -1)
+        return await self.run_here(request, path, body)
 
     async def _cordon(self, request: web.Request) -> web.Response:
         # A member's cordon or drain operation targets this node: only it speaks for itself.

@@ -133,14 +133,22 @@ class NodeClient:
         """Ask a member's facade to cancel what it placed on `target` (a forced drain)."""
         await self._post(node_id, "/v1/cancel", msgspec.json.encode({"target": target}))
 
-    def forward(self, node_id: str, path: str, body: bytes, replica: str = "") -> Any:
-        """POST a request to run on `node_id` (on `replica` there, when given); an aiohttp
-        request context (streamed back)."""
+    def forward(
+        self,
+        node_id: str,
+        path: str,
+        body: bytes,
+        replica: str = "",
+        content_type: str = "application/json",
+    ) -> Any:
+        """POST a request to run on `node_id` (on `replica` there, when given), its body
+        with the `content_type` the engine is to get; an aiohttp request context (streamed
+        back)."""
         replica_header = {"X-Nvpair-Replica": replica} if replica else {}
         return self._session(long=True).post(
             self._base(node_id) + "/v1/forward",
             data=body,
-            headers={**_JSON, "X-Nvpair-Path": path, **replica_header},
+            headers={"Content-Type": content_type, "X-Nvpair-Path": path, **replica_header},
             ssl=self._contexts.current(),
             server_hostname=server_hostname_for(node_id),
         )

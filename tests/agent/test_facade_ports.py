@@ -67,7 +67,7 @@ async def rig(
         remote_load=dict,
     )
 
-    def forward(node: str, path: str, body: bytes, replica: str) -> object:
+    def forward(node: str, path: str, body: bytes, replica: str, content_type: str) -> object:
         raise MemberUnreachable(node)  # one node: nothing is forwarded
 
     events: list[tuple[str, Workload]] = []

@@ -43,11 +43,22 @@ async def post(node: Node, key: str | None) -> aiohttp.ClientResponse:
         return response
 
 
+async def get(node: Node, path: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"http://127.0.0.1:{node.ports['facade']}{path}"
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as got:
+        return got.status
+
+
 async def test_keys_requester_and_queue_full(single: tuple[Node, Engine]) -> None:
     node, _ = single
     for key in (None, "sk-wrong"):
         response = await post(node, key)
         assert response.status == 401
+    # The model list and each model obey the keys too (the control: the right key).
+    for path in ("/v1/models", "/v1/models/slow"):
+        for key, status in ((None, 401), ("sk-wrong", 401), ("sk-test-123", 200)):
+            assert await get(node, path, key) == status, (path, key)
     in_flight = asyncio.create_task(post(node, "sk-test-123"))
 
     async def first_is_running() -> bool:
