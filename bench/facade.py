@@ -1,18 +1,20 @@
-"""The inference facade: requests/s and added latency, local and forwarded (issue 6).
+"""The inference facade's cost: added latency and throughput against an instant engine.
 
-Two agents (real `python -m agent agent run` processes, paired over the network). A has
-two mock engines: `local-model` answers a request in 20 ms (a short completion), and
-`instant-model` answers at once; B's engine serves `remote-model`, also in 20 ms. Paired
-rounds, in alternating order, of N non-streaming chat requests with 8 in flight:
-- baseline: straight to the engine;
-- subject: through A's facade to the same engine (placed by the scheduler, three job
-  events each), or forwarded to B over the node API.
-The first `ratio:` is local facade / direct with the 20 ms engine. The instant engine's
-block shows the facade's bare overhead: on two cores the client, the facade (one HTTP
-exchange in, one out) and the engine share the CPU, so no Python proxy reaches more than
-about half of an engine that does nothing. Each block prints the added latency too.
+Two agents (real `python -m agent agent run` processes, paired over the network), each with
+a mock engine that answers at once (`--latency-ms 0`): A's serves `local-model`, B's
+`remote-model`. Measured the way LLM gateways are compared (Bifrost, Portkey, LiteLLM):
+non-streaming chat requests on 127.0.0.1, the same request straight to the engine
+(baseline) and through A's facade (subject: placed by the scheduler, three job events,
+relayed to every member), in paired rounds of alternating order.
 
-    python bench/facade.py [--requests 600] [--rounds 5]
+- sequential, local: one request at a time; the added latency is the median over rounds of
+  (facade p50 - direct p50), and p99 likewise;
+- sequential, forwarded: through A to B's engine over the node API (mTLS), against B's
+  engine direct;
+- 16 in flight, local: requests/s through the facade / requests/s direct -- the last line,
+  `ratio:`. On two cores the client, the facade and the engine share the CPU.
+
+    python bench/facade.py [--requests 400] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +32,7 @@ from pathlib import Path
 import aiohttp
 from _interleave import report
 
-IN_FLIGHT = 8
+IN_FLIGHT = 16  # the throughput block
 
 
 def free_port() -> int:
@@ -55,9 +58,9 @@ async def run(*args: str, env: dict[str, str], wait: bool = True) -> asyncio.sub
 
 
 async def rate(
-    session: aiohttp.ClientSession, url: str, model: str, count: int
+    session: aiohttp.ClientSession, url: str, model: str, count: int, in_flight: int
 ) -> tuple[float, list[float]]:
-    """Requests/s and each request's latency."""
+    """Requests/s with `in_flight` at a time, and each request's latency."""
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     remaining = count
     latencies: list[float] = []
@@ -73,30 +76,46 @@ async def rate(
             latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
     return count / (time.perf_counter() - start), latencies
 
 
-def added(base: list[float], subject: list[float]) -> str:
-    b, s = sorted(base), sorted(subject)
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile of `values`, in ms."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
 
-    def pct(values: list[float], q: float) -> float:
-        return values[min(len(values) - 1, int(len(values) * q))] * 1000
 
-    p50, p99 = pct(s, 0.5) - pct(b, 0.5), pct(s, 0.99) - pct(b, 0.99)
-    return (
-        f"added latency p50 {p50:.2f} ms, p99 {p99:.2f} ms "
-        f"(direct p50 {pct(b, 0.5):.2f} ms, p99 {pct(b, 0.99):.2f} ms)"
+async def sequential(
+    session: aiohttp.ClientSession,
+    label: str,
+    direct: tuple[str, str],
+    facade: tuple[str, str],
+    args: argparse.Namespace,
+) -> None:
+    """Paired rounds one request at a time; prints the added p50 and p99 (medians of the
+    per-round differences) with the direct figures."""
+    added50: list[float] = []
+    added99: list[float] = []
+    direct50: list[float] = []
+    for i in range(args.rounds):
+        lat: dict[str, list[float]] = {}
+        order = [("base", direct), ("subject", facade)]
+        for which, (url, model) in order if i % 2 == 0 else order[::-1]:
+            lat[which] = (await rate(session, url, model, args.requests, 1))[1]
+        added50.append(pct(lat["subject"], 0.5) - pct(lat["base"], 0.5))
+        added99.append(pct(lat["subject"], 0.99) - pct(lat["base"], 0.99))
+        direct50.append(pct(lat["base"], 0.5))
+    print(
+        f"{label}: added latency p50 {statistics.median(added50):.2f} ms, "
+        f"p99 {statistics.median(added99):.2f} ms (direct p50 {statistics.median(direct50):.2f}"
+        f" ms; per-round added p50: {' '.join(f'{a:.2f}' for a in added50)})"
     )
 
 
 async def main_async(args: argparse.Namespace, root: Path) -> None:
-    engine_ports = {"a": free_port(), "instant": free_port(), "b": free_port()}
-    engines = (
-        ("a", "local-model", "20"),
-        ("instant", "instant-model", "0"),
-        ("b", "remote-model", "20"),
-    )
+    engine_ports = {"a": free_port(), "b": free_port()}
+    engines = (("a", "local-model", "0"), ("b", "remote-model", "0"))
     procs = [
         await run(
             "mock-engine",
@@ -125,11 +144,6 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             "l4:2",
             "--engine",
             f"vllm=http://127.0.0.1:{engine_ports[name]}",
-            *(
-                ["--engine", f"vllm=http://127.0.0.1:{engine_ports['instant']}"]
-                if name == "a"
-                else []
-            ),
             "--manager-port",
             str(p["manager"]),
             "--node-port",
@@ -168,35 +182,31 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             for _ in range(100):  # until A's facade knows every engine
                 async with session.get(f"http://127.0.0.1:{ports['a']['facade']}/v1/models") as r:
                     models = await r.text()
-                if "remote-model" in models and "instant-model" in models:
+                if "remote-model" in models and "local-model" in models:
                     break
                 await asyncio.sleep(0.2)
-            blocks = (
-                ("local, 20 ms engine", "local-model", direct("a"), "local-model"),
-                ("forwarded, 20 ms engine", "remote-model", direct("a"), "local-model"),
-                ("local, instant engine", "instant-model", direct("instant"), "instant-model"),
+            warm = ((direct("a"), "local-model"), (direct("b"), "remote-model"))
+            for url, model in (*warm, (facade, "local-model"), (facade, "remote-model")):
+                await rate(session, url, model, 100, 4)
+            local = (direct("a"), "local-model")
+            await sequential(session, "sequential, local", local, (facade, "local-model"), args)
+            remote = (direct("b"), "remote-model")
+            await sequential(
+                session, "sequential, forwarded", remote, (facade, "remote-model"), args
             )
-            for _, model, base_url, base_model in blocks:  # warm up
-                await rate(session, base_url, base_model, 50)
-                await rate(session, facade, model, 50)
-            for label, model, base_url, base_model in blocks:
-                base_rates: list[float] = []
-                subject_rates: list[float] = []
-                base_lat: list[float] = []
-                subject_lat: list[float] = []
-                for i in range(args.rounds):
-                    order = [("base", base_url, base_model), ("subject", facade, model)]
-                    for which, url, name in order if i % 2 == 0 else order[::-1]:
-                        value, lat = await rate(session, url, name, args.requests)
-                        (base_rates if which == "base" else subject_rates).append(value)
-                        (base_lat if which == "base" else subject_lat).extend(lat)
-                print(f"{label}: {added(base_lat, subject_lat)}")
-                report(
-                    base_rates,
-                    subject_rates,
-                    unit="requests/s",
-                    label=f"{label} non-streaming, facade vs direct:",
-                )
+            base_rates: list[float] = []
+            subject_rates: list[float] = []
+            for i in range(args.rounds):
+                order = [("base", direct("a")), ("subject", facade)]
+                for which, url in order if i % 2 == 0 else order[::-1]:
+                    value, _ = await rate(session, url, "local-model", args.requests, IN_FLIGHT)
+                    (base_rates if which == "base" else subject_rates).append(value)
+            report(
+                base_rates,
+                subject_rates,
+                unit="requests/s",
+                label=f"{IN_FLIGHT} in flight, local, instant engine, facade vs direct:",
+            )
     finally:
         for proc in procs:
             if proc.returncode is None:
@@ -206,8 +216,8 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(main_async(args, Path(tmp)))
