@@ -1,6 +1,7 @@
 """What version of its engine a replica runs, asked once it is ready, the way each engine
 says it: vLLM and the mock engine `GET /version` (`{"version"}`), SGLang
-`GET /get_server_info` (`version`), llama.cpp `GET /props` (`build_info`). An engine that
+`GET /get_server_info` (`version`), llama.cpp `GET /props` (`build_info`), Ollama
+`GET /api/version` (`version`). An engine that
 does not say is left unknown ("")."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = ["ask_version"]
 _WHERE: Final = {
     "sglang": ("/get_server_info", "version"),
     "llamacpp": ("/props", "build_info"),
+    "ollama": ("/api/version", "version"),
 }
 _DEFAULT: Final = ("/version", "version")
 _TIMEOUT: Final = aiohttp.ClientTimeout(total=2)

@@ -37,6 +37,8 @@ from .errors import MemberUnreachable
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
+from .request_identity import identify, passed_back, stamp
+from .request_identity import middleware as identified
 from .routing import FAILOVER_STATUSES, Target, choose, served_models, sse_error
 from .view import SchedulingView
 
@@ -105,7 +107,8 @@ class Facade:
         self._seq = itertools.count(1)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors()])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[identified, openai_errors()])
+        app.on_response_prepare.append(stamp)  # X-Request-Id on every answer
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
@@ -244,6 +247,7 @@ class Facade:
         self, request: web.Request, path: str, raw: bytes
     ) -> web.StreamResponse:
         """Run a request another member placed here, on a local engine."""
+        identify(request)  # the origin's X-Request-Id, on to the engine
         try:
             model = _body_decoder.decode(raw)["model"]
         except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
@@ -352,12 +356,18 @@ async def _relay(
         body = await reply.read()
         outcome = (WorkloadState.FAILED, for_status(reply.status))
         return web.Response(
-            status=reply.status, body=body, content_type=reply.content_type
+            status=reply.status,
+            body=body,
+            content_type=reply.content_type,
+            headers=passed_back(reply.headers),
         ), outcome
     if reply.content_type == "text/event-stream":
         response = web.StreamResponse(
             status=reply.status,
-            headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+            headers={
+                **passed_back(reply.headers),
+                **{h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+            },
         )
         await response.prepare(request)
         try:
@@ -376,10 +386,12 @@ async def _relay(
         await response.write_eof()
         return response, (WorkloadState.COMPLETED, None)
     body = await reply.read()
-    return web.Response(status=reply.status, body=body, content_type=reply.content_type), (
-        WorkloadState.COMPLETED,
-        None,
-    )
+    return web.Response(
+        status=reply.status,
+        body=body,
+        content_type=reply.content_type,
+        headers=passed_back(reply.headers),
+    ), (WorkloadState.COMPLETED, None)
 
 
 def _now_ms() -> int:

@@ -23,6 +23,7 @@ from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from workload_manager.guard import PinnedConnector
 
 from .errors import MemberRefused, MemberUnreachable
+from .request_identity import outgoing
 
 __all__ = ["NodeClient"]
 
@@ -140,7 +141,7 @@ class NodeClient:
         return self._session(long=True).post(
             self._base(node_id) + "/v1/forward",
             data=body,
-            headers={**_JSON, "X-Nvpair-Path": path, **replica_header},
+            headers={**_JSON, "X-Nvpair-Path": path, **replica_header, **outgoing()},
             ssl=self._contexts.current(),
             server_hostname=server_hostname_for(node_id),
         )

@@ -34,6 +34,7 @@ from certs import write_atomic
 from plane.ids import new_id
 from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
 
+from .engine_auth import EngineAuth
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
 from .engine_proc_state import EngineProcError, ReplicaState, ReplicaStatus
@@ -91,10 +92,11 @@ class ReplicaControl:
         name: str = "",
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        auth: EngineAuth | None = None,
     ) -> None:
         self.path = home / ALLOCATIONS_FILE
         self._loads = loads
-        self.observed = ObservedEngines(self_id=self_id, self_name=name)
+        self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
         self.self_id = self_id
         self.supervisor = supervisor
         self._deployments = deployments
@@ -194,7 +196,7 @@ class ReplicaControl:
         unknown = [s for rid, s in ready.items() if rid not in self._versions]
         if not unknown:
             return
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(middlewares=(self.observed.auth.middleware,)) as session:
             found = await asyncio.gather(*(ask_version(session, s.url, s.kind) for s in unknown))
         self._versions.update({s.replica_id: v for s, v in zip(unknown, found, strict=True)})
         self._on_change()
