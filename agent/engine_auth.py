@@ -154,6 +154,7 @@ class EngineAuth:
 
     def __init__(self, credentials: Iterable[tuple[str, EngineCredentials]] = ()) -> None:
         self._by_origin: dict[str, dict[str, str]] = {}
+        self._managed: dict[str, dict[str, str]] = {}  # managed replicas' keys, by origin
         for url, creds in credentials:
             self.set(url, creds)
 
@@ -164,21 +165,24 @@ class EngineAuth:
         else:
             self._by_origin[_origin(url)] = credentials.as_headers()
 
-    def keep_only(self, urls: Iterable[str]) -> None:
-        """Forget every engine not in `urls` (replicas that are gone)."""
-        kept = {_origin(u) for u in urls}
-        for origin in self._by_origin.keys() - kept:
-            del self._by_origin[origin]
+    def add_managed(self, url: str, key: str) -> None:
+        """A managed replica's engine at `url` takes `key` (from its launch on)."""
+        self._managed[_origin(url)] = {"Authorization": f"Bearer {key}"}
 
-    def headers_for(self, url: str) -> Mapping[str, str]:
+    def set_managed(self, keys: Mapping[str, str]) -> None:
+        """Every managed replica's key (url -> key); the replicas not in `keys` are gone."""
+        self._managed = {_origin(u): {"Authorization": f"Bearer {k}"} for u, k in keys.items()}
+
+    def headers_for(self, url: str | URL) -> Mapping[str, str]:
         """The headers a call to `url` carries."""
-        return self._by_origin.get(_origin(url), {})
+        origin = _origin(url)
+        return self._by_origin.get(origin) or self._managed.get(origin, {})
 
     async def middleware(
         self, request: ClientRequest, handler: ClientHandlerType
     ) -> ClientResponse:
         """An aiohttp client middleware: the engine's headers on every request to it."""
-        if self._by_origin:
-            for name, value in self._by_origin.get(_origin(request.url), {}).items():
+        if self._by_origin or self._managed:
+            for name, value in self.headers_for(request.url).items():
                 request.headers[name] = value
         return await handler(request)
