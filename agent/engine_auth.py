@@ -10,7 +10,7 @@ forwarded here over the node API, and this node adds the key on its way to the e
 
 A key is read from a file (`[[agent.engines]] api_key_file`, readable by its owner only) or
 generated per managed replica; it is never in a node or deployment record, a log line, an
-event, `/v1/replicas`, or a `repr()`.
+event or `/v1/replicas`, and `EngineCredentials` hides it from `repr()`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import pytest_asyncio
 
 from tests.workload_manager.cluster_harness import engine_ports, free_port
 
-from .deploy_harness import kill_engines, post, replicas
+from .deploy_harness import engine_pids, kill_engines, post, replicas
 from .harness import Engine, Node, eventually, start_cluster, start_engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -199,12 +199,18 @@ async def test_no_key_is_in_a_log_a_record_or_a_listing(pair: Pair) -> None:
     generated = [x["apiKey"] for x in allocations if x["deployment"] == "cpu-mock"]
     assert generated[0].startswith("sk-nvpair-")
     assert (a.home / "allocations.json").stat().st_mode & 0o077 == 0
+    for pid in engine_pids(a.home).values():  # in the engine's environment, not its argv
+        assert generated[0].encode() not in _cmdline(pid)
     for secret in (KEY, OTHER, generated[0]):
         for node in (a, b):
             assert node.log is not None
             assert secret.encode() not in node.log.read_bytes()
             for path in ("/v1/nodes", "/v1/replicas", "/v1/deployments", "/v1/members"):
                 assert secret not in json.dumps(await node.get(path)), (node.name, path)
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 async def _serves(pair: Pair, node: Node, models: set[str]) -> bool:
