@@ -139,6 +139,8 @@ class ReplicaControl:
             log.info("%s: its engine is gone; its GPUs are free again", rid)
             del self.allocations[rid]
         stopped = await self.supervisor.retain(self.allocations)
+        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
+        self.observed.auth.set_managed(keys)  # the adopted engines' keys, before any call
         for rid in stopped:
             log.warning("%s: an engine with no allocation here; stopped", rid)
         if lost:

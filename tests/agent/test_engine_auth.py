@@ -5,6 +5,7 @@ reads pass, hop-by-hop ones do not; an Ollama is probed the way Ollama answers."
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from agent.config import ConfigError, load_config
@@ -22,7 +24,7 @@ from agent.engine_load import LoadScraper
 from agent.engine_version import ask_version
 from agent.engines import Engines
 from agent.mock_engine import MockEngine
-from agent.request_identity import passed_back
+from agent.request_identity import current, identify, outgoing, passed_back
 
 KEY = "sk-engine-secret-0123456789"
 
@@ -77,6 +79,20 @@ def test_the_engines_table_names_a_key_file_and_headers(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"agent.engines\[0\]: api_key_file"):
         load_config(tmp_path, {})
+
+
+def test_a_well_formed_request_id_is_kept_and_any_other_replaced() -> None:
+    contextvars.copy_context().run(_identify_some)  # the id stays in that context
+
+
+def _identify_some() -> None:
+    given = make_mocked_request("POST", "/", headers={"X-Request-Id": "trace-1/a:b"})
+    assert identify(given) == "trace-1/a:b"
+    assert outgoing() == {"X-Request-Id": "trace-1/a:b"}
+    for bad in ("two words", "x" * 129, "", "a\u00e9"):
+        minted = identify(make_mocked_request("POST", "/", headers={"X-Request-Id": bad}))
+        assert minted.startswith("req_")
+        assert current() == minted
 
 
 def test_only_the_answer_headers_clients_read_pass() -> None:

@@ -209,6 +209,21 @@ async def test_no_key_is_in_a_log_a_record_or_a_listing(pair: Pair) -> None:
                 assert secret not in json.dumps(await node.get(path)), (node.name, path)
 
 
+async def test_a_restarted_agent_calls_its_adopted_engine_with_the_same_key(pair: Pair) -> None:
+    a, b = pair.a, pair.b
+    await eventually(lambda: _ready(b, "cpu-mock", "a"), "cpu-mock ready on a", within_s=60)
+    (before,) = await replicas(b, "cpu-mock")
+    await a.stop()
+    await a.start()  # the engine kept running; its key comes back from allocations.json
+    await eventually(lambda: a.log_count("adopted pid") > 0, "a adopted its engine")
+    answer = await pair.client(a).chat.completions.create(
+        model="cpu-mock", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+    )
+    assert answer.choices[0].message.content == "tok0"
+    (after,) = await replicas(a, "cpu-mock")
+    assert after["id"] == before["id"]  # the same engine, not a new one
+
+
 def _cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
 
