@@ -51,6 +51,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from .engine_auth import EngineCredentials, EngineTable, credentials_by_url
 from .engine_config import EnginesTable, LaunchSettings, launch_settings
 from .gpus import known_device_class, parse_simulation
 from .home import shared_file_problem, shared_home_problem
@@ -85,12 +86,6 @@ _Text = Annotated[str, Meta(min_length=1, max_length=256)]
 _Url = Annotated[str, Meta(min_length=1, max_length=2048)]
 
 
-class _EngineTable(Struct, forbid_unknown_fields=True, frozen=True):
-    kind: _Text
-    url: _Url
-    name: _Text | None = None
-
-
 class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     # The `[agent]` table as written; flags are merged in before the conversion.
     name: _Text | None = None
@@ -103,7 +98,7 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     log_level: Literal["error", "warn", "info", "debug"] = "info"
     heartbeat_s: Annotated[float, Meta(gt=0, le=600)] = 2.0
     job_retention_h: Annotated[float, Meta(gt=0, le=24 * 3650)] = 168.0
-    engines: Annotated[list[str | _EngineTable], Meta(max_length=64)] = []
+    engines: Annotated[list[str | EngineTable], Meta(max_length=64)] = []
     api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
     facade_bind: _Text | None = None
@@ -153,6 +148,7 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     job_retention_h: float = 168.0
     engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
+    engine_credentials: tuple[tuple[str, EngineCredentials], ...] = ()  # (base URL, them)
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
     facade_bind: str | None = None  # default: NVPAIR_BIND, else loopback unless api_keys
@@ -227,6 +223,10 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         _check_simulation(path, table.simulate_gpus)
     advertise_host, advertise_ports = parse_advertise(table.advertise)
     plane = parsed.plane or _joined_plane(home)
+    try:
+        credentials = credentials_by_url(home, table.engines)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if plane is not None:
         ca = None if plane.ca is None else str(home / plane.ca)  # relative to NVPAIR_HOME
         plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token, ca=ca)
@@ -244,6 +244,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         heartbeat_s=float(table.heartbeat_s),
         job_retention_h=float(table.job_retention_h),
         engines=tuple((e.name, e.kind, e.url) for e in _engines(path, table.engines)),
+        engine_credentials=credentials,
         api_keys=tuple(table.api_keys.items()),
         queue_limit=table.queue_limit,
         facade_bind=table.facade_bind,
@@ -360,7 +361,7 @@ def _check_simulation(path: Path, spec: str) -> None:
             )
 
 
-def _engines(path: Path, raw: list[str | _EngineTable]) -> list[EngineSpec]:
+def _engines(path: Path, raw: list[str | EngineTable]) -> list[EngineSpec]:
     # [[agent.engines]] tables, or "KIND=URL" strings from --engine.
     result = []
     for n, item in enumerate(raw):

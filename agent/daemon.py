@@ -40,12 +40,13 @@ from .api_keys import ApiKeys
 from .config import PORTS, AgentConfig
 from .deploy_api import DeployPorts
 from .deployments import Deployments
+from .engine_auth import EngineAuth
 from .engine_load import LoadScraper
 from .engine_proc import EngineSupervisor
 from .engines import Engines
 from .errors import PortInUse
 from .facade import Facade, facade_address
-from .gpus import discover, simulate
+from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
 from .key_check import KeyCheck
 from .lifetime import Health, Tasks
@@ -98,11 +99,7 @@ class Agent:
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
         health.watch("jobs-store", writer.problem)
 
-        gpus = (
-            simulate(config.simulate_gpus, node_id) if config.simulate_gpus else discover(node_id)
-        )
-        if not gpus.devices:
-            log.info("no GPU on this node: %s", gpus.reason)
+        gpus = node_inventory(node_id, config.simulate_gpus)
 
         self.supervisor = supervisor = ManagerSupervisor(
             store=store,
@@ -132,8 +129,9 @@ class Agent:
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
+        auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
         # An engine that changes is in the next record at once (heartbeat is bound below).
-        engines = Engines(config.engines, on_change=lambda: heartbeat.push_now())
+        engines = Engines(config.engines, on_change=lambda: heartbeat.push_now(), auth=auth)
         stack.push_async_callback(engines.aclose)
         key = identity.key
         started = False
@@ -329,7 +327,7 @@ class Agent:
             stop_grace_s=launch.stop_grace_s,
             on_change=changed,
         )
-        scraper = LoadScraper(lambda: control.urls())
+        scraper = LoadScraper(lambda: control.urls(), auth=self.engine_auth)
         control = ReplicaControl(
             config.home,
             self_id=self.node_id,
@@ -341,6 +339,7 @@ class Agent:
             cordoned=lambda: own.cordoned,
             loads=scraper.current,
             name=config.name,
+            auth=self.engine_auth,
             on_change=push,
         )
         return control, scraper

@@ -47,6 +47,9 @@ def add_commands(commands: Any) -> None:
         help="an engine that already runs there: record and watch it, never restart it",
     )
     # REMAINDER takes every word after NAME, flags too: `_deploy` parses those before `--`.
+    deploy.add_argument(
+        "--engine-key", default="", help="the engine's API key: generate, or file:PATH (0600)"
+    )
     deploy.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- ENGINE ARGS...")
     deploy.set_defaults(run=_deploy, parser=deploy)
 
@@ -103,6 +106,7 @@ def _deploy(args: argparse.Namespace) -> int:
         },
         "authority": "observed" if args.observe else "managed",
         "url": args.observe or "",
+        "engineKey": args.engine_key,
     }
     made = cli_http.post("/v1/deployments", body)
     print(f"deployment {made['name']} ({made['id']}) version {made['version']}: "

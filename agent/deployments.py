@@ -48,6 +48,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     constraints: Constraints = Constraints()
     authority: str = "managed"
     url: str = ""
+    engineKey: str = ""  # "", "generate" or "file:PATH" (broker.deployments)
 
 
 class Deployments:
@@ -132,6 +133,7 @@ class Deployments:
                 constraints=request.constraints,
                 authority=request.authority,  # type: ignore[arg-type]  # checked just below
                 url=request.url,
+                engineKey=request.engineKey,
             )
             fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
         except msgspec.ValidationError as exc:

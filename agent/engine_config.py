@@ -8,8 +8,9 @@
     [templates.mine]
     argv = ["my-server", "--model", "{model}", "--port", "{port}", "--tp", "{tp}"]
     env = { MY_FLAG = "1" }
-    ready = "/v1/models"                # GET answering 200 means ready
+    ready = "/v1/models"                # GET answering 200 means ready (asked without a key)
     ready_timeout_s = 900
+    api_key_env = "MY_API_KEY"          # a replica's API key reaches it here (or api_key_flag)
 
 A bad table is refused when the configuration loads (`TemplateError`, which `load_config`
 turns into a `ConfigError` naming the file), never when a replica is launched.
@@ -48,6 +49,8 @@ class TemplateTable(Struct, forbid_unknown_fields=True, frozen=True):
     env: Annotated[dict[str, str], Meta(max_length=64)] = {}
     ready: Annotated[str, Meta(max_length=1024)] = "/v1/models"
     ready_timeout_s: _Seconds | None = None
+    api_key_env: Annotated[str, Meta(max_length=128)] = ""  # how a replica's key reaches it
+    api_key_flag: Annotated[str, Meta(max_length=66)] = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +72,15 @@ def launch_settings(engines: EnginesTable, tables: Mapping[str, object]) -> Laun
     for name, raw in tables.items():
         table = _template_table(name, raw)
         timeout = table.ready_timeout_s or REAL_ENGINE_READY_S
-        result[name] = custom_template(name, table.argv, table.env, table.ready, timeout)
+        result[name] = custom_template(
+            name,
+            table.argv,
+            table.env,
+            table.ready,
+            timeout,
+            key_env=table.api_key_env,
+            key_flag=table.api_key_flag,
+        )
     for name, seconds in engines.ready_timeout_s.items():
         if name not in result:
             raise TemplateError(f"engines.ready_timeout_s.{name}: there is no template {name!r}")

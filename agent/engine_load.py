@@ -24,6 +24,8 @@ import aiohttp
 from msgspec import Meta, Struct
 from prometheus_client.parser import text_string_to_metric_families
 
+from .engine_auth import EngineAuth
+
 __all__ = [
     "DIALECTS",
     "EngineLoad",
@@ -173,7 +175,9 @@ class LoadScraper:
         *,
         timeout_s: float = SCRAPE_TIMEOUT_S,
         clock_ms: Callable[[], int] = _epoch_ms,
+        auth: EngineAuth | None = None,
     ) -> None:
+        self._auth = auth or EngineAuth()
         self._targets = targets
         self._timeout_s = timeout_s
         self._clock_ms = clock_ms
@@ -211,6 +215,7 @@ class LoadScraper:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                 connector=aiohttp.TCPConnector(limit=MAX_CONCURRENT_SCRAPES),
+                middlewares=(self._auth.middleware,),  # an engine's API key, if it has one
             )
         targets = dict(list(self._targets().items())[:MAX_TARGETS])
         for gone in self._loads.keys() - targets.keys():

@@ -1,8 +1,11 @@
 """The model servers this node routes to: probed, listed in the node record, called.
 
-Each configured engine's `/v1/models` is read at start and every `PROBE_S`; an engine that
-does not answer is listed as down (no work goes to it) until it answers again. A change is
-reported through `on_change`, so members learn of it with the next record push.
+Each configured engine's `/v1/models` is read at start and every `PROBE_S` (an Ollama is
+ready when `/api/version` answers, and `/api/ps` says which models it holds loaded); an
+engine that does not answer, or refuses the probe with 401/403 (its API key is missing or
+wrong: said once in the log), is listed as down (no work goes to it) until it answers again.
+A change is reported through `on_change`, so members learn of it with the next record push.
+Every call carries the engine's credentials (`EngineAuth`) and the request's id.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import aiohttp
 
 from broker.records import Engine
 
+from . import engine_kinds
 from .config import EngineSpec
+from .engine_auth import EngineAuth
+from .request_identity import outgoing
 
 __all__ = ["Engines"]
 
@@ -37,10 +43,14 @@ class Engines:
         specs: Sequence[tuple[str, str, str]],
         *,
         on_change: Callable[[], None] = lambda: None,
+        auth: EngineAuth | None = None,
     ) -> None:
         self._specs = [EngineSpec(name, kind, url) for name, kind, url in specs]
         self._on_change = on_change
+        self.auth = auth or EngineAuth()
         self.current: list[Engine] = []
+        self.loaded: dict[str, list[str]] = {}  # engine name -> models it holds loaded
+        self.refused: dict[str, int] = {}  # engine name -> the status it refused the probe with
         self._probe_session: aiohttp.ClientSession | None = None
         self._call_session: aiohttp.ClientSession | None = None
 
@@ -53,7 +63,9 @@ class Engines:
     async def probe(self) -> None:
         """Ask every engine what it serves, at once; report a change."""
         if self._probe_session is None:
-            self._probe_session = aiohttp.ClientSession(timeout=PROBE_TIMEOUT)
+            self._probe_session = aiohttp.ClientSession(
+                timeout=PROBE_TIMEOUT, middlewares=(self.auth.middleware,)
+            )
         engines = list(await asyncio.gather(*(self._probe_one(s) for s in self._specs)))
         if engines != self.current:
             self.current = engines
@@ -62,15 +74,29 @@ class Engines:
     async def _probe_one(self, spec: EngineSpec) -> Engine:
         assert self._probe_session is not None
         try:
-            async with self._probe_session.get(spec.url + "/v1/models") as response:
-                listed = await response.json() if response.status == 200 else {}
-            models = [str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict)]
-            up = True
+            probed = await engine_kinds.probe(self._probe_session, spec.url, spec.kind)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, AttributeError):
-            models, up = [], False
+            probed = engine_kinds.Probed(up=False)
+        self._note_refusal(spec, probed.refused)
+        models, up = probed.models, probed.up
+        self.loaded[spec.name] = probed.loaded[:MAX_MODELS]
         return Engine(
             name=spec.name, kind=spec.kind, url=spec.url, models=models[:MAX_MODELS], up=up
         )
+
+    def _note_refusal(self, spec: EngineSpec, status: int) -> None:
+        # Said once when it starts (and when it ends), never the key itself.
+        if status and self.refused.get(spec.name) != status:
+            log.warning(
+                "engine %s (%s) refuses the probe with %d: its API key is missing or wrong "
+                "(api_key_file in its [[agent.engines]] table); no work goes to it",
+                spec.name,
+                spec.url,
+                status,
+            )
+            self.refused[spec.name] = status
+        elif not status and self.refused.pop(spec.name, 0):
+            log.info("engine %s accepts the probe again", spec.name)
 
     async def run(self) -> None:
         """Probe every `PROBE_S`, forever."""
@@ -79,16 +105,17 @@ class Engines:
             await self.probe()
 
     def url_for(self, model: str) -> str | None:
-        """A local engine that serves `model` and is up."""
-        for engine in self.current:
-            if model in engine.models and engine.up:
-                return engine.url
-        return None
+        """A local engine that serves `model` and is up; one that holds it loaded first."""
+        serving = [e for e in self.current if model in e.models and e.up]
+        loaded = [e for e in serving if model in self.loaded.get(e.name, ())]
+        return (loaded or serving)[0].url if serving else None
 
     def post(self, url: str, path: str, body: bytes, content_type: str = "application/json") -> Any:
         """POST an inference request (`body` as the client sent it, with `content_type`) to
         a local engine; an aiohttp request context."""
         if self._call_session is None:
-            self._call_session = aiohttp.ClientSession(timeout=CALL_TIMEOUT)
-        headers = {"Content-Type": content_type}
+            self._call_session = aiohttp.ClientSession(
+                timeout=CALL_TIMEOUT, middlewares=(self.auth.middleware,)
+            )
+        headers = {"Content-Type": content_type, **outgoing()}
         return self._call_session.post(url + path, data=body, headers=headers)

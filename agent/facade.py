@@ -37,6 +37,8 @@ from .key_check import KeyCheck
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
 from .openai_routes import ROUTES, BadBody, model_object, model_of, read_body
+from .request_identity import identify, stamp
+from .request_identity import middleware as identified
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
 from .view import SchedulingView
 
@@ -96,7 +98,8 @@ class Facade:
         self.jobs = JobBook(node_id, submit)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors()])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[identified, openai_errors()])
+        app.on_response_prepare.append(stamp)  # X-Request-Id on every answer
         for path in ROUTES:  # agent.openai_routes: every route a job, as chat is
             app.router.add_post(path, self._route(path))
         app.router.add_get("/v1/models", self._models)
@@ -255,6 +258,7 @@ class Facade:
         self, request: web.Request, path: str, raw: bytes
     ) -> web.StreamResponse:
         """Run a request another member placed here, on a local engine."""
+        identify(request)  # the origin's X-Request-Id, on to the engine
         sent = request.headers.get("Content-Type", "")
         try:
             model = model_of(ROUTES[path], sent, raw)

@@ -17,6 +17,7 @@ from workload_manager.workload import WorkloadState
 
 from .job_errors import JobError, for_exception, for_status
 from .openai_errors import openai_error
+from .request_identity import passed_back
 from .routing import sse_error
 
 __all__ = ["refused", "relay"]
@@ -52,11 +53,15 @@ async def relay(
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
         outcome = (WorkloadState.FAILED, for_status(reply.status))
-        return web.Response(status=reply.status, body=body, headers=_type_of(reply)), outcome
+        failed = web.Response(status=reply.status, body=body, headers=_headers_of(reply))
+        return failed, outcome
     if _streams(reply):
         response = web.StreamResponse(
             status=reply.status,
-            headers={h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+            headers={
+                **passed_back(reply.headers),
+                **{h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+            },
         )
         await response.prepare(request)
         try:
@@ -76,7 +81,7 @@ async def relay(
         await response.write_eof()
         return response, (WorkloadState.COMPLETED, None)
     body = await reply.read()
-    return web.Response(status=reply.status, body=body, headers=_type_of(reply)), (
+    return web.Response(status=reply.status, body=body, headers=_headers_of(reply)), (
         WorkloadState.COMPLETED,
         None,
     )
@@ -90,6 +95,10 @@ def _streams(reply: aiohttp.ClientResponse) -> bool:
     return reply.content_length is None and reply.content_type != "application/json"
 
 
-def _type_of(reply: aiohttp.ClientResponse) -> dict[str, str]:
-    # The engine's Content-Type as it sent it, parameters (charset) and all.
-    return {"Content-Type": reply.headers.get("Content-Type", "application/octet-stream")}
+def _headers_of(reply: aiohttp.ClientResponse) -> dict[str, str]:
+    # The engine's Content-Type as it sent it, parameters (charset) and all, and the
+    # headers clients use (agent.request_identity.passed_back).
+    return {
+        **passed_back(reply.headers),
+        "Content-Type": reply.headers.get("Content-Type", "application/octet-stream"),
+    }

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import hashlib
 import importlib
+import logging
 import re
 from collections.abc import Callable
 from types import ModuleType
@@ -33,9 +34,12 @@ __all__ = [
     "TopologyDomain",
     "device_class",
     "discover",
+    "node_inventory",
     "parse_simulation",
     "simulate",
 ]
+
+log = logging.getLogger(__name__)
 
 _CROCKFORD: Final = "0123456789abcdefghjkmnpqrstvwxyz"
 _GIB: Final = 1024**3
@@ -98,6 +102,15 @@ def discover(node_id: str, *, load: Callable[[], ModuleType] | None = None) -> G
     finally:
         with contextlib.suppress(Exception):  # shutting down a library that may have failed
             nvml.nvmlShutdown()
+
+
+def node_inventory(node_id: str, simulation: str | None) -> GpuInventory:
+    """This node's GPUs at start: simulated ones, else NVML's. A node without any still
+    starts, and serves what needs no GPU (`--engine` engines, deployments with `gpus: 0`)."""
+    gpus = simulate(simulation, node_id) if simulation else discover(node_id)
+    if not gpus.devices:
+        log.info("no GPU on this node (%s): it serves work that needs none", gpus.reason)
+    return gpus
 
 
 def _describe(exc: BaseException) -> str:

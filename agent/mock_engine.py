@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import sys
 import time
@@ -39,6 +40,7 @@ from workload_manager import VERSION
 from workload_manager.sites import start_site
 
 from .mock_engine_routes import add_routes
+from .mock_flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
 
 __all__ = ["MockEngine", "add_command"]
 
@@ -63,6 +65,8 @@ class MockEngine:
         echo_errors: bool = False,
         max_concurrency: int = 0,  # 0: unlimited
         seed: int | None = None,
+        api_key: str = "",  # agent/mock_flavours.py: 401 without it
+        flavour: str = "openai",
     ) -> None:
         self.models = [m for m in model.split(",") if m]
         self.host = host
@@ -80,7 +84,8 @@ class MockEngine:
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
         self.running = dict.fromkeys(self.models, 0)  # model -> requests holding a slot
         self.waiting = dict.fromkeys(self.models, 0)  # model -> requests queued for one
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=middlewares(api_key))
+        add_flavour(app, flavour, self.models)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/version", self._version)
@@ -223,7 +228,7 @@ class MockEngine:
         )
         return web.json_response(
             {
-                "id": f"mock-{self.requests}",
+                "id": completion_id(request, self.requests),
                 "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": model,
@@ -265,7 +270,7 @@ class MockEngine:
                 choice = {"index": 0, "text": (" " if i else "") + word, "finish_reason": None}
                 kind = "text_completion"
             chunk = {
-                "id": f"mock-{self.requests}",
+                "id": completion_id(request, self.requests),
                 "object": kind,
                 "created": created,
                 "model": model,
@@ -275,7 +280,7 @@ class MockEngine:
         final: dict[str, Any] = {"index": 0, "finish_reason": "length"}
         final["delta" if chat else "text"] = {} if chat else ""
         last = {
-            "id": f"mock-{self.requests}",
+            "id": completion_id(request, self.requests),
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created,
             "model": model,
@@ -312,6 +317,8 @@ def add_command(commands: Any) -> None:
     parser.add_argument(
         "--echo-errors", action="store_true", help="failures quote the request in every field"
     )
+    parser.add_argument("--api-key", default=os.environ.get(KEY_ENV, ""), help="401 without it")
+    parser.add_argument("--flavour", choices=FLAVOURS, default="openai", help="ollama: its routes")
     parser.set_defaults(run=_run)
 
 
@@ -337,6 +344,8 @@ def _run(args: argparse.Namespace) -> int:
             fail_status=args.fail_status,
             echo_errors=args.echo_errors,
             max_concurrency=args.max_concurrency,
+            api_key=args.api_key,
+            flavour=args.flavour,
         )
         await engine.start()
         print(f"mock engine serving {engine.models} on {engine.url}", flush=True)

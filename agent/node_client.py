@@ -23,6 +23,7 @@ from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from workload_manager.guard import PinnedConnector
 
 from .errors import MemberRefused, MemberUnreachable
+from .request_identity import outgoing
 
 __all__ = ["NodeClient"]
 
@@ -148,7 +149,12 @@ class NodeClient:
         return self._session(long=True).post(
             self._base(node_id) + "/v1/forward",
             data=body,
-            headers={"Content-Type": content_type, "X-Nvpair-Path": path, **replica_header},
+            headers={
+                "Content-Type": content_type,
+                "X-Nvpair-Path": path,
+                **replica_header,
+                **outgoing(),
+            },
             ssl=self._contexts.current(),
             server_hostname=server_hostname_for(node_id),
         )

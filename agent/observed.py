@@ -23,6 +23,8 @@ import aiohttp
 from broker.deployments import Deployment, spec_digest
 from broker.records import Replica
 
+from .engine_auth import EngineAuth
+from .engine_kinds import ready_path
 from .gpus import stable_id
 
 __all__ = ["ObservedEngines"]
@@ -44,7 +46,8 @@ class _Watched:
 class ObservedEngines:
     """This node's observed replicas: `probe()` each round, `replicas()` for the record."""
 
-    def __init__(self, *, self_id: str, self_name: str) -> None:
+    def __init__(self, *, self_id: str, self_name: str, auth: EngineAuth | None = None) -> None:
+        self.auth = auth or EngineAuth()
         self.self_id = self_id
         self.self_name = self_name
         self._watched: dict[str, _Watched] = {}  # deployment name -> what we watch
@@ -80,9 +83,11 @@ class ObservedEngines:
         if not self._watched:
             return changed
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=PROBE_TIMEOUT)
+            self._session = aiohttp.ClientSession(
+                timeout=PROBE_TIMEOUT, middlewares=(self.auth.middleware,)
+            )
         watched_now = list(self._watched.values())
-        answers = await asyncio.gather(*(self._answers(w.deployment.url) for w in watched_now))
+        answers = await asyncio.gather(*(self._answers(w.deployment) for w in watched_now))
         for watched, up in zip(watched_now, answers, strict=True):
             before = watched.state
             watched.misses = 0 if up else watched.misses + 1
@@ -93,10 +98,11 @@ class ObservedEngines:
             changed |= watched.state != before
         return changed
 
-    async def _answers(self, url: str) -> bool:
+    async def _answers(self, deployment: Deployment) -> bool:
         assert self._session is not None
+        url = deployment.url.rstrip("/") + ready_path(deployment.engine)
         try:
-            async with self._session.get(url.rstrip("/") + "/v1/models") as response:
+            async with self._session.get(url) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False

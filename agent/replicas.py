@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-import aiohttp
 import msgspec
 
 from broker.deployments import Deployment, spec_digest
@@ -34,12 +33,14 @@ from certs import write_atomic
 from plane.ids import new_id
 from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
 
+from .engine_auth import EngineAuth
 from .engine_load import EngineLoad
 from .engine_proc import EngineSupervisor
 from .engine_proc_state import EngineProcError, ReplicaState, ReplicaStatus
-from .engine_version import ask_version
+from .engine_version import EngineVersions
 from .observed import ObservedEngines
 from .placement_view import gpu_of, running_of, want_of
+from .replica_keys import engine_key, managed_keys
 from .templates import LaunchSpec
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
@@ -62,6 +63,7 @@ class Allocation(msgspec.Struct, kw_only=True, frozen=True):
     spec: str
     devices: list[str]  # device ids
     createdAt: int  # epoch ms
+    apiKey: str = ""  # its engine's key (replica_keys.py); this file is 0600
 
 
 _allocations: Final = msgspec.json.Decoder(list[Allocation])
@@ -91,10 +93,11 @@ class ReplicaControl:
         name: str = "",
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        auth: EngineAuth | None = None,
     ) -> None:
         self.path = home / ALLOCATIONS_FILE
         self._loads = loads
-        self.observed = ObservedEngines(self_id=self_id, self_name=name)
+        self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
         self.self_id = self_id
         self.supervisor = supervisor
         self._deployments = deployments
@@ -107,7 +110,7 @@ class ReplicaControl:
         self._wake = asyncio.Event()
         self._cuts: dict[str, float] = {}  # surplus replica -> when the cut was first planned
         self._failed_at: dict[str, float] = {}  # failed replica -> when we saw it fail
-        self._versions: dict[str, str] = {}  # replica -> its engine's version, once ready
+        self._versions = EngineVersions(self.observed.auth)
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
@@ -136,6 +139,8 @@ class ReplicaControl:
             log.info("%s: its engine is gone; its GPUs are free again", rid)
             del self.allocations[rid]
         stopped = await self.supervisor.retain(self.allocations)
+        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
+        self.observed.auth.set_managed(keys)  # the adopted engines' keys, before any call
         for rid in stopped:
             log.warning("%s: an engine with no allocation here; stopped", rid)
         if lost:
@@ -161,7 +166,10 @@ class ReplicaControl:
         declared = self._deployments()
         if await self.observed.probe(declared, int(time.time() * 1000)):
             self._on_change()
-        await self._ask_versions()
+        if await self._versions.refresh(self.supervisor.replicas()):
+            self._on_change()
+        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
+        self.observed.auth.set_managed(keys)  # adopted ones' too; the gone ones' forgotten
         wants = {d.name: d for d in declared if d.authority == "managed"}
         plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
         self.last_plan = plan
@@ -185,20 +193,6 @@ class ReplicaControl:
             self._launch(wants[start.deployment], start.devices)
         return plan
 
-    async def _ask_versions(self) -> None:
-        # Once per ready replica (again after a restart): what its engine says it is.
-        ready = {
-            s.replica_id: s for s in self.supervisor.replicas() if s.state is ReplicaState.READY
-        }
-        self._versions = {rid: v for rid, v in self._versions.items() if rid in ready}
-        unknown = [s for rid, s in ready.items() if rid not in self._versions]
-        if not unknown:
-            return
-        async with aiohttp.ClientSession() as session:
-            found = await asyncio.gather(*(ask_version(session, s.url, s.kind) for s in unknown))
-        self._versions.update({s.replica_id: v for s, v in zip(unknown, found, strict=True)})
-        self._on_change()
-
     def _retry_failed(self, now: float) -> None:
         # A failed replica holds its GPUs and counts as one of the declared (so a broken
         # deployment cannot spread); after RETRY_FAILED_S it is stopped and placed anew.
@@ -216,6 +210,9 @@ class ReplicaControl:
 
     def _launch(self, deployment: Deployment, devices: tuple[str, ...]) -> None:
         uuids = {d.id: d.uuid for d in self._gpus().devices}
+        key = engine_key(deployment, self.path.parent)
+        if key is None:
+            return  # its key file cannot be used (said once in the log)
         allocation = Allocation(
             replica=new_id("rep"),
             id=new_id("alc"),
@@ -224,6 +221,7 @@ class ReplicaControl:
             spec=spec_digest(deployment),
             devices=list(devices),
             createdAt=int(time.time() * 1000),
+            apiKey=key,
         )
         spec = LaunchSpec(
             replica_id=allocation.replica,
@@ -233,11 +231,14 @@ class ReplicaControl:
             tp=deployment.tp,
             gpu_uuids=tuple(uuids[d] for d in devices if d in uuids),
             extra_args=tuple(deployment.args),
+            api_key=key,
         )
         self.allocations[allocation.replica] = allocation
         self._save()  # written down before the engine starts: never an engine we cannot name
         try:
-            self.supervisor.launch(spec)
+            started = self.supervisor.launch(spec)
+            if key:
+                self.observed.auth.add_managed(started.url, key)  # before it can be called
         except EngineProcError as exc:
             del self.allocations[allocation.replica]
             self._save()
@@ -341,7 +342,7 @@ class ReplicaControl:
                     port=s.port if s is not None else 0,
                     state=state,  # type: ignore[arg-type]  # one of the four
                     restarts=s.restarts if s is not None else 0,
-                    engineVersion=self._versions.get(a.replica, ""),
+                    engineVersion=self._versions.get(a.replica),
                     error=_error(s),
                     createdAt=a.createdAt,
                     running=load.running if load else 0.0,

@@ -14,7 +14,14 @@ arguments, so the same template serves every replica on every node:
 attribute (`{model.x}`) is refused when the template is loaded (`TemplateError`), so a typo
 in `nvpair.toml` stops the agent at start instead of failing one replica at launch time.
 An engine is ready when `GET http://127.0.0.1:{port}{ready_path}` answers 200; anything else
-(llama.cpp's 503 while it loads) means not yet.
+(llama.cpp's 503 while it loads) means not yet. The ready path is asked without an API key
+(vLLM's, SGLang's and llama.cpp's `/health` answer without one).
+
+A replica with an API key (a deployment's `engineKey`) hands it to its engine the way the
+template says: in an environment variable (`key_env`: vLLM's `VLLM_API_KEY`, llama.cpp's
+`LLAMA_API_KEY`), so other users of the machine cannot read it from the process list, else
+as a flag (`key_flag`: SGLang's `--api-key`). A template with neither runs its engine
+without the key.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class LaunchSpec(Struct, kw_only=True, frozen=True):
     gpu_uuids: tuple[_Arg, ...] = ()
     extra_args: Annotated[tuple[_Arg, ...], Meta(max_length=MAX_ARGV)] = ()
     port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    api_key: Annotated[str, Meta(max_length=4096)] = ""  # "" none; never logged
 
     def __post_init__(self) -> None:
         check_replica_id(self.replica_id)
@@ -97,6 +105,8 @@ class LaunchTemplate:
     ready_path: str = "/v1/models"
     ready_timeout_s: float = REAL_ENGINE_READY_S
     builtin: bool = field(default=False, compare=False)
+    key_env: str = ""  # the variable the engine reads its API key from
+    key_flag: str = ""  # else the flag it takes it with
 
 
 def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
@@ -110,6 +120,10 @@ def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[
     }
     argv = [part.format_map(values) for part in template.argv]
     env = {name: value.format_map(values) for name, value in template.env}
+    if spec.api_key and template.key_env:
+        env[template.key_env] = spec.api_key
+    elif spec.api_key and template.key_flag:
+        argv += [template.key_flag, spec.api_key]
     return [*argv, *spec.extra_args], env
 
 
@@ -119,6 +133,8 @@ def custom_template(
     env: Mapping[str, str],
     ready: str = "/v1/models",
     ready_timeout_s: float = REAL_ENGINE_READY_S,
+    key_env: str = "",
+    key_flag: str = "",
 ) -> LaunchTemplate:
     """A template from `[templates.NAME]`, checked; `TemplateError` naming the table."""
     where = f"templates.{name}"
@@ -145,7 +161,14 @@ def custom_template(
         raise TemplateError(f"[{where}]: ready is a URL path starting with / ({ready[:80]!r})")
     if not 0 < ready_timeout_s <= 86_400:
         raise TemplateError(f"[{where}]: ready_timeout_s is from 0 to 86400 seconds")
-    return LaunchTemplate(name, tuple(argv), tuple(env.items()), ready, float(ready_timeout_s))
+    if key_env and not _ENV_NAME.fullmatch(key_env):
+        raise TemplateError(f"[{where}]: api_key_env {key_env[:80]!r} is not a variable name")
+    if key_flag and not re.fullmatch(r"--?[A-Za-z0-9][A-Za-z0-9_-]{0,63}", key_flag):
+        raise TemplateError(f"[{where}]: api_key_flag {key_flag[:80]!r} is not a flag")
+    timeout = float(ready_timeout_s)
+    return LaunchTemplate(
+        name, tuple(argv), tuple(env.items()), ready, timeout, key_env=key_env, key_flag=key_flag
+    )
 
 
 def _check_placeholders(where: str, key: str, text: str) -> None:
@@ -167,11 +190,21 @@ def _check_placeholders(where: str, key: str, text: str) -> None:
 
 
 def _builtin(
-    name: str, line: str, ready: str, timeout_s: float, *, program: str | None = None
+    name: str,
+    line: str,
+    ready: str,
+    timeout_s: float,
+    *,
+    program: str | None = None,
+    env: tuple[tuple[str, str], ...] = (),
+    key_env: str = "",
+    key_flag: str = "",
 ) -> LaunchTemplate:
     # A command line written as one would type it; no part of it holds a space.
     argv = ([program] if program else []) + line.split()
-    return LaunchTemplate(name, tuple(argv), (), ready, timeout_s, builtin=True)
+    return LaunchTemplate(
+        name, tuple(argv), env, ready, timeout_s, True, key_env=key_env, key_flag=key_flag
+    )
 
 
 def _literal(text: str) -> str:
@@ -191,6 +224,7 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             " --tensor-parallel-size {tp}",
             "/health",
             REAL_ENGINE_READY_S,
+            key_env="VLLM_API_KEY",
         ),
         _builtin(
             "sglang",
@@ -198,19 +232,31 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             f"{_LOCAL} --tp-size {{tp}}",
             "/health",
             REAL_ENGINE_READY_S,
+            key_flag="--api-key",
         ),
         _builtin(
             "llamacpp",
             f"llama-server -m {{model}} --alias {{served}}{_LOCAL} --metrics",
             "/health",  # 503 while the model loads, 200 once it serves
             REAL_ENGINE_READY_S,
+            key_env="LLAMA_API_KEY",
+        ),
+        # Ollama serves every model it has pulled (into OLLAMA_MODELS; nvpair pulls none) and
+        # loads one on its first request: {model} is not on its command line. No API key.
+        _builtin(
+            "ollama",
+            "ollama serve",
+            "/api/version",
+            REAL_ENGINE_READY_S,
+            env=(("OLLAMA_HOST", "127.0.0.1:{port}"),),
         ),
         _builtin(
             "mock",
             "-m agent mock-engine --model {served} --port {port}",
-            "/v1/models",
+            "/health",
             MOCK_READY_S,
             program=_literal(sys.executable),  # this Python: the mock is part of nvpair
+            key_env="NVPAIR_MOCK_API_KEY",
         ),
     )
 }

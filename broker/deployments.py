@@ -69,6 +69,9 @@ class Deployment(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     constraints: Constraints = Constraints()
     authority: Authority = "managed"
     url: Annotated[str, Meta(max_length=2048)] = ""  # observed: the engine that runs
+    # The engine's API key, by reference only (never the key): "" none, "generate" a fresh
+    # one per replica, "file:PATH" read on the node that runs it (relative to NVPAIR_HOME).
+    engineKey: Annotated[str, Meta(max_length=1024, pattern=r"^(generate|file:[^\x00]+)?$")] = ""
     deleted: bool = False
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
@@ -141,7 +144,7 @@ def spec_digest(deployment: Deployment) -> str:
     """What a replica was started from: engine, source, arguments, GPUs and TP (not the
     replica count -- scaling must not restart anything). A replica whose digest differs
     from its deployment's is replaced."""
-    spec = (
+    spec: tuple[object, ...] = (
         deployment.id,
         deployment.engine,
         deployment.source,
@@ -151,6 +154,8 @@ def spec_digest(deployment: Deployment) -> str:
         deployment.authority,
         deployment.url,
     )
+    if deployment.engineKey:  # appended only when set: digests made before it stay the same
+        spec = (*spec, deployment.engineKey)
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]
 
 

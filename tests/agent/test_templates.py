@@ -55,12 +55,37 @@ def test_sglang_llamacpp_and_mock_command_lines() -> None:
         sys.executable, "-m", "agent", "mock-engine", "--model", "llama",
         "--port", "18005", "--latency-ms", "5",
     ]  # fmt: skip
+    # The mock's /health answers without its API key, as the real engines' do.
     assert [BUILTIN_TEMPLATES[k].ready_path for k in ("sglang", "llamacpp", "mock")] == [
         "/health",
         "/health",
-        "/v1/models",
+        "/health",
     ]
     assert BUILTIN_TEMPLATES["mock"].ready_timeout_s < BUILTIN_TEMPLATES["vllm"].ready_timeout_s
+
+
+def test_a_replica_key_reaches_each_engine_the_way_it_reads_one() -> None:
+    key = "sk-nvpair-replica"
+    vllm, vllm_env = render(BUILTIN_TEMPLATES["vllm"], _spec(api_key=key))
+    assert vllm_env == {"VLLM_API_KEY": key}  # not on the command line others can read
+    assert key not in vllm
+    llama, llama_env = render(BUILTIN_TEMPLATES["llamacpp"], _spec(api_key=key))
+    assert key not in llama
+    assert llama_env == {"LLAMA_API_KEY": key}
+    sglang, _ = render(BUILTIN_TEMPLATES["sglang"], _spec(api_key=key, extra_args=()))
+    assert sglang[-2:] == ["--api-key", key]  # SGLang reads it from its flag only
+    _, mock_env = render(BUILTIN_TEMPLATES["mock"], _spec(api_key=key))
+    assert mock_env == {"NVPAIR_MOCK_API_KEY": key}
+    # The control: no key, nothing added.
+    assert render(BUILTIN_TEMPLATES["vllm"], _spec())[1] == {}
+    ollama, ollama_env = render(BUILTIN_TEMPLATES["ollama"], _spec())
+    assert ollama[:2] == ["ollama", "serve"]
+    assert ollama_env == {"OLLAMA_HOST": "127.0.0.1:18005"}
+    assert BUILTIN_TEMPLATES["ollama"].ready_path == "/api/version"
+    custom = custom_template("mine", ["srv"], {}, key_env="SRV_KEY")
+    assert render(custom, _spec(api_key=key, extra_args=()))[1] == {"SRV_KEY": key}
+    with pytest.raises(TemplateError, match="api_key_flag"):
+        custom_template("mine", ["srv"], {}, key_flag="--key; rm")
 
 
 def test_custom_placeholders_env_and_literal_braces() -> None:
@@ -132,7 +157,7 @@ def test_defaults_without_an_engines_table(tmp_path: Path) -> None:
     launch = load_config(tmp_path, {}).launch
     assert launch.port_range == (18000, 18999)
     assert launch.stop_grace_s == 30.0
-    assert set(launch.template_map()) == {"vllm", "sglang", "llamacpp", "mock"}
+    assert set(launch.template_map()) == {"vllm", "sglang", "llamacpp", "ollama", "mock"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,92 @@
+"""A request's identity end to end, and which answer headers reach the client.
+
+The facade takes the client's `X-Request-Id` (or mints one, `req_` + a ULID) when a request
+comes in; the engine receives it -- across the node API too, when the request is forwarded
+-- and the client gets it back on the answer, so one id finds the request in the client's
+logs, the engine's and ours. It travels in a context variable set for the request's handler
+task: the calls to the engine and to the member that runs it are made in that task, so
+neither the routing code between them nor its signatures need to carry it.
+
+The engine's answer headers are passed back through an allow-list of those clients read
+(`X-Request-Id`, `openai-*` such as `openai-processing-ms`, `x-ratelimit-*`, `Retry-After`);
+hop-by-hop headers and everything else stay behind.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+from ulid import ULID
+
+__all__ = [
+    "HEADER",
+    "current",
+    "identify",
+    "middleware",
+    "outgoing",
+    "passed_back",
+    "stamp",
+]
+
+HEADER: Final = "X-Request-Id"
+MAX_PASSED: Final = 32  # answer headers passed back, at most
+MAX_VALUE: Final = 1024
+_ID: Final = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+_PASSED: Final = ("x-request-id", "retry-after")
+_PASSED_PREFIXES: Final = ("openai-", "x-ratelimit-")
+_KEY: Final = web.RequestKey("nvpair_request_id", str)
+
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_request_id", default="")
+
+
+def identify(request: web.Request) -> str:
+    """Take the request's `X-Request-Id` (a well-formed one) or mint one; from here on the
+    handler's calls carry it (`outgoing`) and its answer says it (`stamp`)."""
+    given = request.headers.get(HEADER, "")
+    request_id = given if _ID.fullmatch(given) else f"req_{ULID()}"
+    request[_KEY] = request_id
+    _current.set(request_id)
+    return request_id
+
+
+def current() -> str:
+    """The id of the request this task handles ("" outside one)."""
+    return _current.get()
+
+
+def outgoing() -> dict[str, str]:
+    """The header a call made for this request carries."""
+    request_id = _current.get()
+    return {HEADER: request_id} if request_id else {}
+
+
+def passed_back(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> dict[str, str]:
+    """The engine's answer headers a client may see (bounded)."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        lowered = name.lower()
+        wanted = lowered in _PASSED or lowered.startswith(_PASSED_PREFIXES)
+        if wanted and len(value) <= MAX_VALUE and len(out) < MAX_PASSED:
+            out[name] = value
+    return out
+
+
+async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: every answer to an identified request says its id."""
+    request_id = request.get(_KEY)
+    if request_id:
+        response.headers[HEADER] = request_id
+
+
+@web.middleware
+async def middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Identify every request before its handler runs."""
+    identify(request)
+    return await handler(request)

@@ -1,0 +1,187 @@
+"""Engine credentials and identity (issue 15, items 5 and 6), in memory and against the mock
+engine as a real server on 127.0.0.1: a keyed engine is probed, scraped, asked its version
+and called with its key, and reported as refusing without it; the answer headers a client
+reads pass, hop-by-hop ones do not; an Ollama is probed the way Ollama answers."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
+
+from agent.config import ConfigError, load_config
+from agent.engine_auth import EngineAuth, EngineCredentials, credentials_from
+from agent.engine_kinds import ready_path
+from agent.engine_load import LoadScraper
+from agent.engine_version import ask_version
+from agent.engines import Engines
+from agent.mock_engine import MockEngine
+from agent.request_identity import current, identify, outgoing, passed_back
+
+KEY = "sk-engine-secret-0123456789"
+
+
+@pytest_asyncio.fixture
+async def keyed() -> AsyncIterator[MockEngine]:
+    engine = MockEngine(model="keyed", api_key=KEY)
+    await engine.start()
+    yield engine
+    await engine.aclose()
+
+
+def test_credentials_refuse_headers_a_proxy_owns_and_never_show_the_key() -> None:
+    creds = EngineCredentials(KEY, (("X-Tenant", "lab"),))
+    assert creds.as_headers() == {"X-Tenant": "lab", "Authorization": f"Bearer {KEY}"}
+    assert KEY not in repr(creds)
+    assert "lab" not in repr(creds)
+    for name, value in [("Authorization", "x"), ("Connection", "x"), ("Bad Name", "x")]:
+        with pytest.raises(ValueError, match="not a header name"):
+            EngineCredentials("", ((name, value),))
+    with pytest.raises(ValueError, match="control characters"):
+        EngineCredentials("", (("X-Tenant", "a\r\nInjected: 1"),))
+
+
+def test_a_key_file_others_can_read_is_refused_and_one_only_its_owner_reads_is_used(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "engine.key").write_text(KEY + "\n")
+    os.chmod(tmp_path / "engine.key", 0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        credentials_from(tmp_path, "engine.key", {})
+    os.chmod(tmp_path / "engine.key", 0o600)
+    found = credentials_from(tmp_path, "engine.key", {})
+    assert found is not None
+    assert found.api_key == KEY
+
+
+def test_the_engines_table_names_a_key_file_and_headers(tmp_path: Path) -> None:
+    (tmp_path / "engine.key").write_text(KEY)
+    os.chmod(tmp_path / "engine.key", 0o600)
+    (tmp_path / "nvpair.toml").write_text(
+        '[[agent.engines]]\nkind = "vllm"\nurl = "http://127.0.0.1:8000/"\n'
+        'api_key_file = "engine.key"\nheaders = { X-Tenant = "lab" }\n'
+    )
+    config = load_config(tmp_path, {})
+    (url, creds), = config.engine_credentials  # fmt: skip
+    assert url == "http://127.0.0.1:8000"
+    assert creds.api_key == KEY
+    assert KEY not in repr(config)
+    (tmp_path / "nvpair.toml").write_text(
+        '[[agent.engines]]\nkind = "vllm"\nurl = "http://127.0.0.1:8000"\napi_key_file = "none"\n'
+    )
+    with pytest.raises(ConfigError, match=r"agent.engines\[0\]: api_key_file"):
+        load_config(tmp_path, {})
+
+
+def test_a_well_formed_request_id_is_kept_and_any_other_replaced() -> None:
+    contextvars.copy_context().run(_identify_some)  # the id stays in that context
+
+
+def _identify_some() -> None:
+    given = make_mocked_request("POST", "/", headers={"X-Request-Id": "trace-1/a:b"})
+    assert identify(given) == "trace-1/a:b"
+    assert outgoing() == {"X-Request-Id": "trace-1/a:b"}
+    for bad in ("two words", "x" * 129, "", "a\u00e9"):
+        minted = identify(make_mocked_request("POST", "/", headers={"X-Request-Id": bad}))
+        assert minted.startswith("req_")
+        assert current() == minted
+
+
+def test_only_the_answer_headers_clients_read_pass() -> None:
+    engine = CIMultiDict(
+        {
+            "X-Request-Id": "abc",
+            "openai-processing-ms": "12",
+            "x-ratelimit-remaining-requests": "9",
+            "Retry-After": "3",
+            "Connection": "keep-alive",
+            "Transfer-Encoding": "chunked",
+            "Content-Encoding": "gzip",
+            "Set-Cookie": "s=1",
+            "Server": "uvicorn",
+        }
+    )
+    assert passed_back(engine) == {
+        "X-Request-Id": "abc",
+        "openai-processing-ms": "12",
+        "x-ratelimit-remaining-requests": "9",
+        "Retry-After": "3",
+    }
+
+
+async def test_a_keyed_engine_without_its_key_is_refusing_not_serving(
+    keyed: MockEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    engines = Engines([("vllm-0", "vllm", keyed.url)])
+    try:
+        with caplog.at_level(logging.INFO):
+            await engines.probe()
+        (engine,) = engines.current
+        assert not engine.up
+        assert engine.models == []
+        assert engines.url_for("keyed") is None
+        assert "refuses the probe with 401" in caplog.text
+        async with engines.post(keyed.url, "/v1/completions", b'{"model":"keyed"}') as reply:
+            assert reply.status == 401
+            assert (await reply.json())["error"]["code"] == "invalid_api_key"
+    finally:
+        await engines.aclose()
+
+
+async def test_with_its_key_every_call_to_the_engine_carries_it(
+    keyed: MockEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    auth = EngineAuth([(keyed.url, EngineCredentials(KEY))])
+    engines = Engines([("vllm-0", "vllm", keyed.url)], auth=auth)
+    scraper = LoadScraper(lambda: {"r": keyed.url}, auth=auth)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            await engines.probe()
+            await scraper.scrape()
+        (engine,) = engines.current
+        assert engine.up
+        assert engine.models == ["keyed"]
+        async with engines.post(keyed.url, "/v1/completions", b'{"model":"keyed"}') as reply:
+            assert reply.status == 200
+        assert "r" in scraper.current(), scraper.failures
+        async with aiohttp.ClientSession(middlewares=(auth.middleware,)) as session:
+            assert (await ask_version(session, keyed.url, "vllm")).startswith("nvpair-mock")
+        assert KEY not in caplog.text
+    finally:
+        await engines.aclose()
+        await scraper.aclose()
+    # The control: the same scrape without the key fails, and says why.
+    async with LoadScraper(lambda: {"r": keyed.url}) as bare:
+        await bare.scrape()
+        assert bare.failures["r"] == "/metrics answered 401"
+
+
+async def test_an_ollama_is_up_by_its_version_and_says_what_it_holds_loaded() -> None:
+    ollama = MockEngine(model="llama3.2:1b,qwen3:0.6b", flavour="ollama")
+    plain = MockEngine(model="plain")
+    await ollama.start()
+    await plain.start()
+    engines = Engines([("o", "ollama", ollama.url), ("p", "ollama", plain.url)])
+    try:
+        await engines.probe()
+        by_name = {e.name: e for e in engines.current}
+        assert by_name["o"].up
+        assert by_name["o"].models == ["llama3.2:1b", "qwen3:0.6b"]
+        assert engines.loaded["o"] == ["llama3.2:1b", "qwen3:0.6b"]
+        assert not by_name["p"].up  # no /api/version: not an Ollama that serves
+        async with aiohttp.ClientSession() as session:
+            assert (await ask_version(session, ollama.url, "ollama")).startswith("0.0.0")
+        assert ready_path("ollama") == "/api/version"
+        assert ready_path("vllm") == "/v1/models"
+    finally:
+        await engines.aclose()
+        await ollama.aclose()
+        await plain.aclose()
