@@ -22,6 +22,7 @@ from broker.records import Engine
 from . import engine_kinds
 from .config import EngineSpec
 from .engine_auth import EngineAuth
+from .engine_http import EngineHttp
 from .request_identity import outgoing
 
 __all__ = ["Engines"]
@@ -52,13 +53,15 @@ class Engines:
         self.loaded: dict[str, list[str]] = {}  # engine name -> models it holds loaded
         self.refused: dict[str, int] = {}  # engine name -> the status it refused the probe with
         self._probe_session: aiohttp.ClientSession | None = None
-        self._call_session: aiohttp.ClientSession | None = None
+        self._call_session: aiohttp.ClientSession | None = None  # https engines only
+        self._http = EngineHttp()
 
     async def aclose(self) -> None:
         """Close the HTTP sessions."""
         for session in (self._probe_session, self._call_session):
             if session is not None:
                 await session.close()
+        await self._http.aclose()
 
     async def probe(self) -> None:
         """Ask every engine what it serves, at once; report a change."""
@@ -112,10 +115,12 @@ class Engines:
 
     def post(self, url: str, path: str, body: bytes, content_type: str = "application/json") -> Any:
         """POST an inference request (`body` as the client sent it, with `content_type`) to
-        a local engine; an aiohttp request context."""
+        a local engine; a request context whose answer reads as aiohttp's does."""
+        headers = {"Content-Type": content_type, **outgoing()}
+        if url.startswith("http://"):  # the hot path: agent.engine_http, kept-alive
+            return self._http.post(url, path, body, {**headers, **self.auth.headers_for(url)})
         if self._call_session is None:
             self._call_session = aiohttp.ClientSession(
                 timeout=CALL_TIMEOUT, middlewares=(self.auth.middleware,)
             )
-        headers = {"Content-Type": content_type, **outgoing()}
         return self._call_session.post(url + path, data=body, headers=headers)
