@@ -1,6 +1,7 @@
 """A request's identity end to end, and which answer headers reach the client.
 
-The facade takes the client's `X-Request-Id` (or mints one, `req_` + a ULID) when a request
+The facade takes the client's `X-Request-Id` (or mints one, `req_` + this process's ULID +
+a counter: unique across restarts and members, and a counter is cheap) when a request
 comes in; the engine receives it -- across the node API too, when the request is forwarded
 -- and the client gets it back on the answer, so one id finds the request in the client's
 logs, the engine's and ours. It travels in a context variable set for the request's handler
@@ -15,6 +16,7 @@ hop-by-hop headers and everything else stay behind.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
@@ -41,6 +43,9 @@ _PASSED: Final = ("x-request-id", "retry-after")
 _PASSED_PREFIXES: Final = ("openai-", "x-ratelimit-")
 _KEY: Final = web.RequestKey("nvpair_request_id", str)
 
+_MINT_PREFIX: Final = f"req_{ULID()}-"
+_minted = itertools.count(1)
+
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_request_id", default="")
 
 
@@ -48,7 +53,7 @@ def identify(request: web.Request) -> str:
     """Take the request's `X-Request-Id` (a well-formed one) or mint one; from here on the
     handler's calls carry it (`outgoing`) and its answer says it (`stamp`)."""
     given = request.headers.get(HEADER, "")
-    request_id = given if _ID.fullmatch(given) else f"req_{ULID()}"
+    request_id = given if _ID.fullmatch(given) else f"{_MINT_PREFIX}{next(_minted)}"
     request[_KEY] = request_id
     _current.set(request_id)
     return request_id

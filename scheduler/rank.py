@@ -96,6 +96,9 @@ class Request:
     origin: str | None = None  # the node it entered on
 
 
+_Static = tuple[list[npt.NDArray[np.bool_]], npt.NDArray[np.float64]]
+
+
 @dataclass
 class Cluster:
     """Node snapshots compiled into arrays; rebuild when the node records change."""
@@ -113,6 +116,11 @@ class Cluster:
     fit: npt.NDArray[np.int64]  # [g - 1, node]: the g-th largest free memory in one domain
     served: dict[tuple[str | None, str], npt.NDArray[np.bool_]]  # (kind|None, model) -> mask
     up: dict[tuple[str | None, str], npt.NDArray[np.bool_]]
+    # What ranking a kind of request finds that does not move with the load, per
+    # (engine, model, GPUs, memory, origin): the filters but the queue's, the static score.
+    _static: dict[tuple[object, ...], _Static] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def compile(cls, nodes: Iterable[NodeView]) -> Cluster:
@@ -279,9 +287,30 @@ class Ranking:
 def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Ranking:
     """Filter and score every node for `request`."""
     count = len(cluster)
-    nothing = np.zeros(count, dtype=np.bool_)
-    key = (request.engine, request.model)
+    masks, static_scores = _static_part(request, cluster)
+    pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
+    masks = [*masks, pending < cluster.queue_limit]
+    eligible = masks[0].copy()
+    for mask in masks[1:]:
+        eligible &= mask
+    scores = static_scores - W_LOAD * pending / np.maximum(cluster.healthy, 1)
+    return Ranking(cluster, request, masks, eligible, scores)
+
+
+MAX_STATIC: Final = 256  # kinds of request remembered per compiled cluster
+
+
+def _static_part(request: Request, cluster: Cluster) -> _Static:
+    """The filters that do not look at the load, and the score without it: the same for
+    every request of a kind until the records change (a new `Cluster`), so made once."""
     group = min(max(request.gpus, 1), MAX_GROUP)
+    memory = max(request.memory_bytes, 1)
+    kind = (request.engine, request.model, group, memory, request.origin)
+    cached = cluster._static.get(kind)
+    if cached is not None:
+        return cached
+    nothing = np.zeros(len(cluster), dtype=np.bool_)
+    key = (request.engine, request.model)
     masks = [
         cluster.member,
         cluster.reachable,
@@ -289,21 +318,15 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
         cluster.served.get(key, nothing),
         cluster.up.get(key, nothing),
         (cluster.healthy > 0) | cluster.gpuless,
-        (cluster.fit[group - 1] >= max(request.memory_bytes, 1)) | cluster.gpuless,
+        (cluster.fit[group - 1] >= memory) | cluster.gpuless,
     ]
-    pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
-    masks.append(pending < cluster.queue_limit)
-    eligible = masks[0].copy()
-    for mask in masks[1:]:
-        eligible &= mask
-    scores = (
-        -W_LOAD * pending / np.maximum(cluster.healthy, 1)
-        - W_UTIL * cluster.utilization / 100.0
-        + W_FREE * cluster.free_fraction
-    )
+    scores = -W_UTIL * cluster.utilization / 100.0 + W_FREE * cluster.free_fraction
     if request.origin is not None and request.origin in cluster.index:
         scores[cluster.index[request.origin]] += W_LOCAL
-    return Ranking(cluster, request, masks, eligible, scores)
+    if len(cluster._static) >= MAX_STATIC:
+        cluster._static.clear()
+    cluster._static[kind] = (masks, scores)
+    return masks, scores
 
 
 def node_view_order(views: Sequence[NodeView]) -> list[str]:

@@ -1,4 +1,4 @@
-"""`broker.frame_batch`: the frames of one loop turn reach the child in one write, in order."""
+"""`broker.frame_batch`: frames sent together reach the child in one write, in order."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import sys
 
 from broker.frame_batch import FrameBatch
 from broker.liveness import Drops
+from tests.fixtures.waiting import eventually
 
 
-async def test_frames_of_one_turn_go_in_one_write_in_order() -> None:
+async def test_frames_sent_together_go_in_one_write_in_order() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -29,11 +30,11 @@ async def test_frames_of_one_turn_go_in_one_write_in_order() -> None:
     drops = Drops()
     batch = FrameBatch(lambda: proc, drops, 1 << 20)
     assert all(batch.send(proc, b"frame %d" % i) for i in range(3))
-    assert writes == []  # nothing yet: the turn is not over
-    await asyncio.sleep(0)  # one turn of the loop (the batch's own call_soon)
+    assert writes == []  # nothing yet: the batch is still open
+    await eventually(lambda: bool(writes), "the batch's write")
     assert writes == [b"frame 0\nframe 1\nframe 2\n"]
-    assert batch.send(proc, b"frame 3")  # the next turn: a write of its own
-    await asyncio.sleep(0)
+    assert batch.send(proc, b"frame 3")  # after the write: a write of its own
+    await eventually(lambda: len(writes) == 2, "the second write")
     proc.stdin.close()
     out, _ = await proc.communicate()
     assert out == b"frame 0\nframe 1\nframe 2\nframe 3\n"
@@ -41,7 +42,7 @@ async def test_frames_of_one_turn_go_in_one_write_in_order() -> None:
     assert drops.total == 0
 
 
-async def test_frames_for_a_child_that_exited_within_the_turn_are_counted_dropped() -> None:
+async def test_frames_for_a_child_gone_before_the_write_are_counted_dropped() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "pass", stdin=asyncio.subprocess.PIPE
     )
@@ -50,9 +51,8 @@ async def test_frames_for_a_child_that_exited_within_the_turn_are_counted_droppe
     batch = FrameBatch(lambda: current[0], drops, 1 << 20)
     assert batch.send(proc, b"a")
     assert batch.send(proc, b"b")
-    current[0] = None  # replaced (restarting) before the turn ended
-    await asyncio.sleep(0)
-    assert drops.total == 2
+    current[0] = None  # replaced (restarting) before the write
+    await eventually(lambda: drops.total == 2, "both frames counted dropped")
     assert not batch.send(None, b"c")  # control: no child at all is a drop at once
     assert drops.total == 3
     await proc.wait()
