@@ -32,8 +32,7 @@
 
 The file and the flags are decoded together into one typed structure with bounds
 (`msgspec.convert`): a wrong type, a value out of bounds, an unknown key or table is refused
-with a `ConfigError` naming the file and the dotted key. `AgentConfig` is frozen; the daemon
-receives it finished.
+with a `ConfigError` naming the file and the dotted key. The daemon gets `AgentConfig` frozen.
 """
 
 from __future__ import annotations
@@ -106,6 +105,8 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     engines: Annotated[list[str | _EngineTable], Meta(max_length=64)] = []
     api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
+    wait_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64  # agent/wait_queue.py
+    wait_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     facade_bind: _Text | None = None
     anti_entropy_s: Annotated[float, Meta(ge=0.1, le=3600)] = 5.0
     dial_from: _Text | None = None
@@ -155,6 +156,7 @@ class AgentConfig:
     engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
+    wait: tuple[int, float] = (64, 30.0)  # requests waiting per model, for at most seconds
     facade_bind: str | None = None  # default: NVPAIR_BIND, else loopback unless api_keys
     anti_entropy_s: float = 5.0  # a Jobs-store comparison with the next member this often
     # The local address this node's connections to members leave from (a multi-homed host
@@ -246,6 +248,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         engines=tuple((e.name, e.kind, e.url) for e in _engines(path, table.engines)),
         api_keys=tuple(table.api_keys.items()),
         queue_limit=table.queue_limit,
+        wait=(table.wait_queue, float(table.wait_timeout_s)),
         facade_bind=table.facade_bind,
         anti_entropy_s=float(table.anti_entropy_s),
         dial_from=_ip_address(path, "dial_from", table.dial_from),

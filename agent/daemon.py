@@ -153,7 +153,7 @@ class Agent:
             interval_s=config.heartbeat_s,
             read_gpus=read_gpus,
         )
-        load = LoadPoller(self._remote_load)
+        load = LoadPoller(self._remote_load, on_refresh=lambda: facade.waits.poke())
         view = SchedulingView(
             self_id=node_id,
             records=members.records,
@@ -172,7 +172,7 @@ class Agent:
                 members.records(),
                 self_id=node_id,
                 reachable=lambda n: members.reachable(n, time.monotonic()),
-                kind_of=lambda name: d.engine if (d := deployments.get(name)) else "unknown",
+                deployment_of=deployments.get,
                 now_ms=int(time.time() * 1000),
             ),
             replica_url=control.url_of,
@@ -181,6 +181,7 @@ class Agent:
             port=config.facade_port,
             api_keys=dict(config.api_keys),
             queue_limit=config.queue_limit,
+            wait=config.wait,
         )
         tasks = Tasks(health)
         self.operations = operations = Operations(
@@ -216,7 +217,7 @@ class Agent:
             self.cluster,
             host=bind,
             port=config.node_port,
-            on_push=members.on_push,
+            on_push=facade.waits.after(members.on_push),  # load reports: waiters look
             on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
             records=members.records,
             run_here=facade.run_forwarded,

@@ -213,7 +213,7 @@ def _replica_ranking(model: str, ports: DeployPorts, records: list[NodeRecord]) 
         records,
         self_id=ports.control.self_id,
         reachable=lambda n: members.reachable(n, time.monotonic()),
-        kind_of=lambda name: d.engine if (d := ports.deployments.get(name)) else "unknown",
+        deployment_of=ports.deployments.get,
         now_ms=int(time.time() * 1000),
     )
     mine = {v.replica_id: v for v in views if v.model == model}

@@ -37,6 +37,7 @@ from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
 from .view import SchedulingView
+from .wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 
 __all__ = ["Facade", "facade_address", "openai_error"]
 
@@ -78,6 +79,7 @@ class Facade:
         queue_limit: int,
         replicas: Callable[[], list[ReplicaView]] = list,
         replica_url: Callable[[str], str | None] = lambda _: None,
+        wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
     ) -> None:
         self.node_id = node_id
         self._view = view
@@ -91,6 +93,7 @@ class Facade:
         self.port = port
         self.keys = {key: name for name, key in api_keys.items()}
         self.queue_limit = queue_limit
+        self.waits: WaitQueue[Target] = WaitQueue(length=wait[0], timeout_s=wait[1])
         self.jobs = JobBook(node_id, submit)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
@@ -142,19 +145,25 @@ class Facade:
         if isinstance(read, web.Response):
             return read
         raw, model = read
-        targets = self._place(model)
-        if isinstance(targets, Refusal):
-            return refused(targets, model)
+        entered = self.waits.enter(model, lambda: self._place(model))
+        if isinstance(entered, Refusal):
+            return refused(entered, model)
+        kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
         jobs = self.jobs
-        job = jobs.new(model, targets[0].kind, requester if isinstance(requester, str) else None)
+        job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit("workload:submitted", job)
         outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
         try:
+            targets = await self.waits.wait(entered, lambda: self._place(model))
+            if isinstance(targets, Refusal):  # waited too long, or the model went
+                ended, outcome = gave_up(targets, model, self.waits.line.timeout_s)
+                return ended
             for attempt, target in enumerate(targets):
                 if attempt:
                     self.failovers += 1
                     log.warning("failing over to %s", target.replica or target.node_id)
                 jobs.advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
+                             engine=targets[0].kind,
                              startedAt=job.record.startedAt or now_ms())  # fmt: skip
                 jobs.emit("workload:started", job)  # each target in the job's history
                 answer, outcome = await self._attempt(request, path, raw, target, model)
@@ -229,6 +238,7 @@ class Facade:
             self.pending[replica] -= 1
             if handler is not None:
                 self._handlers.get(node, set()).discard(handler)
+            self.waits.poke()  # a slot freed: the heads of the wait lines look again
 
     def cancel_on(self, target: str) -> int:
         """Cancel our requests running on `target` (a forced drain); their jobs: cancelled."""
@@ -260,6 +270,7 @@ class Facade:
             return openai_error(502, "engine unreachable", "server_error")
         finally:
             self.in_flight[self.node_id] -= 1
+            self.waits.poke()
 
     async def _run(
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str

@@ -2,9 +2,18 @@
 Pure: no I/O, no clock -- the age of each load report is passed in.
 
 A replica can take the request when it serves the model (with the requested engine kind,
-if any), its node is reachable and not cordoned, and it is `ready`; the first of these that
-fails is its reason, in that order, so a replica of another model is refused for that
-whatever its node's state.
+if any), its node is reachable and not cordoned, it is `ready`, and it is below its
+deployment's `maxInFlight` (when set); the first of these that fails is its reason, in that
+order, so a replica of another model is refused for that whatever its node's state.
+
+**At its limit** (`QUEUE_FULL`, 429 when every replica is: the facade's wait line takes the
+request) means the requests on the replica reach `max_in_flight`, counted as what this
+member has pending there plus what the replica's fresh load report shows beyond that --
+others' requests, running or waiting in the engine. Ours are in the report too, so the
+count is max(pending, running + waiting): exact for this member, as of the last report
+(about a second old, a heartbeat more for another member's replica) for the others. A slot
+freed by anyone shows at the next report, and a burst from another member can pass the
+limit by what it sent since (the engine's own queue takes that). No fresh report: pending.
 
 Score, higher is better: minus the work per unit of capacity, minus a KV-cache penalty.
 Work is what this member sent and has not seen finish (`pending`) plus what the engine
@@ -64,10 +73,13 @@ class ReplicaView:
     load_age_ms: float | None = None  # None with `load`: never read
     reachable: bool = True
     cordoned: bool = False
+    max_in_flight: int = 0  # requests it takes at once (its deployment's maxInFlight); 0: any
 
     def __post_init__(self) -> None:
         if not self.capacity > 0:
             raise ValueError(f"capacity {self.capacity} of {self.replica_id} is not positive")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight {self.max_in_flight} of {self.replica_id} < 0")
 
     def fresh_load(self, stale_ms: float) -> ReportedLoad | None:
         """The load report if it is recent enough to trust, else None (unknown)."""
@@ -107,6 +119,7 @@ FILTERS: Final = (
     Refusal.UNREACHABLE,
     Refusal.CORDONED,
     Refusal.REPLICA_NOT_READY,
+    Refusal.QUEUE_FULL,  # last: a full replica could serve, so it is the reason that answers
 )
 
 
@@ -121,6 +134,13 @@ def refusal_of(replica: ReplicaView, model: str, engine: str | None) -> Refusal 
     if replica.state != READY:
         return Refusal.REPLICA_NOT_READY
     return None
+
+
+def in_use(replica: ReplicaView, pending: int, stale_ms: float = STALE_MS) -> float:
+    """The requests on `replica` as this member counts them: its own `pending`, or the fresh
+    report's running and waiting when that is more (others' requests show only there)."""
+    load = replica.fresh_load(stale_ms)
+    return max(float(pending), load.running + load.waiting if load else 0.0)
 
 
 def reported_work(load: ReportedLoad) -> float:
@@ -149,6 +169,10 @@ def rank_replicas(
     refused: list[tuple[str, Refusal]] = []
     for replica in sorted(replicas, key=lambda r: r.replica_id):
         reason = refusal_of(replica, model, engine)
+        ours = pending_by_replica.get(replica.replica_id, 0)
+        limit = replica.max_in_flight
+        if reason is None and limit and in_use(replica, ours, stale_ms) >= limit:
+            reason = Refusal.QUEUE_FULL
         if reason is None:
             eligible.append(replica)
         else:
