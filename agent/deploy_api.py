@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,6 +35,7 @@ from scheduler.replicas import rank_replicas
 from . import replica_logs
 from .deployments import DeploymentRefused, DeploymentRequest, Deployments
 from .engine_proc_state import ReplicaState
+from .in_flight import InFlight
 from .members import Members
 from .replicas import ReplicaControl
 from .routing import replica_views
@@ -61,7 +62,7 @@ class DeployPorts:
     deployments: Deployments
     control: ReplicaControl
     members: Members
-    pending: Mapping[str, int] = field(default_factory=dict)
+    pending: InFlight = field(default_factory=InFlight)
 
 
 def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def _replica_ranking(model: str, ports: DeployPorts, records: list[NodeRecord]) 
     )
     mine = {v.replica_id: v for v in views if v.model == model}
     names = {r.nodeId: r.name for r in records}
-    ranking = rank_replicas(model, mine.values(), ports.pending)
+    ranking = rank_replicas(model, mine.values(), ports.pending, pending_then=ports.pending.then)
     ranked = []
     for rid, node_id, score in ranking.ranked:
         view = mine[rid]

@@ -32,6 +32,7 @@ from .engines import Engines
 from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
 from .facade_relay import refused, relay
+from .in_flight import InFlight
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
@@ -87,7 +88,7 @@ class Facade:
         self._forward = forward
         self._replicas = replicas
         self._replica_url = replica_url
-        self.pending: dict[str, int] = {}  # replica id -> our requests running there
+        self.pending = InFlight()  # replica id -> our requests running there (and lately)
         self.failovers = 0
         self.host = host
         self.port = port
@@ -213,6 +214,7 @@ class Facade:
             nodes=self._nodes,
             origin=self.node_id,
             kind_on=self._view.engine_kind_for,
+            pending_then=self.pending.then,
         )
 
     def _nodes(self) -> tuple[Cluster, Load]:
@@ -227,7 +229,7 @@ class Facade:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
-        self.pending[replica] = self.pending.get(replica, 0) + 1
+        self.pending.add(replica, 1)
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.setdefault(node, set()).add(handler)
@@ -235,7 +237,7 @@ class Facade:
             return await self._run(request, path, raw, target, model)
         finally:
             self.in_flight[node] -= 1
-            self.pending[replica] -= 1
+            self.pending.add(replica, -1)
             if handler is not None:
                 self._handlers.get(node, set()).discard(handler)
             self.waits.poke()  # a slot freed: the heads of the wait lines look again

@@ -78,10 +78,11 @@ def choose(
     nodes: Callable[[], tuple[Cluster, Load]],
     origin: str,
     kind_on: Callable[[str, str], str],
+    pending_then: Callable[[str, float], int] | None = None,
 ) -> list[Target] | Refusal:
     """Up to two targets, best first; or why no member can take the request."""
     if any(r.model == model for r in replicas):
-        ranking = rank_replicas(model, replicas, pending)
+        ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
         if not ranking.ranked:
             return ranking.refusal() or Refusal.REPLICA_NOT_READY
         kinds = {r.replica_id: r.kind for r in replicas}

@@ -233,3 +233,16 @@ def test_a_replica_at_its_max_in_flight_is_full_and_only_full_ones_make_a_429() 
     assert free.best == ("e", "node-e")
     with pytest.raises(ValueError, match="max_in_flight"):
         replica("f", max_in_flight=-1)
+
+
+def test_our_requests_that_ended_since_the_report_free_their_slots_at_once() -> None:
+    # The report (read 800 ms ago) saw 4 running: ours then. 3 of ours ended since.
+    report = replica("a", max_in_flight=4, load=ReportedLoad(running=4, waiting=0), age=800)
+    ranking = rank_replicas("llama", [report], {"a": 1}, pending_then=lambda rid, age: 4)
+    assert ranking.best == ("a", "node-a")  # 1 of ours + 0 others: 3 slots free
+    # Without what we had then, the report's 4 could be anyone's: full until the next one.
+    assert rank_replicas("llama", [report], {"a": 1}).refusal() is Refusal.QUEUE_FULL
+    # Others' requests in the report still count: 2 were not ours.
+    busy = replica("b", max_in_flight=4, load=ReportedLoad(running=4, waiting=2), age=800)
+    crowded = rank_replicas("llama", [busy], {"b": 2}, pending_then=lambda rid, age: 4)
+    assert crowded.refusal() is Refusal.QUEUE_FULL  # 2 ours + 2 others = 4
