@@ -6,7 +6,8 @@ data, engines in the node records, pending work), then: `workload:submitted` (qu
 `originatedFrom` = this node), `workload:started` with `scheduledOn`, and
 `workload:completed` or `workload:errored` (failed with a normalised error, or cancelled
 when the client goes away). The request runs on the local engine or is forwarded over the
-node API (mTLS, pinned) and streamed back.
+node API (mTLS, pinned) and streamed back. One that finds every target full waits, queued,
+in this member's wait line (`wait_queue`) until one has room.
 
 Prompts and completions pass through here and over the node API only: they are never put in
 an event, a log line, a metric or the plane.
