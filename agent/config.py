@@ -32,8 +32,7 @@
 
 The file and the flags are decoded together into one typed structure with bounds
 (`msgspec.convert`): a wrong type, a value out of bounds, an unknown key or table is refused
-with a `ConfigError` naming the file and the dotted key. `AgentConfig` is frozen; the daemon
-receives it finished.
+with a `ConfigError` naming the file and the dotted key. The daemon gets `AgentConfig` frozen.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from .advertise import parse_advertise
 from .engine_auth import EngineCredentials, EngineTable, credentials_by_url
 from .engine_config import EnginesTable, LaunchSettings, launch_settings
 from .gpus import known_device_class, parse_simulation
@@ -101,6 +101,8 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     engines: Annotated[list[str | EngineTable], Meta(max_length=64)] = []
     api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
+    wait_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64  # agent/wait_queue.py
+    wait_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     facade_bind: _Text | None = None
     anti_entropy_s: Annotated[float, Meta(ge=0.1, le=3600)] = 5.0
     dial_from: _Text | None = None
@@ -151,6 +153,7 @@ class AgentConfig:
     engine_credentials: tuple[tuple[str, EngineCredentials], ...] = ()  # (base URL, them)
     api_keys: tuple[tuple[str, str], ...] = ()  # (requester name, key)
     queue_limit: int = 32  # pending jobs per node beyond which it takes no more
+    wait: tuple[int, float] = (64, 30.0)  # requests waiting per model, for at most seconds
     facade_bind: str | None = None  # default: NVPAIR_BIND, else loopback unless api_keys
     anti_entropy_s: float = 5.0  # a Jobs-store comparison with the next member this often
     # The local address this node's connections to members leave from (a multi-homed host
@@ -221,7 +224,10 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         _refuse(shared_file_problem(path, holds_secret=secret))
     if table.simulate_gpus:
         _check_simulation(path, table.simulate_gpus)
-    advertise_host, advertise_ports = parse_advertise(table.advertise)
+    try:
+        advertise_host, advertise_ports = parse_advertise(table.advertise)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     plane = parsed.plane or _joined_plane(home)
     try:
         credentials = credentials_by_url(home, table.engines)
@@ -247,6 +253,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         engine_credentials=credentials,
         api_keys=tuple(table.api_keys.items()),
         queue_limit=table.queue_limit,
+        wait=(table.wait_queue, float(table.wait_timeout_s)),
         facade_bind=table.facade_bind,
         anti_entropy_s=float(table.anti_entropy_s),
         dial_from=_ip_address(path, "dial_from", table.dial_from),
@@ -293,59 +300,6 @@ def _name_the_key(message: str) -> str:
     if re.fullmatch(r"agent\.[a-z_]+_port", where):
         return f"{where} must be a port number: {what}"
     return f"{where}: {what}" if where else what
-
-
-_HOST_NAME: Final = re.compile(
-    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
-)
-_ADVERTISE_FORM: Final = (
-    'is "HOST" or "HOST:MANAGER_PORT,NODE_PORT,FACADE_PORT" (an IPv6 address with ports in '
-    "brackets: [ADDR]:PORTS)"
-)
-
-
-def parse_advertise(value: str) -> tuple[str, tuple[int, int, int] | None]:
-    """`agent.advertise` / `--advertise`: the host peers use and, when given, the
-    (manager, node, facade) ports they use; `ConfigError` naming `agent.advertise`."""
-    text = value.strip()
-    ports_text: str | None = None
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise _bad_advertise(value, "an opening [ without its closing ]")
-        ports_text = rest[1:] if rest else None
-        if not _is_ip(host, version=6):
-            raise _bad_advertise(value, f"{host!r} is not an IPv6 address")
-    elif text.count(":") > 1:
-        host = text  # a bare IPv6 address: no ports (they would be ambiguous)
-        if not _is_ip(host, version=6):
-            raise _bad_advertise(value, f"{host!r} is not an IPv6 address")
-    else:
-        host, colon, rest = text.partition(":")
-        ports_text = rest if colon else None
-        if not (_is_ip(host, version=4) or _HOST_NAME.fullmatch(host)):
-            raise _bad_advertise(value, f"{host!r} is not a host name or an IP address")
-    if ports_text is None:
-        return host, None
-    parts = ports_text.split(",")
-    if len(parts) != 3 or not all(
-        p.isascii() and p.isdigit() and 1 <= int(p) <= 65535 for p in parts
-    ):
-        raise _bad_advertise(value, "the ports are three numbers from 1 to 65535")
-    manager, node, facade = (int(p) for p in parts)
-    return host, (manager, node, facade)
-
-
-def _is_ip(text: str, *, version: int) -> bool:
-    try:
-        return ipaddress.ip_address(text).version == version
-    except ValueError:
-        return False
-
-
-def _bad_advertise(value: str, why: str) -> ConfigError:
-    return ConfigError(f"agent.advertise {_ADVERTISE_FORM}; {why} in {value[:300]!r}")
 
 
 def _check_simulation(path: Path, spec: str) -> None:

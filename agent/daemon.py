@@ -154,7 +154,7 @@ class Agent:
             interval_s=config.heartbeat_s,
             read_gpus=read_gpus,
         )
-        load = LoadPoller(self._remote_load)
+        load = LoadPoller(self._remote_load, on_refresh=lambda: facade.waits.poke())
         view = SchedulingView(
             self_id=node_id,
             records=members.records,
@@ -174,7 +174,7 @@ class Agent:
                 self_id=node_id,
                 records=members.records,
                 reachable=members.reachable,
-                kind_of=lambda name: d.engine if (d := deployments.get(name)) else "unknown",
+                deployment_of=deployments.get,
             ).current,
             replica_url=control.url_of,
             submit=self.submit,
@@ -183,6 +183,7 @@ class Agent:
             api_keys=dict(config.api_keys),
             key_check=keys,
             queue_limit=config.queue_limit,
+            wait=config.wait,
         )
         tasks = Tasks(health)
         self.operations = operations = Operations(
@@ -218,7 +219,7 @@ class Agent:
             self.cluster,
             host=bind,
             port=config.node_port,
-            on_push=members.on_push,
+            on_push=facade.waits.after(members.on_push),  # load reports: waiters look
             on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
             records=members.records,
             run_here=facade.run_forwarded,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,6 +37,7 @@ from scheduler.replicas import rank_replicas
 from . import replica_logs
 from .deployments import DeploymentRefused, DeploymentRequest, Deployments
 from .engine_proc_state import ReplicaState
+from .in_flight import InFlight
 from .keys_api import key_routes
 from .members import Members
 from .replicas import ReplicaControl
@@ -64,7 +65,7 @@ class DeployPorts:
     deployments: Deployments
     control: ReplicaControl
     members: Members
-    pending: Mapping[str, int] = field(default_factory=dict)
+    pending: InFlight = field(default_factory=InFlight)
 
 
 def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[str, Any]:
@@ -217,12 +218,12 @@ def _replica_ranking(model: str, ports: DeployPorts, records: list[NodeRecord]) 
         records,
         self_id=ports.control.self_id,
         reachable=lambda n: members.reachable(n, time.monotonic()),
-        kind_of=lambda name: d.engine if (d := ports.deployments.get(name)) else "unknown",
+        deployment_of=ports.deployments.get,
         now_ms=int(time.time() * 1000),
     )
     mine = {v.replica_id: v for v in views if v.model == model}
     names = {r.nodeId: r.name for r in records}
-    ranking = rank_replicas(model, mine.values(), ports.pending)
+    ranking = rank_replicas(model, mine.values(), ports.pending, pending_then=ports.pending.then)
     ranked = []
     for rid, node_id, score in ranking.ranked:
         view = mine[rid]

@@ -35,6 +35,12 @@ def add_commands(commands: Any) -> None:
     deploy.add_argument("--gpus", type=int, default=1, help="GPUs per replica (default 1)")
     deploy.add_argument("--tp", type=int, default=0, help="tensor-parallel size (default: --gpus)")
     deploy.add_argument("--replicas", type=int, default=1)
+    deploy.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=0,
+        help="requests one replica takes at once; more wait in line (default 0: no limit)",
+    )
     deploy.add_argument("--node", default="", help="keep its replicas on this node (id or name)")
     deploy.add_argument("--device-class", default="", help="e.g. h100-80gb-sxm")
     deploy.add_argument(
@@ -98,6 +104,7 @@ def _deploy(args: argparse.Namespace) -> int:
         "gpus": args.gpus,
         "tp": args.tp,
         "replicas": args.replicas,
+        "maxInFlight": args.max_in_flight,
         "constraints": {
             "node": args.node,
             "deviceClass": args.device_class,

@@ -45,6 +45,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     gpus: int = 1
     tp: int = 0  # 0: as many as GPUs per replica
     replicas: int = 1
+    maxInFlight: int = 0  # 0: no limit
     constraints: Constraints = Constraints()
     authority: str = "managed"
     url: str = ""
@@ -130,6 +131,7 @@ class Deployments:
                 gpus=request.gpus,
                 tp=request.tp or max(1, request.gpus),
                 replicas=request.replicas,
+                maxInFlight=request.maxInFlight,
                 constraints=request.constraints,
                 authority=request.authority,  # type: ignore[arg-type]  # checked just below
                 url=request.url,

@@ -6,7 +6,8 @@ data, engines in the node records, pending work), then: `workload:submitted` (qu
 `originatedFrom` = this node), `workload:started` with `scheduledOn`, and
 `workload:completed` or `workload:errored` (failed with a normalised error, or cancelled
 when the client goes away). The request runs on the local engine or is forwarded over the
-node API (mTLS, pinned) and streamed back.
+node API (mTLS, pinned) and streamed back. One that finds every target full waits, queued,
+in this member's wait line (`wait_queue`) until one has room.
 
 Prompts and completions pass through here and over the node API only: they are never put in
 an event, a log line, a metric or the plane.
@@ -32,6 +33,7 @@ from .engines import Engines
 from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
 from .facade_relay import refused, relay
+from .in_flight import InFlight
 from .job_errors import JobError, for_exception, for_status
 from .key_check import KeyCheck
 from .lifetime import SHUTDOWN_S
@@ -41,6 +43,7 @@ from .request_identity import identify, stamp
 from .request_identity import middleware as identified
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
 from .view import SchedulingView
+from .wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 
 __all__ = ["Facade", "facade_address", "openai_error"]
 
@@ -82,6 +85,7 @@ class Facade:
         replicas: Callable[[], list[ReplicaView]] = list,
         replica_url: Callable[[str], str | None] = lambda _: None,
         key_check: KeyCheck | None = None,
+        wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
     ) -> None:
         self.node_id = node_id
         self._view = view
@@ -89,12 +93,13 @@ class Facade:
         self._forward = forward
         self._replicas = replicas
         self._replica_url = replica_url
-        self.pending: dict[str, int] = {}  # replica id -> our requests running there
+        self.pending = InFlight()  # replica id -> our requests running there (and lately)
         self.failovers = 0
         self.host = host
         self.port = port
         self.keys = key_check or KeyCheck(api_keys)  # who may send requests (agent.key_check)
         self.queue_limit = queue_limit
+        self.waits: WaitQueue[Target] = WaitQueue(length=wait[0], timeout_s=wait[1])
         self.jobs = JobBook(node_id, submit)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
@@ -161,19 +166,25 @@ class Facade:
         raw, model = read
         if (denied := self.keys.admit(requester, model)) is not None:
             return denied  # a model the key may not use, or over the key's limits: no job
-        targets = self._place(model)
-        if isinstance(targets, Refusal):
-            return refused(targets, model)
+        entered = self.waits.enter(model, lambda: self._place(model))
+        if isinstance(entered, Refusal):
+            return refused(entered, model)
+        kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
         jobs = self.jobs
-        job = jobs.new(model, targets[0].kind, requester if isinstance(requester, str) else None)
+        job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit("workload:submitted", job)
         outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
         try:
+            targets = await self.waits.wait(entered, lambda: self._place(model))
+            if isinstance(targets, Refusal):  # waited too long, or the model went
+                ended, outcome = gave_up(targets, model, self.waits.line.timeout_s)
+                return ended
             for attempt, target in enumerate(targets):
                 if attempt:
                     self.failovers += 1
                     log.warning("failing over to %s", target.replica or target.node_id)
                 jobs.advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
+                             engine=targets[0].kind,
                              startedAt=job.record.startedAt or now_ms())  # fmt: skip
                 jobs.emit("workload:started", job)  # each target in the job's history
                 answer, outcome = await self._attempt(request, path, raw, target, model)
@@ -219,6 +230,7 @@ class Facade:
             nodes=self._nodes,
             origin=self.node_id,
             kind_on=self._view.engine_kind_for,
+            pending_then=self.pending.then,
         )
 
     def _nodes(self) -> tuple[Cluster, Load]:
@@ -233,7 +245,7 @@ class Facade:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
-        self.pending[replica] = self.pending.get(replica, 0) + 1
+        self.pending.add(replica, 1)
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.setdefault(node, set()).add(handler)
@@ -241,9 +253,10 @@ class Facade:
             return await self._run(request, path, raw, target, model)
         finally:
             self.in_flight[node] -= 1
-            self.pending[replica] -= 1
+            self.pending.add(replica, -1)
             if handler is not None:
                 self._handlers.get(node, set()).discard(handler)
+            self.waits.poke()  # a slot freed: the heads of the wait lines look again
 
     def cancel_on(self, target: str) -> int:
         """Cancel our requests running on `target` (a forced drain); their jobs: cancelled."""
@@ -277,6 +290,7 @@ class Facade:
             return openai_error(502, "engine unreachable", "server_error")
         finally:
             self.in_flight[self.node_id] -= 1
+            self.waits.poke()
 
     async def _run(
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str

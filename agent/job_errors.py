@@ -27,6 +27,7 @@ class JobError(enum.Enum):
     ENGINE_UNREACHABLE = "engine unreachable"  # any other failure to talk to it
     NO_ENGINE = "no engine here serves the model"
     MEMBER_UNREACHABLE = "member unreachable"
+    WAIT_TIMED_OUT = "waited too long for capacity"  # in the wait line (agent/wait_queue.py)
     CANCELLED = "cancelled: client disconnected or node drained"
     INTERNAL = "internal error"
 

@@ -18,6 +18,7 @@ from typing import Final
 
 import msgspec
 
+from broker.deployments import Deployment
 from broker.records import NodeRecord
 from scheduler import Cluster, Load, Refusal, Request, rank
 from scheduler.replicas import ReplicaView, ReportedLoad, rank_replicas
@@ -41,21 +42,24 @@ def replica_views(
     *,
     self_id: str,
     reachable: Callable[[str], bool],
-    kind_of: Callable[[str], str],
+    deployment_of: Callable[[str], Deployment | None],
     now_ms: int,
 ) -> list[ReplicaView]:
-    """Every member's replicas as ranking sees them, with their last load reports."""
+    """Every member's replicas as ranking sees them, with their last load reports and their
+    deployment's engine kind and `maxInFlight`."""
     views = []
     for record in records:
         up = record.nodeId == self_id or reachable(record.nodeId)
         for r in record.replicas:
             load = ReportedLoad(r.running, r.waiting, r.kvUsage) if r.loadAt else None
+            deployment = deployment_of(r.deployment)
             views.append(
                 ReplicaView(
                     r.id,
                     record.nodeId,
                     r.deployment,
-                    kind=kind_of(r.deployment),
+                    kind=deployment.engine if deployment else "unknown",
+                    max_in_flight=deployment.maxInFlight if deployment else 0,
                     state=r.state,
                     load=load,
                     load_age_ms=max(0, now_ms - r.loadAt) if r.loadAt else None,
@@ -74,10 +78,11 @@ def choose(
     nodes: Callable[[], tuple[Cluster, Load]],
     origin: str,
     kind_on: Callable[[str, str], str],
+    pending_then: Callable[[str, float], int] | None = None,
 ) -> list[Target] | Refusal:
     """Up to two targets, best first; or why no member can take the request."""
     if any(r.model == model for r in replicas):
-        ranking = rank_replicas(model, replicas, pending)
+        ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
         if not ranking.ranked:
             return ranking.refusal() or Refusal.REPLICA_NOT_READY
         kinds = {r.replica_id: r.kind for r in replicas}

@@ -32,8 +32,13 @@ TOMBSTONE_KEEP_S: Final = 86_400.0
 class LoadPoller:
     """`remote` is the latest count of others' pending jobs per node."""
 
-    def __init__(self, read: Callable[[], Awaitable[dict[str, int]]]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[dict[str, int]]],
+        on_refresh: Callable[[], None] = lambda: None,
+    ) -> None:
         self._read = read
+        self._on_refresh = on_refresh  # others' jobs may have ended: the facade's waiters look
         self.remote: dict[str, int] = {}
 
     async def run(self) -> None:
@@ -41,6 +46,7 @@ class LoadPoller:
         while True:
             try:
                 self.remote = await self._read()
+                self._on_refresh()
             except (BrokerError, sqlite3.Error) as exc:
                 # The store's own health says why; the last counts stay the best guess.
                 log.debug("pending work not refreshed: %s", exc)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from broker.deployments import Deployment
 from broker.records import NodeRecord
 from scheduler import Cluster, DeviceView, EngineView, Load, NodeView
 from scheduler.replicas import ReplicaView
@@ -105,13 +106,13 @@ class ReplicaViews:
         self_id: str,
         records: Callable[[], list[NodeRecord]],
         reachable: Callable[[str, float], bool],
-        kind_of: Callable[[str], str],
+        deployment_of: Callable[[str], Deployment | None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._self_id = self_id
         self._records = records
         self._reachable = reachable
-        self._kind_of = kind_of
+        self._deployment_of = deployment_of
         self._clock = clock
         self._cache: tuple[tuple[tuple[str, int], ...], float, list[ReplicaView]] | None = None
 
@@ -126,7 +127,7 @@ class ReplicaViews:
                 records,
                 self_id=self._self_id,
                 reachable=lambda node_id: self._reachable(node_id, now),
-                kind_of=self._kind_of,
+                deployment_of=self._deployment_of,
                 now_ms=int(time.time() * 1000),
             )
             cached = self._cache = (key, now, views)

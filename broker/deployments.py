@@ -1,7 +1,8 @@
 """Deployments: declared, cluster-wide, signed by the member that declared them. Sans-I/O.
 
 A `Deployment` says what should run: the model name clients use, the engine kind and what
-it loads, extra engine arguments, GPUs per replica, replicas, where they may go, and who
+it loads, extra engine arguments, GPUs per replica, replicas, the requests a replica takes
+at once (`maxInFlight`, for routing: the facade's wait line), where they may go, and who
 starts the engines (`managed`: the agents; `observed`: an engine that already runs, watched
 and never restarted). Any member may declare, scale or undeploy one (the operator of any
 machine owns the cluster, as with removals); each version is a statement signed by the
@@ -66,6 +67,7 @@ class Deployment(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     gpus: Annotated[int, Meta(ge=0, le=64)] = 1  # per replica
     tp: Annotated[int, Meta(ge=1, le=64)] = 1  # tensor-parallel size
     replicas: Annotated[int, Meta(ge=0, le=1024)] = 1
+    maxInFlight: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # per replica; 0: no limit
     constraints: Constraints = Constraints()
     authority: Authority = "managed"
     url: Annotated[str, Meta(max_length=2048)] = ""  # observed: the engine that runs

@@ -303,10 +303,11 @@ class JobsStore:
         return (origin, workload_id) in self._removed
 
     async def running_by_node(self, *, exclude_origin: str) -> dict[str, int]:
-        """Queued and running jobs per node they run on, leaving out one origin's."""
+        """Placed jobs (queued or running, with a `scheduledOn`) per node, leaving out one
+        origin's; a job in a facade's wait line has no target yet and holds no capacity."""
         async with self.db.execute(
-            "SELECT coalesce(scheduled_on, origin), count(*) FROM jobs "
-            "WHERE state IN ('queued', 'running') AND origin != ? GROUP BY 1",
+            "SELECT scheduled_on, count(*) FROM jobs WHERE state IN ('queued', 'running') "
+            "AND scheduled_on IS NOT NULL AND origin != ? GROUP BY 1",
             (exclude_origin,),
         ) as cursor:
             return {str(node): int(count) for node, count in await cursor.fetchall()}

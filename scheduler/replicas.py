@@ -2,9 +2,19 @@
 Pure: no I/O, no clock -- the age of each load report is passed in.
 
 A replica can take the request when it serves the model (with the requested engine kind,
-if any), its node is reachable and not cordoned, and it is `ready`; the first of these that
-fails is its reason, in that order, so a replica of another model is refused for that
-whatever its node's state.
+if any), its node is reachable and not cordoned, it is `ready`, and it is below its
+deployment's `maxInFlight` (when set); the first of these that fails is its reason, in that
+order, so a replica of another model is refused for that whatever its node's state.
+
+**At its limit** (`QUEUE_FULL`, 429 when every replica is: the facade's wait line takes the
+request) means the requests on the replica reach `max_in_flight`, counted as what this
+member has pending there plus what the replica's fresh load report shows beyond that --
+others' requests, running or waiting in the engine. Ours are in the report too, so ours
+as of the report's reading (`pending_then`, the member keeps its recent changes) come off:
+exact for this member, as of the last report (about a second old, a heartbeat more for
+another member's replica) for the others. A slot another member frees shows at the next
+report, and a burst from another member can pass the limit by what it sent since (the
+engine's own queue takes that). No fresh report: ours alone.
 
 Score, higher is better: minus the work per unit of capacity, minus a KV-cache penalty.
 Work is what this member sent and has not seen finish (`pending`) plus what the engine
@@ -19,7 +29,7 @@ lack of data, and is scored on its pending above that. Ties go to the lower repl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -64,10 +74,13 @@ class ReplicaView:
     load_age_ms: float | None = None  # None with `load`: never read
     reachable: bool = True
     cordoned: bool = False
+    max_in_flight: int = 0  # requests it takes at once (its deployment's maxInFlight); 0: any
 
     def __post_init__(self) -> None:
         if not self.capacity > 0:
             raise ValueError(f"capacity {self.capacity} of {self.replica_id} is not positive")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight {self.max_in_flight} of {self.replica_id} < 0")
 
     def fresh_load(self, stale_ms: float) -> ReportedLoad | None:
         """The load report if it is recent enough to trust, else None (unknown)."""
@@ -107,6 +120,7 @@ FILTERS: Final = (
     Refusal.UNREACHABLE,
     Refusal.CORDONED,
     Refusal.REPLICA_NOT_READY,
+    Refusal.QUEUE_FULL,  # last: a full replica could serve, so it is the reason that answers
 )
 
 
@@ -121,6 +135,19 @@ def refusal_of(replica: ReplicaView, model: str, engine: str | None) -> Refusal 
     if replica.state != READY:
         return Refusal.REPLICA_NOT_READY
     return None
+
+
+def in_use(
+    replica: ReplicaView, ours: int, ours_then: int | None = None, stale_ms: float = STALE_MS
+) -> float:
+    """The requests on `replica` as this member counts them: `ours` now, plus the others'
+    in its fresh report -- what the engine ran and queued beyond ours when it was read
+    (`ours_then`; unknown: ours now, so the count is the larger of the two)."""
+    load = replica.fresh_load(stale_ms)
+    if load is None:
+        return float(ours)
+    then = ours if ours_then is None else ours_then
+    return ours + max(0.0, load.running + load.waiting - then)
 
 
 def reported_work(load: ReportedLoad) -> float:
@@ -143,12 +170,21 @@ def rank_replicas(
     *,
     engine: str | None = None,
     stale_ms: float = STALE_MS,
+    pending_then: Callable[[str, float], int] | None = None,
 ) -> ReplicaRanking:
-    """Filter and score every replica for a request for `model` (and `engine`, a kind)."""
+    """Filter and score every replica for a request for `model` (and `engine`, a kind);
+    `pending_then(replica, age_ms)` is this member's pending there that long ago."""
     eligible: list[ReplicaView] = []
     refused: list[tuple[str, Refusal]] = []
     for replica in sorted(replicas, key=lambda r: r.replica_id):
         reason = refusal_of(replica, model, engine)
+        ours = pending_by_replica.get(replica.replica_id, 0)
+        limit = replica.max_in_flight
+        if reason is None and limit:
+            age = replica.load_age_ms
+            then = pending_then(replica.replica_id, age) if pending_then and age else None
+            if in_use(replica, ours, then, stale_ms) >= limit:
+                reason = Refusal.QUEUE_FULL
         if reason is None:
             eligible.append(replica)
         else:

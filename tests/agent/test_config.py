@@ -220,3 +220,17 @@ def test_dial_from_is_an_ip_address_or_refused_naming_the_key(tmp_path: Path) ->
     (tmp_path / "nvpair.toml").write_text('[agent]\ndial_from = "gpu-a.example.com"\n')
     with pytest.raises(ConfigError, match=r"agent\.dial_from must be an IP address"):
         load_config(tmp_path, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [("wait_queue = -1", "agent.wait_queue"), ("wait_timeout_s = 0", "agent.wait_timeout_s")],
+)
+def test_the_wait_line_settings_are_bounded(tmp_path: Path, text: str, key: str) -> None:
+    (tmp_path / "nvpair.toml").write_text(f"[agent]\n{text}\n")
+    with pytest.raises(ConfigError, match=key):
+        load_config(tmp_path, {})
+    # The control: in bounds they load, 0 turning waiting off.
+    (tmp_path / "nvpair.toml").write_text("[agent]\nwait_queue = 0\nwait_timeout_s = 5\n")
+    assert load_config(tmp_path, {}).wait == (0, 5.0)
+    assert load_config(tmp_path / "none", {}).wait == (64, 30.0)  # the defaults

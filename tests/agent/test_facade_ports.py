@@ -45,7 +45,10 @@ class Rig:
 
 
 async def rig(
-    engine: MockEngine, queue_limit: int = 8, api_keys: dict[str, str] | None = None
+    engine: MockEngine,
+    queue_limit: int = 8,
+    api_keys: dict[str, str] | None = None,
+    wait: tuple[int, float] = (64, 30.0),
 ) -> Rig:
     await engine.start()
     engines = Engines([("vllm-0", "vllm", engine.url)])
@@ -81,6 +84,7 @@ async def rig(
         port=0,
         api_keys=api_keys or {},
         queue_limit=queue_limit,
+        wait=wait,
     )
     await facade.start()
     return Rig(facade, engine, engines, events)
@@ -148,7 +152,7 @@ async def test_an_engine_error_fails_the_job_without_its_words() -> None:
 
 
 async def test_full_queue_is_429_and_a_client_that_leaves_is_cancelled() -> None:
-    r = await rig(MockEngine(model="m1", tokens_per_s=20), queue_limit=1)
+    r = await rig(MockEngine(model="m1", tokens_per_s=20), queue_limit=1, wait=(0, 1.0))
     try:
         leaving = aiohttp.ClientSession()
         slow = asyncio.create_task(

@@ -20,7 +20,8 @@ async def single(tmp_path: Path) -> AsyncIterator[tuple[Node, Engine]]:
     node.extra = ["--engine", f"vllm={engine.url}"]
     node.home.mkdir(parents=True)
     (node.home / "nvpair.toml").write_text(
-        '[agent]\nqueue_limit = 1\napi_keys = { "team-a" = "sk-test-123" }\n'
+        # wait_queue = 0: a full member refuses at once, as before the wait line
+        '[agent]\nqueue_limit = 1\nwait_queue = 0\napi_keys = { "team-a" = "sk-test-123" }\n'
     )
     (node.home / "nvpair.toml").chmod(0o600)  # it holds API keys: others may not read it
     try:

@@ -209,3 +209,40 @@ def test_among_fresh_reports_the_chosen_one_never_has_a_strictly_worse_queue(
     chosen = int(best[0][1:])
     for i in range(len(specs)):
         assert not dominates(figures(i), figures(chosen)), (specs, i, chosen)
+
+
+def test_a_replica_at_its_max_in_flight_is_full_and_only_full_ones_make_a_429() -> None:
+    # Ours pending, or the fresh report when it shows more (others' requests); stale: ours.
+    limited = [
+        replica("a", max_in_flight=4),
+        replica("b", max_in_flight=4, load=ReportedLoad(running=3, waiting=1)),
+        replica("c", max_in_flight=4, load=ReportedLoad(running=4, waiting=0), age=60_000),
+    ]
+    ranking = rank_replicas("llama", limited, {"a": 4, "b": 2, "c": 3})
+    assert dict(ranking.refused) == {"a": Refusal.QUEUE_FULL, "b": Refusal.QUEUE_FULL}
+    assert ranking.best == ("c", "node-c")  # its stale report is unknown: its 3 pending count
+    full = rank_replicas("llama", limited, {"a": 4, "b": 2, "c": 4})
+    assert full.best is None
+    assert full.refusal() is Refusal.QUEUE_FULL
+    assert Refusal.QUEUE_FULL.status == 429
+    # Full beats a replica that is not ready: the request can wait for the full one.
+    mixed = rank_replicas("llama", [limited[0], replica("d", state="starting")], {"a": 4})
+    assert mixed.refusal() is Refusal.QUEUE_FULL
+    # The control: no limit (0) is never full, whatever it holds.
+    free = rank_replicas("llama", [replica("e", load=ReportedLoad(running=900, waiting=0))], {})
+    assert free.best == ("e", "node-e")
+    with pytest.raises(ValueError, match="max_in_flight"):
+        replica("f", max_in_flight=-1)
+
+
+def test_our_requests_that_ended_since_the_report_free_their_slots_at_once() -> None:
+    # The report (read 800 ms ago) saw 4 running: ours then. 3 of ours ended since.
+    report = replica("a", max_in_flight=4, load=ReportedLoad(running=4, waiting=0), age=800)
+    ranking = rank_replicas("llama", [report], {"a": 1}, pending_then=lambda rid, age: 4)
+    assert ranking.best == ("a", "node-a")  # 1 of ours + 0 others: 3 slots free
+    # Without what we had then, the report's 4 could be anyone's: full until the next one.
+    assert rank_replicas("llama", [report], {"a": 1}).refusal() is Refusal.QUEUE_FULL
+    # Others' requests in the report still count: 2 were not ours.
+    busy = replica("b", max_in_flight=4, load=ReportedLoad(running=4, waiting=2), age=800)
+    crowded = rank_replicas("llama", [busy], {"b": 2}, pending_then=lambda rid, age: 4)
+    assert crowded.refusal() is Refusal.QUEUE_FULL  # 2 ours + 2 others = 4
