@@ -31,11 +31,12 @@ from workload_manager.workload import Workload, WorkloadState
 from .engines import Engines
 from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
-from .facade_relay import refused, relay
+from .facade_relay import METER, refused, relay
 from .job_errors import JobError, for_exception, for_status
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
+from .usage import Meter, ask_for_usage
 from .view import SchedulingView
 
 __all__ = ["Facade", "facade_address", "openai_error"]
@@ -78,7 +79,9 @@ class Facade:
         queue_limit: int,
         replicas: Callable[[], list[ReplicaView]] = list,
         replica_url: Callable[[str], str | None] = lambda _: None,
+        on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
     ) -> None:
+        self._on_usage = on_usage  # each finished job's usage and times (`usage_book`)
         self.node_id = node_id
         self._view = view
         self._engines = engines
@@ -145,6 +148,8 @@ class Facade:
         targets = self._place(model)
         if isinstance(targets, Refusal):
             return refused(targets, model)
+        raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
+        meter = request[METER] = Meter(strip=strip)
         jobs = self.jobs
         job = jobs.new(model, targets[0].kind, requester if isinstance(requester, str) else None)
         jobs.emit("workload:submitted", job)
@@ -173,6 +178,8 @@ class Facade:
                 completedAt=now_ms(),
                 error=None if error is None else error.value,
             )
+            meter.finish()
+            self._on_usage(job.record, meter)  # before the record: the plane gets both
             jobs.emit(
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,

@@ -1,0 +1,128 @@
+"""Where a finished job's usage goes: the node's usage store and `/metrics`.
+
+`UsageBook.record` is the facade's `on_usage`: called once per job as it ends, on the
+request path, so it only counts and buffers (the store writes in batches off the path).
+
+The metrics' labels are bounded. `key` is the job's `requesterId` (`none` without API
+keys): a key's name, one of the cluster's keys. `model` is the job's model only once the
+job was placed (`scheduledOn`), which the facade does only for a model some member serves;
+a client's arbitrary model string never gets that far. Past `MAX_LABELS` distinct values of
+either, further ones count under `other`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from workload_manager.workload import Workload, WorkloadState
+
+from .usage import Meter
+from .usage_store import UsageRow, UsageStore
+
+__all__ = ["MAX_LABELS", "UsageBook", "UsageMetrics"]
+
+MAX_LABELS: Final = 256
+OTHER: Final = "other"
+# Seconds: from a fast first token on a small model to a long generation.
+_TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_DURATION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _Bounded:
+    """At most `MAX_LABELS` distinct label values; the rest are `other`."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) >= MAX_LABELS:
+            return OTHER
+        self._seen.add(value)
+        return value
+
+
+class UsageMetrics(Collector):
+    """Tokens and requests per model and key, TTFT and duration per model."""
+
+    def __init__(self) -> None:
+        # registry=None: registered with the local API's registry by the daemon.
+        self.tokens = Counter(
+            "nvpair_tokens",
+            "Tokens the engines reported for jobs this member originated",
+            ["model", "key", "kind"],
+            registry=None,
+        )
+        self.requests = Counter(
+            "nvpair_requests",
+            "Jobs this member originated, by how they ended",
+            ["model", "key", "outcome"],
+            registry=None,
+        )
+        self.ttft = Histogram(
+            "nvpair_time_to_first_token_seconds",
+            "Time to the first streamed byte of an answer, at the origin",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=None,
+        )
+        self.duration = Histogram(
+            "nvpair_request_duration_seconds",
+            "Time from a request to the end of its answer, at the origin",
+            ["model"],
+            buckets=_DURATION_BUCKETS,
+            registry=None,
+        )
+        self._model = _Bounded()
+        self._key = _Bounded()
+
+    def count(self, job: Workload, meter: Meter) -> None:
+        """Count one finished job."""
+        model = self._model(job.model) if isinstance(job.scheduledOn, str) else OTHER
+        key = self._key(job.requesterId) if isinstance(job.requesterId, str) else "none"
+        self.requests.labels(model, key, job.state.value).inc()
+        if meter.usage is not None:
+            self.tokens.labels(model, key, "prompt").inc(meter.usage.prompt)
+            self.tokens.labels(model, key, "completion").inc(meter.usage.completion)
+        ttft, total = meter.ttft_ms(), meter.total_ms()
+        if ttft is not None and job.state is WorkloadState.COMPLETED:
+            self.ttft.labels(model).observe(ttft / 1000)
+        if total is not None:
+            self.duration.labels(model).observe(total / 1000)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.tokens, self.requests, self.ttft, self.duration):
+            yield from metric.collect()
+
+
+class UsageBook:
+    """The facade's `on_usage`: each finished job into the store and the metrics."""
+
+    def __init__(self, store: UsageStore, metrics: UsageMetrics | None = None) -> None:
+        self.store = store
+        self.metrics = metrics if metrics is not None else UsageMetrics()
+
+    def record(self, job: Workload, meter: Meter) -> None:
+        """One job ended (completed, failed or cancelled)."""
+        self.metrics.count(job, meter)
+        usage = meter.usage
+        completed = job.completedAt if isinstance(job.completedAt, int) else job.createdAt
+        self.store.add(
+            UsageRow(
+                run_id=job.runId,
+                id=job.id,
+                model=job.model,
+                requester=job.requesterId if isinstance(job.requesterId, str) else None,
+                prompt_tokens=None if usage is None else usage.prompt,
+                completion_tokens=None if usage is None else usage.completion,
+                ttft_ms=meter.ttft_ms(),
+                total_ms=meter.total_ms(),
+                completed_at=completed,
+            )
+        )
