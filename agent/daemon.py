@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
@@ -46,6 +45,7 @@ from .errors import PortInUse
 from .facade import Facade, facade_address
 from .gpus import discover, simulate
 from .heartbeat import Heartbeat, OwnRecord
+from .home import forget_state
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
 from .local_guard import issue_token
@@ -58,6 +58,8 @@ from .repair import AntiEntropy
 from .replicas import ReplicaControl
 from .routing import replica_views
 from .upkeep import LoadPoller, Pruner
+from .usage_api import usage_routes
+from .usage_book import UsageBook
 from .view import SchedulingView
 
 __all__ = ["Agent"]
@@ -96,6 +98,7 @@ class Agent:
         stack.push_async_callback(store.close)
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
         health.watch("jobs-store", writer.problem)
+        usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
 
         gpus = (
             simulate(config.simulate_gpus, node_id) if config.simulate_gpus else discover(node_id)
@@ -181,6 +184,7 @@ class Agent:
             port=config.facade_port,
             api_keys=dict(config.api_keys),
             queue_limit=config.queue_limit,
+            on_usage=usage.record,
         )
         tasks = Tasks(health)
         self.operations = operations = Operations(
@@ -233,6 +237,7 @@ class Agent:
                 store=store,
                 writer=writer,
                 record=lambda: own.current,
+                usage=usage.store,
             )
         self.local_api = local_api = LocalApi(
             LocalPorts(
@@ -254,6 +259,7 @@ class Agent:
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
+                routes=usage_routes(usage),
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens
@@ -295,6 +301,7 @@ class Agent:
         tasks.spawn("anti-entropy", repair.run())
         if sync is not None:
             tasks.spawn("plane-sync", sync.run())
+        local_api.registry.register(usage.metrics)
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 
@@ -374,16 +381,7 @@ class Agent:
         state = self.config.state_file
         about = {"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}
         write_atomic(state, json.dumps(about).encode())  # 0600: where the CLI sends its calls
-        self._stack.callback(_forget_state, state)
-
-
-def _forget_state(state: Path) -> None:
-    # On a home turned read-only the unlink fails: a stale state file is harmless (its pid
-    # is gone), a traceback and exit status 1 on a clean stop are not.
-    try:
-        state.unlink(missing_ok=True)
-    except OSError as exc:
-        log.warning("could not remove %s on stopping: %s", state.name, exc.strerror)
+        self._stack.callback(forget_state, state)
 
 
 def _port_in_use(setting: str, port: int) -> PortInUse:

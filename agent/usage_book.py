@@ -12,7 +12,10 @@ either, further ones count under `other`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Final
 
 from prometheus_client import Counter, Histogram
@@ -102,11 +105,35 @@ class UsageMetrics(Collector):
 
 
 class UsageBook:
-    """The facade's `on_usage`: each finished job into the store and the metrics."""
+    """The facade's `on_usage`: each finished job into the store and the metrics. Used as
+    `async with`: opens `usage.db` beside the Jobs store and runs its writer until closed."""
 
-    def __init__(self, store: UsageStore, metrics: UsageMetrics | None = None) -> None:
-        self.store = store
-        self.metrics = metrics if metrics is not None else UsageMetrics()
+    def __init__(self, jobs_db: Path, retention_h: float) -> None:
+        self._path = jobs_db.with_name("usage.db")
+        self._retention_h = retention_h
+        self.metrics = UsageMetrics()
+        self._store: UsageStore | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> UsageStore:
+        """The open store (only inside `async with`)."""
+        if self._store is None:
+            raise RuntimeError("the usage book is not open")
+        return self._store
+
+    async def __aenter__(self) -> UsageBook:
+        self._store = await UsageStore.open(self._path, retention_h=self._retention_h)
+        self._writer = asyncio.create_task(self._store.run(), name="usage-writer")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        if self._store is not None:
+            await self._store.close()  # what is still buffered is written
 
     def record(self, job: Workload, meter: Meter) -> None:
         """One job ended (completed, failed or cancelled)."""

@@ -25,7 +25,7 @@ from plane.wire import JobUsage
 
 from .errors import AgentError
 
-__all__ = ["BATCH", "FLUSH_S", "MAX_PENDING", "UsageRow", "UsageStore"]
+__all__ = ["BATCH", "FLUSH_S", "MAX_PENDING", "UsageRow", "UsageStore", "UsageUnavailable"]
 
 FLUSH_S: Final = 0.5
 BATCH: Final = 500  # rows that wake the writer before its interval
