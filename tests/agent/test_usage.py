@@ -86,6 +86,13 @@ def test_scanner_whole_and_byte_by_byte() -> None:
         assert scanner.stripped == 1
 
 
+def test_scanner_reads_crlf_events() -> None:
+    stream = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    out, scanner = scan([stream[i : i + 7] for i in range(0, len(stream), 7)], strip=True)
+    assert scanner.usage == Usage(7, 3)
+    assert out == stream.replace(USAGE_CHUNK.replace(b"\n\n", b"\r\n\r\n"), b"")
+
+
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12), st.booleans())
 def test_scanner_cut_anywhere(cuts: list[int], strip: bool) -> None:
     edges = [0, *sorted(cuts), len(STREAM)]
