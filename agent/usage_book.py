@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -87,6 +88,7 @@ class UsageMetrics(Collector):
         # The series of each (model, key, outcome): `labels()` takes a lock and builds a
         # tuple per call; a job's five of them cost ~9 us, the cached ones ~2 us.
         self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self.store: UsageStore | None = None  # its buffer's gauges, once open
 
     def count(self, job: Workload, meter: Meter) -> None:
         """Count one finished job."""
@@ -116,6 +118,17 @@ class UsageMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         for metric in (self.tokens, self.requests, self.ttft, self.duration):
             yield from metric.collect()
+        if self.store is not None:
+            pending = GaugeMetricFamily(
+                "nvpair_usage_rows_pending", "Usage rows buffered, not yet written to usage.db"
+            )
+            pending.add_metric([], self.store.pending)
+            dropped = GaugeMetricFamily(
+                "nvpair_usage_rows_dropped", "Usage rows dropped: the buffer was full"
+            )
+            dropped.add_metric([], self.store.dropped)
+            yield pending
+            yield dropped
 
 
 class UsageBook:
@@ -138,6 +151,7 @@ class UsageBook:
 
     async def __aenter__(self) -> UsageBook:
         self._store = await UsageStore.open(self._path, retention_h=self._retention_h)
+        self.metrics.store = self._store
         self._writer = asyncio.create_task(self._store.run(), name="usage-writer")
         return self
 

@@ -130,6 +130,7 @@ async def test_usage_per_job_in_metrics_and_cli(cluster: list[Node]) -> None:
     async with aiohttp.ClientSession() as session, session.get(a.api + "/metrics") as r:
         metrics = await r.text()
     assert "made-up-model" not in metrics
+    assert "nvpair_usage_rows_dropped 0.0" in metrics.splitlines()
     assert MARKER not in metrics
     for node in cluster:
         for db in node.home.glob("*.db*"):
