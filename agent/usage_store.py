@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -32,6 +33,8 @@ BATCH: Final = 500  # rows that wake the writer before its interval
 MAX_PENDING: Final = 10_000  # rows buffered at most; past it new rows are dropped (counted)
 _LOOKUP: Final = 400  # jobs per lookup statement (two parameters each)
 _PRUNE_EVERY_S: Final = 600.0
+
+log = logging.getLogger(__name__)
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS job_usage (
@@ -102,6 +105,7 @@ class UsageStore:
         self._lock = asyncio.Lock()  # one transaction at a time on the one connection
         self.transactions = 0  # batches committed (a test counts them)
         self.dropped = 0  # rows refused because MAX_PENDING were waiting
+        self.problem: str | None = None  # why the last write failed (None: writing)
 
     @classmethod
     async def open(cls, path: Path, *, retention_h: float = 24.0) -> UsageStore:
@@ -147,7 +151,7 @@ class UsageStore:
             try:
                 await self.db.executemany(_INSERT, [msgspec.structs.astuple(r) for r in rows])
                 await self.db.commit()
-            except aiosqlite.OperationalError as exc:
+            except aiosqlite.DatabaseError as exc:  # locked, full, read-only, I/O error
                 with contextlib.suppress(aiosqlite.Error):
                     await self.db.rollback()
                 raise UsageUnavailable(str(exc)) from exc
@@ -163,18 +167,30 @@ class UsageStore:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), FLUSH_S)
             self._wake.clear()
-            with contextlib.suppress(UsageUnavailable):
+            try:
                 await self.flush()
                 if time.monotonic() - pruned > _PRUNE_EVERY_S:
                     pruned = time.monotonic()
                     await self.prune(int(time.time() * 1000 - self.retention_h * 3_600_000))
+                self.problem = None
+            except UsageUnavailable as exc:
+                if self.problem is None:  # once per outage, not every 0.5 s
+                    log.warning("usage.db refused a write (%s); rows kept, retrying", exc)
+                self.problem = str(exc)[:200]
 
     async def prune(self, older_than_ms: int) -> None:
         """Delete the rows of jobs that finished before `older_than_ms` (the Jobs store's
         retention: their jobs are pruned there too)."""
         async with self._lock:
-            await self.db.execute("DELETE FROM job_usage WHERE completed_at < ?", (older_than_ms,))
-            await self.db.commit()
+            try:
+                await self.db.execute(
+                    "DELETE FROM job_usage WHERE completed_at < ?", (older_than_ms,)
+                )
+                await self.db.commit()
+            except aiosqlite.DatabaseError as exc:
+                with contextlib.suppress(aiosqlite.Error):
+                    await self.db.rollback()
+                raise UsageUnavailable(str(exc)) from exc
 
     async def of(self, jobs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], UsageRow]:
         """The rows of these (runId, id) jobs that have one, by (runId, id); buffered rows

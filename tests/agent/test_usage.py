@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.usage import MAX_EVENT, StreamScanner, Usage, ask_for_usage, read_usage
-from agent.usage_store import UsageRow, UsageStore
+from agent.usage_store import UsageRow, UsageStore, UsageUnavailable
 
 CHAT = "/v1/chat/completions"
 
@@ -147,3 +149,21 @@ async def test_store_writes_in_batches_and_reads_back(tmp_path: Path) -> None:
     finally:
         await store.close()
     assert (tmp_path / "usage.db").stat().st_mode & 0o777 == 0o600
+
+
+async def test_store_keeps_rows_the_database_refused(tmp_path: Path) -> None:
+    store = await UsageStore.open(tmp_path / "usage.db")
+    blocker = sqlite3.connect(tmp_path / "usage.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # another writer holds the file: locked
+        store.add(row(1))
+        with pytest.raises(UsageUnavailable):
+            await store.flush()
+        assert store.pending == 1  # kept, not lost
+        blocker.execute("ROLLBACK")
+        await store.flush()  # the control: once free, the same row is written
+        assert store.pending == 0
+        assert set(await store.of([("run", "1")])) == {("run", "1")}
+    finally:
+        blocker.close()
+        await store.close()
