@@ -22,7 +22,8 @@ from .usage import Meter
 
 __all__ = ["METER", "refused", "relay"]
 
-METER: Final = "nvpair.meter"  # the origin's `Meter` of a request, in the aiohttp request
+# The origin's `Meter` of a request, kept in the aiohttp request (aiohttp >= 3.13).
+METER: Final = web.RequestKey("nvpair.meter", Meter)
 
 _HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
 
@@ -51,7 +52,7 @@ async def relay(
     """Pass the engine's answer through, streaming what streams. A stream that breaks is
     ended with an error event at the `origin` (the member facing the client); a member
     running a forwarded request breaks its own answer instead, so the origin sees it."""
-    meter: Meter | None = request.get(METER)  # at the origin: usage and times read on the way
+    meter = request.get(METER)  # at the origin: usage and times read on the way
     if reply.status >= 400:
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
