@@ -93,6 +93,9 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     jobs.add_argument("--watch", action="store_true", help="refresh every 2 s")
     jobs.add_argument("--json", action="store_true")
     jobs.add_argument("--all", action="store_true", help="every job, page by page")
+    jobs.add_argument(
+        "--usage", action="store_true", help="tokens and times ('-': originated elsewhere)"
+    )
     jobs.set_defaults(run=_jobs)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND")
     remove_job = jobs_sub.add_parser("remove", help="remove a job this node originated")
@@ -169,21 +172,45 @@ def _jobs(args: argparse.Namespace) -> int:
                 f"nvpair: the newest {len(jobs)} jobs shown; there are more (--all for every one)",
                 file=sys.stderr,
             )
+        usage = _usage_of(jobs) if args.usage else {}
         if args.json:
+            for job in jobs if args.usage else ():
+                job["usage"] = usage.get(f"{job['runId']}/{job['id']}")
             print(json.dumps(jobs, indent=2))
         else:
             rows = [["ID", "STATE", "MODEL", "FROM", "ON", "CREATED", "ERROR"]]
+            rows[0] += USAGE_COLUMNS if args.usage else []
             for job in jobs:
                 created = time.strftime("%H:%M:%S", time.localtime(job["createdAt"] / 1000))
                 rows.append(
                     [job["id"], job["state"], job["model"], job["originatedFrom"][-8:],
                      (job.get("scheduledOn") or "-")[-8:], created, (job.get("error") or "")[:40]]
                 )  # fmt: skip
+                if args.usage:
+                    held = usage.get(f"{job['runId']}/{job['id']}") or {}
+                    rows[-1] += [_count(held.get(k)) for k in USAGE_FIELDS]
             print(cli_http.table(rows))
         if not args.watch:
             return 0
         time.sleep(2)
         print()
+
+
+USAGE_COLUMNS = ["PROMPT", "COMPLETION", "TTFT_MS", "TOTAL_MS"]
+USAGE_FIELDS = ("promptTokens", "completionTokens", "ttftMs", "totalMs")
+
+
+def _usage_of(jobs: list[Any]) -> dict[str, Any]:
+    """Usage of the jobs this member originated (kept on the origin only), by `runId/id`."""
+    keys = [[j["runId"], j["id"]] for j in jobs]
+    found: dict[str, Any] = {}
+    for start in range(0, len(keys), 10_000):
+        found |= cli_http.post("/v1/usage", {"jobs": keys[start : start + 10_000]})["usage"]
+    return found
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _job_pages(query: str, *, every: bool) -> tuple[list[Any], bool]:

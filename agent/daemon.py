@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Final
 
 from broker.errors import ManagerPortInUse
@@ -48,6 +47,7 @@ from .errors import PortInUse
 from .facade import Facade, facade_address
 from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
+from .home import forget_state
 from .key_check import KeyCheck
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
@@ -60,6 +60,8 @@ from .plane_sync import PlaneSync
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
 from .upkeep import LoadPoller, Pruner, gpu_reader
+from .usage_api import usage_routes
+from .usage_book import UsageBook
 from .view import ReplicaViews, SchedulingView
 
 __all__ = ["Agent"]
@@ -98,6 +100,7 @@ class Agent:
         stack.push_async_callback(store.close)
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
         health.watch("jobs-store", writer.problem)
+        usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
 
         gpus = node_inventory(node_id, config.simulate_gpus)
 
@@ -184,6 +187,7 @@ class Agent:
             key_check=keys,
             queue_limit=config.queue_limit,
             wait=config.wait,
+            on_usage=usage.record,
         )
         tasks = Tasks(health)
         self.operations = operations = Operations(
@@ -237,6 +241,7 @@ class Agent:
                 store=store,
                 writer=writer,
                 record=lambda: own.current,
+                usage=usage.store,
             )
         self.local_api = local_api = LocalApi(
             LocalPorts(
@@ -258,6 +263,7 @@ class Agent:
                 plane=lambda: None if sync is None else (sync.failures, sync.synced),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
+                routes=usage_routes(usage),
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens
@@ -299,6 +305,7 @@ class Agent:
         tasks.spawn("anti-entropy", repair.run())
         if sync is not None:
             tasks.spawn("plane-sync", sync.run())
+        local_api.registry.register(usage.metrics)
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 
@@ -371,16 +378,7 @@ class Agent:
         state = self.config.state_file
         about = {"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}
         write_atomic(state, json.dumps(about).encode())  # 0600: where the CLI sends its calls
-        self._stack.callback(_forget_state, state)
-
-
-def _forget_state(state: Path) -> None:
-    # On a home turned read-only the unlink fails: a stale state file is harmless (its pid
-    # is gone), a traceback and exit status 1 on a clean stop are not.
-    try:
-        state.unlink(missing_ok=True)
-    except OSError as exc:
-        log.warning("could not remove %s on stopping: %s", state.name, exc.strerror)
+        self._stack.callback(forget_state, state)
 
 
 def _port_in_use(setting: str, port: int) -> PortInUse:

@@ -32,7 +32,7 @@ from workload_manager.workload import Workload, WorkloadState
 from .engines import Engines
 from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
-from .facade_relay import refused, relay
+from .facade_relay import METER, refused, relay
 from .in_flight import InFlight
 from .job_errors import JobError, for_exception, for_status
 from .key_check import KeyCheck
@@ -42,6 +42,7 @@ from .openai_routes import ROUTES, BadBody, model_object, model_of, read_body
 from .request_identity import identify, stamp
 from .request_identity import middleware as identified
 from .routing import FAILOVER_STATUSES, Target, choose, served_models
+from .usage import Meter, ask_for_usage
 from .view import SchedulingView
 from .wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 
@@ -86,7 +87,9 @@ class Facade:
         replica_url: Callable[[str], str | None] = lambda _: None,
         key_check: KeyCheck | None = None,
         wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
+        on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
     ) -> None:
+        self._on_usage = on_usage  # each finished job's usage and times (`usage_book`)
         self.node_id = node_id
         self._view = view
         self._engines = engines
@@ -170,6 +173,8 @@ class Facade:
         if isinstance(entered, Refusal):
             return refused(entered, model)
         kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
+        raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
+        meter = request[METER] = Meter(strip=strip)
         jobs = self.jobs
         job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit("workload:submitted", job)
@@ -203,6 +208,11 @@ class Facade:
                 completedAt=now_ms(),
                 error=None if error is None else error.value,
             )
+            meter.finish()
+            self._on_usage(job.record, meter)  # before the record: the plane gets both
+            if meter.usage is not None:  # a key's tokens per minute count what engines said
+                used = meter.usage.prompt + meter.usage.completion
+                self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
             jobs.emit(
                 "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
                 job,

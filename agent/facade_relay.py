@@ -19,8 +19,12 @@ from .job_errors import JobError, for_exception, for_status
 from .openai_errors import openai_error
 from .request_identity import passed_back
 from .routing import sse_error
+from .usage import Meter
 
-__all__ = ["refused", "relay"]
+__all__ = ["METER", "refused", "relay"]
+
+# The origin's `Meter` of a request, kept in the aiohttp request (aiohttp >= 3.13).
+METER: Final = web.RequestKey("nvpair.meter", Meter)
 
 _HOP_HEADERS: Final = ("Content-Type", "Cache-Control")
 
@@ -49,6 +53,7 @@ async def relay(
     """Pass the engine's answer through, streaming what streams. A stream that breaks is
     ended with an error event at the `origin` (the member facing the client); a member
     running a forwarded request breaks its own answer instead, so the origin sees it."""
+    meter = request.get(METER)  # at the origin: usage and times read on the way
     if reply.status >= 400:
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
@@ -66,7 +71,11 @@ async def relay(
         await response.prepare(request)
         try:
             async for chunk in reply.content.iter_any():
+                if meter is not None:
+                    chunk = meter.feed(chunk)  # the usage chunk stripped if the client did not ask
                 await response.write(chunk)
+            if meter is not None:
+                await response.write(meter.end())
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Bytes reached the client: no failover now. End the stream as OpenAI does.
             error = for_exception(exc, local=local)
@@ -81,6 +90,8 @@ async def relay(
         await response.write_eof()
         return response, (WorkloadState.COMPLETED, None)
     body = await reply.read()
+    if meter is not None:
+        meter.read(body)
     return web.Response(status=reply.status, body=body, headers=_headers_of(reply)), (
         WorkloadState.COMPLETED,
         None,

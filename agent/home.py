@@ -12,10 +12,13 @@ refused at start, naming the file and the fix. The files the agent writes itself
 
 from __future__ import annotations
 
+import logging
 import stat
 from pathlib import Path
 
-__all__ = ["shared_file_problem", "shared_home_problem"]
+__all__ = ["forget_state", "shared_file_problem", "shared_home_problem"]
+
+log = logging.getLogger(__name__)
 
 _WRITE_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 _READ_OTHERS = stat.S_IRGRP | stat.S_IROTH
@@ -49,3 +52,13 @@ def shared_file_problem(path: Path, *, holds_secret: str | None) -> str | None:
     else:
         return None
     return f"{path} {why} (mode {stat.S_IMODE(mode):04o}); fix it with: chmod 600 {path}"
+
+
+def forget_state(state: Path) -> None:
+    """Remove the agent's state file on stopping (moved here from `daemon`, which is full)."""
+    # On a home turned read-only the unlink fails: a stale state file is harmless (its pid
+    # is gone), a traceback and exit status 1 on a clean stop are not.
+    try:
+        state.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s on stopping: %s", state.name, exc.strerror)

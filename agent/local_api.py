@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -93,6 +93,7 @@ class LocalPorts:
     plane: Callable[[], tuple[int, int] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
     deployments: DeployPorts | None = None  # the deployment routes' parts
+    routes: Sequence[web.RouteDef] = ()  # the parts' own routes (`POST /v1/usage`)
 
 
 class LocalApi:
@@ -128,6 +129,7 @@ class LocalApi:
         app.router.add_post("/v1/members/{node_id}/remove", self._remove)
         if ports.deployments is not None:
             app.router.add_routes(deployment_routes(ports.deployments, ports.members.records))
+        app.router.add_routes(ports.routes)
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
             app,

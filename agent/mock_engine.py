@@ -1,7 +1,9 @@
 """`nvpair mock-engine`: a small OpenAI-compatible model server for demos and tests.
 
 `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions`, non-streaming and
-streaming (server-sent events, ending `data: [DONE]`). It answers with `max_tokens` tokens
+streaming (server-sent events, ending `data: [DONE]`; with `stream_options.include_usage`
+a last chunk with no choices carries the usage, as vLLM sends it; a prompt's tokens are
+its words). It answers with `max_tokens` tokens
 (default 16) after `--latency-ms`, at `--tokens-per-s`, and fails a `--fail-rate` share of
 requests with `--fail-status` (500). The reply never repeats the prompt -- a test that looks
 for a prompt marker in nvpair's output must not find it planted by the engine -- except with
@@ -213,8 +215,13 @@ class MockEngine:
             return self._failure(json.dumps(body))
         words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
         created = int(time.time())
+        prompt = _prompt_tokens(body)
         if body.get("stream"):
-            return await self._stream(request, model, words, created, chat=chat)
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            return await self._stream(
+                request, model, words, created, chat=chat, usage=prompt if usage else None
+            )
         await self._pace(len(words))
         text = " ".join(words)
         choice: dict[str, Any] = (
@@ -233,11 +240,7 @@ class MockEngine:
                 "created": created,
                 "model": model,
                 "choices": [choice],
-                "usage": {
-                    "prompt_tokens": 1,
-                    "completion_tokens": len(words),
-                    "total_tokens": len(words) + 1,
-                },
+                "usage": _usage(prompt, len(words)),
             }
         )
 
@@ -252,7 +255,14 @@ class MockEngine:
             await asyncio.sleep(count / self.tokens_per_s)
 
     async def _stream(
-        self, request: web.Request, model: str, words: list[str], created: int, *, chat: bool
+        self,
+        request: web.Request,
+        model: str,
+        words: list[str],
+        created: int,
+        *,
+        chat: bool,
+        usage: int | None = None,  # the prompt's tokens: send the usage chunk (include_usage)
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -287,9 +297,30 @@ class MockEngine:
             "choices": [final],
         }
         await response.write(f"data: {json.dumps(last)}\n\n".encode())
+        if usage is not None:  # vLLM's: a last chunk with no choices and the usage
+            tail = {**last, "choices": [], "usage": _usage(usage, len(words))}
+            await response.write(f"data: {json.dumps(tail)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's "tokens": its words (at least 1), so tests can tell prompts apart."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, len(text.split()))
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:

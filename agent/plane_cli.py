@@ -217,6 +217,11 @@ def _fleet(args: argparse.Namespace) -> int:
         print(f"  GPUs: {gpus or 'none'}; memory {free:.0f}/{total:.0f} GiB free")
         states = ", ".join(f"{n} {s}" for s, n in sorted(cluster["jobs"]["byState"].items()))
         print(f"  jobs: {states or 'none'}")
+    usage = summary["jobs"].get("usage") or {}  # none from a plane older than usage
+    for kind, table in (("model", usage.get("byModel", {})), ("key", usage.get("byKey", {}))):
+        for name, n in sorted(table.items()):
+            print(f"tokens by {kind} {name}: {n['promptTokens']} prompt, "
+                  f"{n['completionTokens']} completion ({n['jobs']} jobs)")  # fmt: skip
     return 0
 
 

@@ -5,7 +5,8 @@ The outbox is durable: the Jobs store remembers, per job, the seq the plane ackn
 sends every job that changed since, in batches, until the plane has all of them. The plane
 upserts newer-wins, so a batch sent twice changes nothing. Each batch also carries this
 node's row, devices and topology domains, which keeps the node reachable in the plane.
-Retries back off exponentially with full jitter up to 5 s.
+Retries back off exponentially with full jitter up to 5 s. A finished job's usage (tokens,
+times: `usage_store`) goes in the same batch as its final record (`SyncBatch.usage`).
 
 Each batch is signed with this node's key and carries its certificate and the cluster CA's
 (`plane.node_signing`): the plane writes a batch only as the node whose certificate signed
@@ -39,6 +40,7 @@ from workload_manager.outbox import Backoff
 
 from .config import PlaneSettings, plane_settings
 from .errors import AgentError
+from .usage_store import UsageStore, UsageUnavailable
 
 __all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]
 
@@ -64,7 +66,9 @@ class PlaneSync:
         writer: JobsWriter,
         record: Callable[[], NodeRecord],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        usage: UsageStore | None = None,
     ) -> None:
+        self._usage = usage  # each finished job's usage goes with its record
         self.url = settings.url + "/v1/sync"
         self._ca = settings.ca
         self._token = settings.token
@@ -111,6 +115,7 @@ class PlaneSync:
                     PlaneRefused,
                     BrokerError,
                     sqlite3.Error,
+                    UsageUnavailable,
                 ) as exc:
                     self.failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"[:200]
@@ -119,8 +124,16 @@ class PlaneSync:
                 await self._sleep(delay)
 
     async def _once(self, session: aiohttp.ClientSession, tls: ssl.SSLContext | bool) -> bool:
+        # Usage first: a job's row is buffered before its final record is handed on, so
+        # every finished job read below has its usage on disk.
+        if self._usage is not None:
+            await self._usage.flush()
         await self._writer.flush()
         jobs = await self._store.unsynced(self._node_id, BATCH)
+        usage = []
+        if self._usage is not None:
+            finished = [j.key for j in jobs if j.state.is_terminal]
+            usage = [row.wire() for row in (await self._usage.of(finished)).values()]
         record = self._record()
         batch = SyncBatch(
             nodeId=self._node_id,
@@ -129,6 +142,7 @@ class PlaneSync:
             devices=record.devices,
             domains=record.domains,
             jobs=jobs,
+            usage=usage,
         )
         body = msgspec.json.encode(batch)
         identity = self._identity

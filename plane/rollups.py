@@ -7,6 +7,8 @@ from typing import Any, Final
 
 from psycopg import AsyncConnection
 
+from . import usage
+
 __all__ = ["rebuild_rollups"]
 
 REBUILD: Final = (
@@ -26,7 +28,8 @@ REBUILD: Final = (
 
 
 async def rebuild_rollups(conn: AsyncConnection[tuple[Any, ...]]) -> None:
-    """Recompute `job_rollup` and `job_timing` from `jobs`, in one transaction."""
+    """Recompute `job_rollup` and `job_timing` from `jobs`, and `usage_rollup` from
+    `job_usage`, in one transaction."""
     async with conn.transaction():
-        for statement in REBUILD:
+        for statement in (*REBUILD, *usage.REBUILD):
             await conn.execute(statement)

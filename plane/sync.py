@@ -21,6 +21,7 @@ from .cluster_ca import bind_ca, refuse_another_ca
 from .errors import SyncRefused
 from .ids import is_id
 from .node_signing import ClusterCa
+from .usage import merge_usage
 from .wire import SyncBatch
 
 __all__ = ["check_batch", "sync_batch"]
@@ -262,6 +263,8 @@ async def sync_batch(
                 await _refuse_foreign(cur, cluster_id, batch)
             if batch.jobs:
                 written["jobs"] = await _merge_jobs(cur, cluster_id, batch.jobs)
+            if batch.usage:  # after the jobs: only rows of jobs the plane holds are taken
+                written["usage"] = await merge_usage(cur, cluster_id, node_id, batch.usage)
         if ca is None:
             await conn.execute(
                 b"UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ._db import Conn
+from .usage import usage_summary
 
 __all__ = ["STALE_AFTER", "clusters", "fleet_summary", "jobs_page"]
 
@@ -115,7 +116,9 @@ async def fleet_summary(
             [first_hour, *args],
         )
     ).fetchall()
-    return _summary(window_s, nodes, devices, by_state, by_model, timing)
+    summary = _summary(window_s, nodes, devices, by_state, by_model, timing)
+    summary["jobs"]["usage"] = await usage_summary(conn, cluster_id)  # tokens by model, key
+    return summary
 
 
 def _summary(

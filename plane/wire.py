@@ -19,6 +19,7 @@ __all__ = [
     "JOB_STATES",
     "MAX_CLUSTER_NAME",
     "EnrolRequest",
+    "JobUsage",
     "JobsCursor",
     "NodeSummary",
     "SyncBatch",
@@ -42,6 +43,22 @@ class NodeSummary(Struct, kw_only=True, frozen=True):
     cordoned: bool = False
 
 
+_Count = Annotated[int, Meta(ge=0, le=2**53 - 1)] | None
+_Key = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]
+
+
+class JobUsage(Struct, kw_only=True, frozen=True):
+    """One finished job's usage (`SyncBatch.usage`), sent with the job's record: tokens the
+    engine reported and times in ms; counts only, never text. None: not known."""
+
+    runId: _Key
+    id: _Key
+    promptTokens: _Count = None
+    completionTokens: _Count = None
+    ttftMs: _Count = None  # streamed answers only
+    totalMs: _Count = None
+
+
 class SyncBatch(Struct, kw_only=True, frozen=True):
     """What one node pushes (`POST /v1/sync`): its own observed objects at one generation."""
 
@@ -51,6 +68,8 @@ class SyncBatch(Struct, kw_only=True, frozen=True):
     devices: Annotated[list[Device], Meta(max_length=1024)] = []
     domains: Annotated[list[TopologyDomain], Meta(max_length=1024)] = []
     jobs: Annotated[list[Workload], Meta(max_length=50_000)] = []
+    # Optional: an agent without usage sends none, and a plane that predates it ignores it.
+    usage: Annotated[list[JobUsage], Meta(max_length=50_000)] = []
 
 
 class EnrolRequest(Struct, kw_only=True, frozen=True):

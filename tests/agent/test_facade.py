@@ -245,7 +245,7 @@ async def test_no_prompt_anywhere(cluster: list[Node], before: set[JobKey]) -> N
         assert MARKER not in metrics
         assert node.log is not None
         assert MARKER.encode() not in node.log.read_bytes()
-        for db in node.home.glob("jobs.db*"):
+        for db in node.home.glob("*.db*"):  # jobs.db and usage.db
             assert MARKER.encode() not in db.read_bytes()
 
 

@@ -59,12 +59,13 @@ async def test_engine_error_text_is_never_copied(echoing: Node) -> None:
     jobs = await node.get_settled_jobs(len(cases))
     assert sorted(j["error"] for j in jobs) == sorted(c[4].value for c in cases)
     assert all(j["state"] == "failed" for j in jobs)
-    # Nowhere else: not the Jobs list, the agent's log (debug level), nor jobs.db's bytes.
+    # Nowhere else: not the Jobs list, the agent's log (debug level), nor the bytes of
+    # jobs.db or usage.db (a failed job has a usage row too: its times).
     assert MARKER not in str(await node.jobs())
     assert node.log is not None
     assert node.log_count(MARKER) == 0
-    stored = [p for p in node.home.iterdir() if p.name.startswith("jobs.db")]
-    assert stored
+    stored = [p for p in node.home.iterdir() if p.name.startswith(("jobs.db", "usage.db"))]
+    assert {p.name for p in stored} >= {"jobs.db", "usage.db"}
     assert all(MARKER.encode() not in p.read_bytes() for p in stored)
 
 

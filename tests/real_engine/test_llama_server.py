@@ -175,6 +175,39 @@ async def test_usage_equals_the_servers_own_token_counters(pair: list[Node]) -> 
     assert prompt == answer.usage.prompt_tokens
 
 
+async def test_a_stream_not_asking_for_usage_gets_none_and_its_job_has_the_servers_counts(
+    pair: list[Node],
+) -> None:
+    # The origin asks the real server for usage, strips its usage chunk from what the
+    # client gets, and keeps the counts on the job (issue 15, item 2).
+    a, b = pair
+    port = (await the_replica(b, "tiny"))["port"]
+    before = await counters(port)
+    async with client(a) as api:
+        stream = await api.chat.completions.create(
+            model="tiny", max_tokens=9, extra_body=LONG, stream=True,
+            messages=[{"role": "user", "content": "count the tokens of this stream"}],
+        )  # fmt: skip
+        chunks = [chunk async for chunk in stream]
+    after = await counters(port)
+    assert chunks
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+    code, out, err = await a.cli("jobs", "--usage", "--json")
+    assert code == 0, err
+    newest = max(json.loads(out), key=lambda j: (j["createdAt"], int(j["id"])))
+    usage = newest["usage"]
+    assert usage["completionTokens"] == 9
+    predicted = after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"]
+    assert usage["completionTokens"] == predicted
+    prompt = sum(
+        after[n] - before.get(n, 0.0)
+        for n in ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")
+    )
+    assert usage["promptTokens"] == prompt
+    assert 0 <= usage["ttftMs"] <= usage["totalMs"]
+
+
 async def test_the_servers_load_reaches_the_records_and_explain(pair: list[Node]) -> None:
     a, b = pair
     port = (await the_replica(b, "tiny"))["port"]
