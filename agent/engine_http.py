@@ -37,6 +37,7 @@ IDLE_S: Final = 2.0  # a kept connection idle longer is closed, not reused (uvic
 MAX_IDLE: Final = 64  # kept connections per engine
 HIGH_WATER: Final = 1 << 20  # body bytes buffered before the engine is paused
 MAX_HEAD: Final = 64 * 1024  # status line and headers of an answer
+MAX_URLS: Final = 256  # engine URLs remembered parsed
 
 
 class _Connection(asyncio.Protocol):
@@ -47,8 +48,11 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.head: asyncio.Future[None] | None = None
         self.status = 0
-        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.raw_headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        self._loop = asyncio.get_running_loop()
+        self._last = 0.0  # when the engine last sent something (or the request went out)
+        self._timer: asyncio.TimerHandle | None = None
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.complete = False
@@ -58,7 +62,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
         self.idle_since = 0.0
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -68,6 +72,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self._last = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -88,7 +93,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > MAX_HEAD:
             raise httptools.HttpParserError("answer headers too large")
-        self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -106,6 +111,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.reusable = bool(self.parser.should_keep_alive())
+        self._stop_watching()
         self._wake()
 
     # -- the exchange ---------------------------------------------------------------------------
@@ -113,10 +119,29 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes) -> None:
         """Send one request (the connection is idle)."""
         assert self.transport is not None
-        self.head = asyncio.get_running_loop().create_future()
-        self.status, self.headers, self._head_bytes = 0, CIMultiDict(), 0
+        self.head = self._loop.create_future()
+        self.status, self.raw_headers, self._head_bytes = 0, [], 0
         self.complete = self.reusable = self.got_bytes = False
+        self._last = self._loop.time()
+        # One timer per exchange, moved on only when it fires: a timeout per read would
+        # cost a timer (made and cancelled) per chunk of every answer.
+        self._timer = self._loop.call_at(self._last + READ_TIMEOUT_S, self._watch)
         self.transport.write(request)
+
+    def _watch(self) -> None:
+        self._timer = None
+        if self.complete or self.transport is None:
+            return
+        due = self._last + READ_TIMEOUT_S
+        if self._loop.time() >= due:
+            self._fail(TimeoutError(f"the engine sent nothing for {READ_TIMEOUT_S:g}s"))
+        else:
+            self._timer = self._loop.call_at(due, self._watch)
+
+    def _stop_watching(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body, or None once it is whole."""
@@ -125,10 +150,9 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             if self.complete:
                 return None
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self._loop.create_future()
             try:
-                async with asyncio.timeout(READ_TIMEOUT_S):
-                    await self.waiter
+                await self.waiter  # woken by data, the end, a failure or the idle timer
             finally:
                 self.waiter = None
         chunk = self.chunks.popleft()
@@ -139,6 +163,7 @@ class _Connection(asyncio.Protocol):
         return chunk
 
     def _fail(self, exc: BaseException) -> None:
+        self._stop_watching()
         if self.error is None:
             self.error = exc
         if self.head is not None and not self.head.done():
@@ -152,6 +177,7 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_result(None)
 
     def close(self) -> None:
+        self._stop_watching()
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
@@ -175,8 +201,19 @@ class EngineReply:
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
         self.status = connection.status
-        self.headers = CIMultiDictProxy(connection.headers)
+        self._headers: CIMultiDictProxy[str] | None = None
         self.content = _Body(connection)
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        """The answer's headers (decoded when first asked for)."""
+        if self._headers is None:
+            decoded: CIMultiDict[str] = CIMultiDict(
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in self._connection.raw_headers
+            )
+            self._headers = CIMultiDictProxy(decoded)
+        return self._headers
 
     @property
     def content_type(self) -> str:
@@ -220,8 +257,7 @@ class _Exchange:
             connection.start(self._request)
             assert connection.head is not None
             try:
-                async with asyncio.timeout(READ_TIMEOUT_S):
-                    await connection.head
+                await connection.head  # or the idle timer's TimeoutError
             except aiohttp.ServerDisconnectedError:
                 connection.close()
                 # A kept connection the engine had just closed: it never saw the request
@@ -257,22 +293,28 @@ class EngineHttp:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()  # every connection not yet lost
         self._max_idle = max_idle
+        self._urls: dict[str, tuple[tuple[str, int], str, str]] = {}  # url -> where, parsed
         self.opened = 0  # connections made, for tests: reuse shows as few
 
     def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> _Exchange:
         """POST `body` to `url` + `path` (`url`: `http://host:port`) with `headers`."""
-        parts = urlsplit(url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or 80
-        prefix = parts.path.rstrip("/")
-        lines = [f"POST {prefix}{path} HTTP/1.1", f"Host: {parts.netloc}"]
+        where = self._urls.get(url)
+        if where is None:
+            parts = urlsplit(url)
+            origin = (parts.hostname or "127.0.0.1", parts.port or 80)
+            where = (origin, parts.path.rstrip("/"), parts.netloc)
+            if len(self._urls) >= MAX_URLS:
+                self._urls.clear()
+            self._urls[url] = where
+        origin, prefix, netloc = where
+        lines = [f"POST {prefix}{path} HTTP/1.1", f"Host: {netloc}"]
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise ValueError(f"header {name!r} holds a line break")
             lines.append(f"{name}: {value}")
         lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return _Exchange(self, (host, port), head + body)
+        return _Exchange(self, origin, head + body)
 
     async def _acquire(self, origin: tuple[str, int]) -> tuple[_Connection, bool]:
         idle = self._idle.get(origin)

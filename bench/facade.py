@@ -12,7 +12,9 @@ relayed to every member), in paired rounds of alternating order.
 - sequential, forwarded: through A to B's engine over the node API (mTLS), against B's
   engine direct;
 - 16 in flight, local: requests/s through the facade / requests/s direct -- the last line,
-  `ratio:`. On two cores the client, the facade and the engine share the CPU.
+  `ratio:`. On two cores the client, the facade and the engine share the CPU; a byte pipe
+  (`_byte_pipe.py`: no HTTP parsed, nothing scheduled or recorded) is measured in the same
+  rounds as the ceiling any proxy process reaches here.
 
     python bench/facade.py [--requests 400] [--rounds 7]
 """
@@ -154,6 +156,14 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             str(p["facade"]),
         ]
 
+    pipe_port = free_port()
+    procs.append(
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__).with_name("_byte_pipe.py")),
+            *(str(engine_ports["a"]), str(pipe_port)),
+        )
+    )
     try:
         await run("cluster", "init", "--name", "bench", env=envs["a"])
         procs.append(await run(*agent_args("a"), env=envs["a"], wait=False))
@@ -194,13 +204,21 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             await sequential(
                 session, "sequential, forwarded", remote, (facade, "remote-model"), args
             )
-            base_rates: list[float] = []
-            subject_rates: list[float] = []
+            pipe = f"http://127.0.0.1:{pipe_port}/v1/chat/completions"
+            rates: dict[str, list[float]] = {"base": [], "subject": [], "pipe": []}
+            sides = [("base", direct("a")), ("subject", facade), ("pipe", pipe)]
             for i in range(args.rounds):
-                order = [("base", direct("a")), ("subject", facade)]
-                for which, url in order if i % 2 == 0 else order[::-1]:
+                for which, url in sides[i % 3 :] + sides[: i % 3]:  # each first in turn
                     value, _ = await rate(session, url, "local-model", args.requests, IN_FLIGHT)
-                    (base_rates if which == "base" else subject_rates).append(value)
+                    rates[which].append(value)
+            ceiling = statistics.median(
+                p / b for b, p in zip(rates["base"], rates["pipe"], strict=True)
+            )
+            print(
+                f"{IN_FLIGHT} in flight: a byte pipe (no HTTP parsed, nothing recorded) reaches "
+                f"{ceiling:.2f} of direct -- the ceiling for any proxy process on this machine"
+            )
+            base_rates, subject_rates = rates["base"], rates["subject"]
             report(
                 base_rates,
                 subject_rates,

@@ -96,7 +96,14 @@ class Request:
     origin: str | None = None  # the node it entered on
 
 
-_Static = tuple[list[npt.NDArray[np.bool_]], npt.NDArray[np.float64]]
+# The filters but the queue's, what passes them all, the score but the load's part, and the
+# load's weight per pending request on each node.
+_Static = tuple[
+    list[npt.NDArray[np.bool_]],
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+]
 
 
 @dataclass
@@ -287,14 +294,11 @@ class Ranking:
 def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Ranking:
     """Filter and score every node for `request`."""
     count = len(cluster)
-    masks, static_scores = _static_part(request, cluster)
+    masks, passing, static_scores, per_gpu = _static_part(request, cluster)
     pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
-    masks = [*masks, pending < cluster.queue_limit]
-    eligible = masks[0].copy()
-    for mask in masks[1:]:
-        eligible &= mask
-    scores = static_scores - W_LOAD * pending / np.maximum(cluster.healthy, 1)
-    return Ranking(cluster, request, masks, eligible, scores)
+    room = pending < cluster.queue_limit
+    scores = static_scores - pending * per_gpu
+    return Ranking(cluster, request, [*masks, room], passing & room, scores)
 
 
 MAX_STATIC: Final = 256  # kinds of request remembered per compiled cluster
@@ -325,8 +329,12 @@ def _static_part(request: Request, cluster: Cluster) -> _Static:
         scores[cluster.index[request.origin]] += W_LOCAL
     if len(cluster._static) >= MAX_STATIC:
         cluster._static.clear()
-    cluster._static[kind] = (masks, scores)
-    return masks, scores
+    passing = masks[0].copy()
+    for mask in masks[1:]:
+        passing &= mask
+    per_gpu = W_LOAD / np.maximum(cluster.healthy, 1)
+    cluster._static[kind] = (masks, passing, scores, per_gpu)
+    return cluster._static[kind]
 
 
 def node_view_order(views: Sequence[NodeView]) -> list[str]:

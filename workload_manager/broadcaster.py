@@ -48,7 +48,7 @@ VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot befo
 # quiet spell goes out at once, and under load a peer gets a request per LINGER_S with every
 # event of that time in it (a job's submitted/started/completed often coalesced into one)
 # instead of one request per event or two -- a TLS write and a wake-up each, on both sides.
-LINGER_S: Final = 0.01
+LINGER_S: Final = 0.025
 _SYNC_ID: Final = "sync"
 
 View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
