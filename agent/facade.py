@@ -134,24 +134,30 @@ class Facade:
     # -- routes -----------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        if self._requester(request) is False:
+        requester = self._requester(request)
+        if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        data = served_models(self._view.current()[0].models(), self._replicas())
+        data = self._served(requester)
         return web.Response(
             body=msgspec.json.encode({"object": "list", "data": data}),
             content_type="application/json",
         )
 
     async def _model(self, request: web.Request) -> web.Response:
-        if self._requester(request) is False:
+        requester = self._requester(request)
+        if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         model = request.match_info["model"]
-        served = served_models(self._view.current()[0].models(), self._replicas())
-        entry = model_object(served, model)
+        entry = model_object(self._served(requester), model)
         if entry is None:
             message = f"The model `{model[:256]}` does not exist"
             return openai_error(404, message, "invalid_request_error", "model_not_found")
         return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
+
+    def _served(self, requester: str | bool | None) -> list[dict[str, object]]:
+        # What the cluster serves, narrowed to the models the caller's key may use.
+        served = served_models(self._view.current()[0].models(), self._replicas())
+        return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
 
     def _route(self, path: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:

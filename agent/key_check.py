@@ -84,6 +84,12 @@ class KeyCheck:
         name = self._static.get(digest)
         return name if name is not None else False
 
+    def may_use(self, requester: str | bool | None, model: str) -> bool:
+        """Whether `requester`'s key is scoped to `model` (no limit counted): what
+        `/v1/models` lists for it."""
+        key = self._by_name.get(requester) if isinstance(requester, str) else None
+        return key is None or key.allows(model)
+
     def admit(self, requester: str | bool | None, model: str) -> web.Response | None:
         """None when `requester` (from `requester()`) may send a request for `model` now
         (counted against its limits); else the answer that refuses it."""

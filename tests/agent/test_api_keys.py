@@ -112,6 +112,11 @@ async def test_a_scoped_key_works_everywhere_and_revoked_is_refused_everywhere(
                 with pytest.raises(openai.AuthenticationError) as unknown:
                     await guess.chat.completions.create(model="m1", **CHAT)
                 assert unknown.value.code == "invalid_api_key"
+                # The models it lists are the ones it may use (the engine serves m1 and m2).
+                assert [m.id async for m in client.models.list()] == ["m1"]
+                assert (await client.models.retrieve("m1")).id == "m1"
+                with pytest.raises(openai.NotFoundError):
+                    await client.models.retrieve("m2")
         jobs = await a.jobs()
         assert {j["requesterId"] for j in jobs if j["requesterId"]} == {"team-a"}
         for body, status in (

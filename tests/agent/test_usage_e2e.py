@@ -7,6 +7,7 @@ prompt is stored."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -136,3 +137,36 @@ async def test_usage_per_job_in_metrics_and_cli(cluster: list[Node]) -> None:
         for db in node.home.glob("*.db*"):
             assert MARKER.encode() not in db.read_bytes()
     assert (a.home / "usage.db").exists()
+
+
+async def test_an_unwritable_usage_store_is_named_in_healthz_and_catches_up(
+    cluster: list[Node],
+) -> None:
+    a, _ = cluster
+
+    async def failing_parts() -> list[str]:
+        async with aiohttp.ClientSession() as session, session.get(a.api + "/healthz") as r:
+            return [f["part"] for f in (await r.json()).get("failing", [])]
+
+    assert "usage-store" not in await failing_parts()  # the control: healthy before
+    db = sqlite3.connect(a.home / "usage.db", isolation_level=None, timeout=10)
+    db.execute("BEGIN EXCLUSIVE")  # another process's write lock: every write now fails
+    try:
+        async with client(a) as oa:
+            await oa.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "locked out"}],
+                max_tokens=3,
+            )  # fmt: skip
+
+        async def named() -> bool:
+            return "usage-store" in await failing_parts()
+
+        await eventually(named, "/healthz names the usage store while it cannot be written")
+    finally:
+        db.rollback()
+        db.close()
+
+    async def healthy() -> bool:
+        return "usage-store" not in await failing_parts()
+
+    await eventually(healthy, "the usage store written again")
