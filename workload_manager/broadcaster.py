@@ -244,7 +244,7 @@ class _Sender:
                 linger = self._last_batch_at + LINGER_S - now
                 if linger > 0:
                     await asyncio.sleep(linger)
-                    now = loop.time()
+                    continue  # from the top: the peer may have been unpinned meanwhile
             batch = self.outbox.next_batch(now)
             if batch is None and not sync:
                 self.state = "idle"
