@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from aiohttp import web
@@ -97,21 +97,20 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-class _Named(msgspec.Struct):
-    model: str
-
-
-_named: Final = msgspec.json.Decoder(_Named)
+# The whole body is decoded, not just `model`: a body that is not valid JSON throughout (bad
+# UTF-8 or an out-of-range number in another field) is the client's 400 here, not a job the
+# engine then refuses.
+_whole: Final = msgspec.json.Decoder(dict[str, Any])
 
 
 def json_model(body: bytes) -> str:
     """The `model` string of a JSON object (the last one, as Python's json reads it)."""
     try:
-        model = _named.decode(body).model
+        model = _whole.decode(body).get("model")
     except (msgspec.DecodeError, RecursionError):
         # RecursionError: msgspec's answer to JSON nested past the recursion limit.
         raise BadBody("the body must be JSON with a model") from None
-    if not model:
+    if not isinstance(model, str) or not model:
         raise BadBody("the body must be JSON with a model")
     return model
 

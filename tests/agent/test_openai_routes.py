@@ -132,6 +132,10 @@ def test_json_models() -> None:
             json_model(bad)
     with pytest.raises(BadBody):
         json_model(b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    # Invalid anywhere is invalid: not a job for the engine to refuse (the fault tier's fuzz).
+    for elsewhere in (b'"\xff"', b"1e400"):
+        with pytest.raises(BadBody):
+            json_model(b'{"model": "m", "x": ' + elsewhere + b"}")
 
 
 def test_every_route_reads_as_its_kind() -> None:
