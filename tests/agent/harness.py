@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.owner import owner
@@ -257,3 +258,16 @@ async def start_engine(model: str, *flags: str) -> Engine:
     line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
     assert b"mock engine serving" in line, line
     return Engine(port, proc)
+
+
+def module_engine(model: str, *flags: str) -> Any:
+    """A module-scoped fixture named as the assignment that takes it (`engine =
+    module_engine("m")`): one mock engine serving `model` for the module's tests."""
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module")
+    async def engine() -> AsyncIterator[Engine]:
+        started = await start_engine(model, *flags)
+        yield started
+        await started.stop()
+
+    return engine

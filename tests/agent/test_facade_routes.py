@@ -18,8 +18,7 @@ import pytest_asyncio
 
 from agent.mock_engine_routes import TINY_PNG
 
-from .harness import Engine, Node, eventually, make_node, start_cluster
-from .harness import start_engine as start_mock
+from .harness import Engine, Node, eventually, make_node, module_engine, start_cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -28,11 +27,7 @@ MODEL = "org/all-routes"  # a slash, as Hugging Face names go: models.retrieve m
 AUDIO = b"RIFF" + MARKER.encode() + bytes(12 * 1024 * 1024)  # over JSON's 8 MiB limit
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine() -> AsyncIterator[Engine]:
-    started = await start_mock(MODEL)
-    yield started
-    await started.stop()
+engine = module_engine(MODEL)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -16,18 +16,14 @@ import openai
 import pytest
 import pytest_asyncio
 
-from .harness import Engine, Node, eventually, make_node, start_cluster, start_engine
+from .harness import Engine, Node, eventually, make_node, module_engine, start_cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MARKER = "PROMPT-MARKER-usage-5eed"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine() -> AsyncIterator[Engine]:
-    started = await start_engine("llama")
-    yield started
-    await started.stop()
+engine = module_engine("llama")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

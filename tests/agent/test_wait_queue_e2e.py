@@ -23,8 +23,8 @@ from .harness import (
     eventually,
     job_key,
     make_node,
+    module_engine,
     start_cluster,
-    start_engine,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -33,11 +33,7 @@ MODEL = "waiter"
 TOKENS_PER_S = 20  # a request of N tokens runs N / 20 s
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine() -> AsyncIterator[Engine]:
-    started = await start_engine(MODEL, "--tokens-per-s", str(TOKENS_PER_S))
-    yield started
-    await started.stop()
+engine = module_engine(MODEL, "--tokens-per-s", str(TOKENS_PER_S))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
