@@ -12,19 +12,19 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from .harness import Node, eventually, make_node, start_cluster
+from .deploy_harness import engine_cluster
+from .harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
+    # Members without GPUs run the gpus-0 mock deployments below: `engine_cluster` gives
+    # them this worker's engine ports and kills the engines at the end (agents leave them
+    # running when they stop, for the next start to adopt).
     root = tmp_path_factory.mktemp("deployments")
-    nodes = [make_node(root, name, None) for name in "abc"]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        (node.home / "nvpair.toml").write_text("[agent]\nheartbeat_s = 0.5\n")
-    async for started in start_cluster(nodes):
+    async for started in engine_cluster(root, dict.fromkeys("abc")):
         yield started
 
 
