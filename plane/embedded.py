@@ -6,7 +6,9 @@ place, so an interrupted one leaves nothing half made), the same data on every l
 The server listens on a Unix socket only, in `root` (0700: only its owner, and root, can
 connect; trust authentication there, none over TCP), and is started as a child of this
 process so that it dies with it: `stop()` (fast shutdown) at exit, and the parent-death
-signal (`plane/_pg_exec.py`) when this process is killed outright. A lock file held while
+signal (`plane/_pg_exec.py`) when this process is killed outright. (Linux sends that
+signal when the *thread* that started the server ends: start it from one that outlives it,
+as the main thread does.) A lock file held while
 it runs keeps two planes off one data directory; the holder of the lock ends a server a
 killed predecessor left behind before starting its own. Root runs it in a user namespace
 (`_pg_exec`): PostgreSQL refuses to run as root.
