@@ -55,7 +55,11 @@ def main(argv: list[str]) -> int:
         if userns:
             enter_user_namespace()
     except OSError as exc:
-        print(f"nvpair: cannot run PostgreSQL as root: {exc}", file=sys.stderr)
+        print(
+            f"cannot run PostgreSQL as root: {exc} (this machine forbids user namespaces): "
+            "run the plane as another user, or give --dsn",
+            file=sys.stderr,
+        )
         return 126
     if sys.platform == "linux":
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGINT)

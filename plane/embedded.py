@@ -258,16 +258,21 @@ class EmbeddedPostgres:
         assert self.proc is not None
         dsn = self.dsn("postgres")
         give_up = time.monotonic() + START_TIMEOUT_S
+        why = "no answer"
         while True:
             try:
                 psycopg.connect(dsn, connect_timeout=5).close()
-                return
+                lines = _pid_file(self.data)
+                if lines and lines[0].strip() == str(self.proc.pid):  # ours, not another's
+                    return
+                why = "another server answers on its socket"
             except psycopg.OperationalError as exc:
-                if time.monotonic() > give_up:
-                    raise EmbeddedError(
-                        f"PostgreSQL on {self.data} did not accept connections within "
-                        f"{START_TIMEOUT_S:.0f} s: {exc}; see {self.log_path}"
-                    ) from None
+                why = _last_line(str(exc))
+            if time.monotonic() > give_up:
+                raise EmbeddedError(
+                    f"PostgreSQL on {self.data} did not accept connections within "
+                    f"{START_TIMEOUT_S:.0f} s ({why}); see {self.log_path}"
+                )
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.proc.wait(timeout=0.02)  # the pause between tries: its exit
                 said = self.log_path.read_text(errors="replace").strip()

@@ -9,11 +9,14 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
+import psycopg
 
+from plane.embedded import EmbeddedPostgres
 from tests.fixtures.waiting import eventually
 
 from .plane_client import ADMIN
@@ -133,3 +136,34 @@ async def test_a_killed_plane_leaves_no_server_and_the_next_start_reuses_the_dat
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
             await proc.wait()
+
+
+def test_a_server_left_running_on_the_data_is_ended_and_a_stale_pid_file_ignored(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "plane"
+    first = EmbeddedPostgres(root, durable=False)
+    first.start()
+    left = first.proc
+    assert left is not None
+    assert first._lock is not None
+    first._lock.close()  # as if its plane had died and the server had outlived it
+    first._lock, first.proc = None, None
+    try:
+        with EmbeddedPostgres(root, durable=False) as dsn:
+            assert left.wait(timeout=30) == 0  # ended, by a fast shutdown
+            with psycopg.connect(dsn) as conn:
+                assert conn.execute("SELECT current_database()").fetchone() == ("plane",)
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
+    # A pid file naming a live process that is no server (a recycled pid) is not in the way.
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            (root / "data" / "postmaster.pid").write_text(f"{other.pid}\n{root / 'data'}\n")
+            with EmbeddedPostgres(root, durable=False) as dsn:
+                psycopg.connect(dsn).close()
+            assert other.poll() is None  # and it was left alone
+        finally:
+            other.kill()
