@@ -30,7 +30,10 @@ def add_commands(commands: Any) -> None:
     plane = commands.add_parser("plane", help="the Postgres plane: serve it, enrol, look, join")
     sub = plane.add_subparsers(dest="plane_command", metavar="SUBCOMMAND", required=True)
     serve = sub.add_parser("serve", help="run the plane service")
-    serve.add_argument("--dsn", required=True, help="postgresql://…")
+    serve.add_argument(
+        "--dsn",
+        help="postgresql://… (default: a PostgreSQL of its own in $NVPAIR_HOME/plane)",
+    )
     serve.add_argument("--listen", default="127.0.0.1:14330", metavar="HOST:PORT")
     serve.add_argument("--cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     serve.add_argument("--key", metavar="FILE", help="the certificate's private key (PEM)")
@@ -55,6 +58,9 @@ def add_commands(commands: Any) -> None:
     fleet.add_argument("--plane", required=True, metavar="URL")
     fleet.add_argument("--json", action="store_true")
     fleet.set_defaults(run=_fleet)
+    psql = sub.add_parser("psql", help="psql on the embedded database ($NVPAIR_HOME/plane)")
+    psql.add_argument("psql_args", nargs=argparse.REMAINDER, metavar="PSQL_ARGS")
+    psql.set_defaults(run=_psql)
     join = sub.add_parser("join", help="have this node's agent sync into a plane")
     join.add_argument("url", metavar="URL")
     join.add_argument("token", metavar="TOKEN")
@@ -114,8 +120,15 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger(__name__).debug("open files: %d", raise_open_files_limit())
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run_plane(args.dsn, host, port, tls))
+    with contextlib.suppress(KeyboardInterrupt), contextlib.ExitStack() as database:
+        dsn = args.dsn
+        if dsn is None:
+            from .plane_embedded import embedded_database
+
+            dsn = embedded_database(database, nvpair_home(), _say)
+            if dsn is None:
+                return 1
+        return asyncio.run(_run_plane(dsn, host, port, tls))
     return 0
 
 
@@ -223,6 +236,12 @@ def _fleet(args: argparse.Namespace) -> int:
             print(f"tokens by {kind} {name}: {n['promptTokens']} prompt, "
                   f"{n['completionTokens']} completion ({n['jobs']} jobs)")  # fmt: skip
     return 0
+
+
+def _psql(args: argparse.Namespace) -> int:
+    from .plane_embedded import psql
+
+    return psql(nvpair_home(), args.psql_args, _say)
 
 
 def _join(args: argparse.Namespace) -> int:

