@@ -21,6 +21,7 @@ from workload_manager.sites import raise_open_files_limit
 
 from .cli_http import CliError, request
 from .config import nvpair_home
+from .render_cli import add_render
 
 __all__ = ["add_commands"]
 
@@ -68,6 +69,7 @@ def add_commands(commands: Any) -> None:
         "--ca", metavar="FILE", help="the CA that signed an https plane's certificate"
     )
     join.set_defaults(run=_join)
+    add_render(sub)
 
 
 def _listen(text: str) -> tuple[str, int]:
