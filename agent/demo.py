@@ -130,7 +130,9 @@ async def _cli(args: list[str], env: dict[str, str]) -> str:
 async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Member]:
     """Agents up and paired; returns (name, facade URL, API URL, home) per node."""
     nodes = []
-    base = random.randrange(20000, 60000 - ENGINE_PORTS * len(NODES), ENGINE_PORTS)
+    # Below the kernel's ephemeral ports (32768 up on Linux: a client socket there would make
+    # an engine's bind fail) and below the bands the test suite hands out (20000-32000).
+    base = random.randrange(10000, 18000 - ENGINE_PORTS * len(NODES), ENGINE_PORTS)
     for n, (name, gpus) in enumerate(NODES):
         env = {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
         (root / name).mkdir(mode=0o700)
