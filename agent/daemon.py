@@ -101,7 +101,7 @@ class Agent:
         self.writer = writer = await stack.enter_async_context(JobsWriter(store))
         health.watch("jobs-store", writer.problem)
         usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
-        health.watch("usage-store", lambda: usage.store.problem if usage.store else None)
+        health.watch("usage-store", lambda: usage.store.problem)
 
         gpus = node_inventory(node_id, config.simulate_gpus)
 

@@ -261,7 +261,8 @@ class Facade:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
-        self.pending.add(replica, 1)
+        if replica:  # a deployment's replica (a node's own engines are counted per node)
+            self.pending.add(replica, 1)
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.setdefault(node, set()).add(handler)
@@ -269,7 +270,8 @@ class Facade:
             return await self._run(request, path, raw, target, model)
         finally:
             self.in_flight[node] -= 1
-            self.pending.add(replica, -1)
+            if replica:
+                self.pending.add(replica, -1)
             if handler is not None:
                 self._handlers.get(node, set()).discard(handler)
             self.waits.poke()  # a slot freed: the heads of the wait lines look again

@@ -36,8 +36,6 @@ class InFlight(dict[str, int]):
         """One of our requests went to (+1) or left (-1) `replica`."""
         count = max(0, self.get(replica, 0) + delta)
         self[replica] = count
-        if not replica:
-            return  # a node's own engines (`--engine`): no report to match, no history
         now = self._clock() * 1000
         times, counts = self._history.setdefault(replica, (deque(), deque()))
         times.append(now)

@@ -4,6 +4,7 @@ on 127.0.0.1 -- reuse, streaming, an engine that closes or lies, and the errors 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -71,10 +72,12 @@ async def raw_server() -> AsyncIterator[Callable[[Raw], Awaitable[str]]]:
     done.set()
     for writer in writers:
         writer.close()
+    for writer in writers:
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()  # their sockets closed
     for server in servers:
         server.close()
         await server.wait_closed()
-    await asyncio.sleep(0)  # the handlers' last turn: their sockets closed
 
 
 async def test_requests_reuse_one_kept_connection_and_read_as_aiohttp_does(
