@@ -271,3 +271,20 @@ def module_engine(model: str, *flags: str) -> Any:
         await started.stop()
 
     return engine
+
+
+async def settled_jobs(nodes: list[Node]) -> set[JobKey]:
+    """The jobs earlier tests left, once every member lists the same ones, all finished:
+    what a test's own counts leave out."""
+    keys: set[JobKey] = set()
+
+    async def settled_everywhere() -> bool:
+        nonlocal keys
+        views = [await node.jobs() for node in nodes]
+        if any(j["state"] in ("queued", "running") for view in views for j in view):
+            return False
+        keys = {job_key(j) for j in views[0]}
+        return all({job_key(j) for j in view} == keys for view in views[1:])
+
+    await eventually(settled_everywhere, "earlier tests' jobs final and the same everywhere")
+    return keys

@@ -26,6 +26,7 @@ from .harness import (
     eventually,
     job_key,
     make_node,
+    settled_jobs,
     start_cluster,
     start_engine,
 )
@@ -79,20 +80,8 @@ async def cluster(
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def before(cluster: list[Node]) -> set[JobKey]:
-    """The jobs earlier tests left, once every member lists the same ones, all finished:
-    what this test's counts leave out."""
-    keys: set[JobKey] = set()
-
-    async def settled_everywhere() -> bool:
-        nonlocal keys
-        views = [await node.jobs() for node in cluster]
-        if any(j["state"] in ("queued", "running") for view in views for j in view):
-            return False
-        keys = {job_key(j) for j in views[0]}
-        return all({job_key(j) for j in view} == keys for view in views[1:])
-
-    await eventually(settled_everywhere, "earlier tests' jobs final and the same everywhere")
-    return keys
+    """The jobs earlier tests left (`harness.settled_jobs`)."""
+    return await settled_jobs(cluster)
 
 
 def client(node: Node) -> openai.AsyncOpenAI:

@@ -24,6 +24,7 @@ from .harness import (
     job_key,
     make_node,
     module_engine,
+    settled_jobs,
     start_cluster,
 )
 
@@ -76,22 +77,13 @@ async def score_of_a(node: Node) -> float:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def before(cluster: list[Node]) -> set[JobKey]:
-    """Earlier tests' jobs, once both members list the same ones, all finished."""
-    keys: set[JobKey] = set()
-
-    async def settled() -> bool:
-        nonlocal keys
-        views = [await node.jobs() for node in cluster]
-        if any(j["state"] in ("queued", "running") for view in views for j in view):
-            return False
-        keys = {job_key(j) for j in views[0]}
-        return {job_key(j) for j in views[1]} == keys
+    """Earlier tests' jobs (`harness.settled_jobs`), once b's scheduler sees a idle too."""
+    keys = await settled_jobs(cluster)
 
     async def b_sees_a_idle() -> bool:
         # b re-reads others' pending work every 0.5 s: until then a still looks busy.
         return await score_of_a(cluster[1]) == IDLE["b"]
 
-    await eventually(settled, "earlier jobs final and the same on both members")
     await eventually(b_sees_a_idle, "b's scheduler sees a idle")
     return keys
 
