@@ -9,7 +9,7 @@ stops them in reverse; it holds no policy of its own. The parts:
   (this node's own record, pushed to every member through `NodeClient`);
 - `Engines` (probed model servers), `SchedulingView`, `LoadPoller`, `Pruner`;
 - the servers: node API (mTLS), local API (loopback), facade;
-- `Operations` (cordon, drain) and, when configured, `PlaneSync`.
+- `Operations` (cordon, drain) and, when enrolled in a plane, its `PlaneLink`.
 
 Every background task belongs to `Tasks`; a task that dies marks its part failing in
 `Health`, which `/healthz` reports.
@@ -56,7 +56,7 @@ from .members import SEEDS_FILE, Members, read_seeds
 from .node_api import NodeApi
 from .node_client import NodeClient
 from .operations import Operations
-from .plane_sync import PlaneSync
+from .plane_link import PlaneParts, plane_link
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
 from .upkeep import LoadPoller, Pruner, gpu_reader
@@ -234,16 +234,16 @@ class Agent:
             on_exchange=repair.answer_exchange,
             api_keys=api_keys.all,
         )
-        sync = None
-        if config.plane is not None:
-            sync = PlaneSync(
-                config.plane,
-                identity=identity,  # signs every batch: the plane takes it as this node's
-                store=store,
-                writer=writer,
-                record=lambda: own.current,
-                usage=usage.store,
-            )
+        link = plane_link(
+            config.plane,
+            home=config.home,
+            identity=identity,
+            store=store,
+            writer=writer,
+            record=lambda: own.current,
+            usage=usage.store,
+            parts=PlaneParts(deployments, operations, facade, members, control),
+        )
         self.local_api = local_api = LocalApi(
             LocalPorts(
                 node_id=node_id,
@@ -261,7 +261,7 @@ class Agent:
                 submit=self.submit,
                 remove_job=self.remove_job,
                 remove_member=remove_member,
-                plane=lambda: None if sync is None else (sync.failures, sync.synced),
+                plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
                 routes=usage_routes(usage),
@@ -304,8 +304,8 @@ class Agent:
         )
         tasks.spawn("prune", pruner.run())
         tasks.spawn("anti-entropy", repair.run())
-        if sync is not None:
-            tasks.spawn("plane-sync", sync.run())
+        for name, loop in ({} if link is None else link.loops).items():
+            tasks.spawn(name, loop())
         local_api.registry.register(usage.metrics)
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)

@@ -24,7 +24,7 @@ import logging
 import random
 import sqlite3
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import aiohttp
@@ -40,6 +40,7 @@ from workload_manager.outbox import Backoff
 
 from .config import PlaneSettings, plane_settings
 from .errors import AgentError
+from .plane_reports import Reporter
 from .usage_store import UsageStore, UsageUnavailable
 
 __all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]
@@ -67,8 +68,10 @@ class PlaneSync:
         record: Callable[[], NodeRecord],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         usage: UsageStore | None = None,
+        reporters: Sequence[Reporter] = (),
     ) -> None:
         self._usage = usage  # each finished job's usage goes with its record
+        self._reporters = tuple(reporters)  # the demand and machinery sides' fields
         self.url = settings.url + "/v1/sync"
         self._ca = settings.ca
         self._token = settings.token
@@ -135,6 +138,9 @@ class PlaneSync:
             finished = [j.key for j in jobs if j.state.is_terminal]
             usage = [row.wire() for row in (await self._usage.of(finished)).values()]
         record = self._record()
+        extra: dict[str, object] = {}
+        for reporter in self._reporters:
+            extra.update(reporter.fields(record))
         batch = SyncBatch(
             nodeId=self._node_id,
             generation=record.generation,
@@ -143,6 +149,7 @@ class PlaneSync:
             domains=record.domains,
             jobs=jobs,
             usage=usage,
+            **extra,  # type: ignore[arg-type]  # each reporter gives SyncBatch fields
         )
         body = msgspec.json.encode(batch)
         identity = self._identity
@@ -157,5 +164,7 @@ class PlaneSync:
             if response.status != 200:
                 raise PlaneRefused(f"plane answered {response.status}: {answer[:200]!r}")
         await self._store.mark_synced(jobs)
+        for reporter in self._reporters:
+            reporter.sent()
         self.synced += len(jobs)
         return len(jobs) == BATCH

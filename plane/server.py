@@ -34,6 +34,7 @@ from aiohttp.typedefs import Handler
 from workload_manager.sites import handler_bounds, start_site
 
 from ._db import first_line
+from .api_mounts import MOUNTS
 from .errors import DatabaseUnavailable, PlaneError
 from .ids import is_id
 from .node_signing import SyncVerifier, cluster_ca_of_pem, read_signature
@@ -115,6 +116,8 @@ class PlaneServer:
         app.router.add_post("/v1/sync", self._sync)
         app.router.add_get("/v1/fleet/summary", self._summary)
         app.router.add_get("/v1/jobs", self._jobs)
+        for mount in MOUNTS:  # the demand side's routes (plane/api_mounts.py)
+            mount(app, self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
 
     async def start(self) -> int:
@@ -151,8 +154,9 @@ class PlaneServer:
 
     # -- who is calling -------------------------------------------------------------------
 
-    async def _caller(self, request: web.Request) -> tuple[str, str | None]:
-        """("admin", None) or ("cluster", id); raises 401 otherwise."""
+    async def caller(self, request: web.Request) -> tuple[str, str | None]:
+        """("admin", None), ("cluster", clu_ id) or ("tenant", ten_ id); raises 401
+        otherwise."""
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.startswith("Bearer ") else ""
         # Tokens are printable text; a header of raw bytes that are not UTF-8 (kept as lone
@@ -161,20 +165,34 @@ class PlaneServer:
             cluster = await self.store.cluster_for(token)
             if cluster is not None:
                 return "cluster", cluster
+            tenant = await self.store.tenant_for(token)
+            if tenant is not None:
+                return "tenant", tenant
             if await self.store.is_admin(token):
                 return "admin", None
         raise web.HTTPUnauthorized(
-            text='{"error": "a valid admin or cluster token is required"}',
+            text='{"error": "a valid admin, cluster or tenant token is required"}',
             content_type="application/json",
         )
 
-    async def _admin(self, request: web.Request) -> None:
-        role, _ = await self._caller(request)
+    async def admin(self, request: web.Request) -> None:
+        """Raise 401 / 403 unless the admin token is the caller."""
+        role, _ = await self.caller(request)
         if role != "admin":
             raise web.HTTPForbidden(
                 text='{"error": "this call needs the admin token"}',
                 content_type="application/json",
             )
+
+    async def _fleet_reader(self, request: web.Request) -> tuple[str, str | None]:
+        """The admin or a cluster: the fleet's supply side and jobs are not a tenant's."""
+        role, own = await self.caller(request)
+        if role == "tenant":
+            raise web.HTTPForbidden(
+                text='{"error": "a tenant key reads its own tenant\'s objects only"}',
+                content_type="application/json",
+            )
+        return role, own
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -187,7 +205,7 @@ class PlaneServer:
         return _json({"ok": True})
 
     async def _enrol(self, request: web.Request) -> web.Response:
-        await self._admin(request)
+        await self.admin(request)
         try:
             asked = _enrol_decoder.decode(await request.read())
         except (msgspec.DecodeError, RecursionError):
@@ -200,18 +218,18 @@ class PlaneServer:
         return _json({"id": cluster_id, "name": asked.name, "token": token}, 201)
 
     async def _revoke(self, request: web.Request) -> web.Response:
-        await self._admin(request)
+        await self.admin(request)
         cluster_id = request.match_info["id"]
         if not is_id(cluster_id, "clu") or not await self.store.revoke(cluster_id):
             return _error(404, f"no active cluster {cluster_id[:40]!r}")
         return _json({"revoked": cluster_id})
 
     async def _clusters(self, request: web.Request) -> web.Response:
-        await self._admin(request)
+        await self.admin(request)
         return _json(await self.store.clusters())
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        role, own = await self._caller(request)
+        role, own = await self._fleet_reader(request)
         cluster_id = request.match_info["id"]
         if role == "cluster" and own != cluster_id:
             return _error(403, "a cluster token reads its own cluster only")
@@ -223,7 +241,7 @@ class PlaneServer:
         return _json(summary["clusters"][0])
 
     async def _sync(self, request: web.Request) -> web.Response:
-        role, cluster_id = await self._caller(request)
+        role, cluster_id = await self.caller(request)
         if role != "cluster" or cluster_id is None:
             return _error(403, "sync needs a cluster token")
         if request.content_type != "application/json":
@@ -246,14 +264,14 @@ class PlaneServer:
         return _json({"written": written})
 
     async def _summary(self, request: web.Request) -> web.Response:
-        _, own = await self._caller(request)
+        _, own = await self._fleet_reader(request)
         window = _int_param(request, "window", 3600)
         if window is None or not 1 <= window <= MAX_WINDOW_S:
             return _error(400, f"window is a number of seconds from 1 to {MAX_WINDOW_S}")
         return _json(await self.store.fleet_summary(window_s=window, cluster_id=own))
 
     async def _jobs(self, request: web.Request) -> web.Response:
-        role, own = await self._caller(request)
+        role, own = await self._fleet_reader(request)
         query = request.query
         cluster = query.get("cluster")
         if role == "cluster":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import enrolment, views
+from . import enrolment, tenant_keys, views
 from ._db import Pool, connection
 from .errors import SyncRefused
 from .node_signing import ClusterCa
@@ -56,6 +56,11 @@ class PlaneStore:
         """The cluster a valid, unrevoked token belongs to."""
         async with connection(self.pool) as conn:
             return await enrolment.cluster_for(conn, token)
+
+    async def tenant_for(self, key: str) -> str | None:
+        """The tenant an unrevoked tenant key (`nvt1.`) belongs to."""
+        async with connection(self.pool) as conn:
+            return await tenant_keys.tenant_for(conn, key)
 
     # -- sync --------------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from .cluster_ca import bind_ca, refuse_another_ca
 from .errors import SyncRefused
 from .ids import is_id
 from .node_signing import ClusterCa
+from .sync_machinery import write_machinery
+from .sync_replicas import write_replicas
 from .usage import merge_usage
 from .wire import SyncBatch
 
@@ -265,6 +267,9 @@ async def sync_batch(
                 written["jobs"] = await _merge_jobs(cur, cluster_id, batch.jobs)
             if batch.usage:  # after the jobs: only rows of jobs the plane holds are taken
                 written["usage"] = await merge_usage(cur, cluster_id, node_id, batch.usage)
+            # The demand and machinery sides this node reports (issue 16).
+            written.update(await write_replicas(cur, cluster_id, node_id, batch))
+            written.update(await write_machinery(cur, cluster_id, node_id, batch))
         if ca is None:
             await conn.execute(
                 b"UPDATE clusters SET last_sync_at = now() WHERE id = %s", (cluster_id,)

@@ -13,6 +13,14 @@ import msgspec
 from msgspec import Meta, Struct
 
 from broker.inventory import Device, TopologyDomain
+from plane.desired import (
+    MAX_EVENTS,
+    CacheReport,
+    ComponentReport,
+    EventReport,
+    OperationReport,
+    ReplicaReport,
+)
 from workload_manager.workload import Workload
 
 __all__ = [
@@ -70,6 +78,15 @@ class SyncBatch(Struct, kw_only=True, frozen=True):
     jobs: Annotated[list[Workload], Meta(max_length=50_000)] = []
     # Optional: an agent without usage sends none, and a plane that predates it ignores it.
     usage: Annotated[list[JobUsage], Meta(max_length=50_000)] = []
+    # Issue 16, all optional the same way (`plane.desired`): what this node runs and saw.
+    # `replicas` and `components` are the node's whole current set (a replica missing from
+    # them is gone); `events` and `operations` are what changed since the last batch.
+    facadeUrl: Annotated[str, Meta(max_length=512, pattern=r"^[^\x00]*$")] = ""
+    replicas: Annotated[list[ReplicaReport], Meta(max_length=64)] | None = None
+    components: Annotated[list[ComponentReport], Meta(max_length=256)] | None = None
+    events: Annotated[list[EventReport], Meta(max_length=MAX_EVENTS)] = []
+    cache: Annotated[list[CacheReport], Meta(max_length=4096)] | None = None
+    operations: Annotated[list[OperationReport], Meta(max_length=1024)] = []
 
 
 class EnrolRequest(Struct, kw_only=True, frozen=True):
