@@ -8,7 +8,7 @@ operation phases to each batch) and the fetch down of the cluster's desired stat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from broker.jobs import JobsStore, JobsWriter
 from broker.records import NodeRecord
 from certs import Identity
+from plane.desired import DesiredState
 
 from .config import PlaneSettings
 from .deployments import Deployments
@@ -48,6 +49,9 @@ class PlaneLink:
 
     sync: PlaneSync
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=dict)
+    # Each fetched (or, at start, persisted) desired state is handed to these in order:
+    # the deployments' converger, the facade's endpoint routes, the operations.
+    on_desired: list[Callable[[DesiredState], Awaitable[None]]] = field(default_factory=list)
 
     def counters(self) -> tuple[int, int]:
         """(failures in a row, jobs synced) for `nvpair status`."""
