@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import desired_api
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -14,4 +16,5 @@ __all__ = ["MOUNTS"]
 
 Mount = Callable[["web.Application", Any], None]
 
-MOUNTS: Final[list[Mount]] = []
+
+MOUNTS: Final[list[Mount]] = [desired_api.mount]
