@@ -56,7 +56,7 @@ from .members import SEEDS_FILE, Members, read_seeds
 from .node_api import NodeApi
 from .node_client import NodeClient
 from .operations import Operations
-from .plane_link import PlaneParts, plane_link
+from .plane_link import PlaneParts, plane_link, plane_routes
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
 from .upkeep import LoadPoller, Pruner, gpu_reader
@@ -264,7 +264,7 @@ class Agent:
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
-                routes=usage_routes(usage),
+                routes=[*usage_routes(usage), *plane_routes(link)],
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens

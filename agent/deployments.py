@@ -118,12 +118,15 @@ class Deployments:
             self._on_change()
         return taken
 
-    def declare(self, request: DeploymentRequest) -> Deployment:
-        """Declare (or redeclare) a deployment; the version made here."""
+    def declare(self, request: DeploymentRequest, *, id: str | None = None) -> Deployment:
+        """Declare (or redeclare) a deployment; the version made here. `id`: the plane's
+        deployment id (else the held one's, or a fresh one)."""
         held = self.held.get(request.name)
+        if id is None:
+            id = held.id if held is not None and not held.deleted else new_id("dep")
         try:
             fresh = Deployment(
-                id=held.id if held is not None and not held.deleted else new_id("dep"),
+                id=id,
                 name=request.name,
                 engine=request.engine,
                 source=request.source,

@@ -90,7 +90,7 @@ class LocalPorts:
     submit: Callable[[str, Any], None]
     remove_job: Callable[[WorkloadRemoval], Awaitable[None]]  # returns once committed here
     remove_member: Callable[[str], None]
-    plane: Callable[[], tuple[int, int] | None] = lambda: None
+    plane: Callable[[], dict[str, Any] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
     deployments: DeployPorts | None = None  # the deployment routes' parts
     routes: Sequence[web.RouteDef] = ()  # the parts' own routes (`POST /v1/usage`)

@@ -22,7 +22,7 @@ class AgentMetrics(Collector):
         self,
         gpus: Callable[[], GpuInventory],
         restarts: Callable[[], int],
-        plane: Callable[[], tuple[int, int] | None] = lambda: None,
+        plane: Callable[[], dict[str, Any] | None] = lambda: None,
         dropped: Callable[[], int] = lambda: 0,
         redundant: Callable[[], int] = lambda: 0,
         repairs: Callable[[], dict[str, int]] = dict,
@@ -115,10 +115,10 @@ class AgentMetrics(Collector):
             failing = GaugeMetricFamily(
                 "nvpair_plane_sync_failures", "Plane sync attempts failed in a row (0: in sync)"
             )
-            failing.add_metric([], plane[0])
+            failing.add_metric([], plane["failures"])
             yield failing
             synced = GaugeMetricFamily(
                 "nvpair_plane_synced_jobs", "Job records the plane acknowledged since start"
             )
-            synced.add_metric([], plane[1])
+            synced.add_metric([], plane["synced"])
             yield synced

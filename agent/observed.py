@@ -8,11 +8,16 @@ so it is the same across agent restarts with nothing written down. Its state is 
 engine answers: `ready` while `GET /v1/models` answers 200, `failed` after `DOWN_AFTER`
 probes in a row fail (it comes back to `ready` on its own when the engine does), `starting`
 before the first answer.
+
+Drift (`drifts()`, reported up to the plane) says how what runs differs from the
+declaration: the engine does not answer, or the models it lists (`/v1/models`) name neither
+the declared name nor the declared source. "" when it serves what was declared.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ __all__ = ["ObservedEngines"]
 DOWN_AFTER: Final = 3
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=2)
 MAX_OBSERVED: Final = 64
+MAX_LISTING: Final = 1 << 20  # bytes of a `/v1/models` answer read
 
 
 @dataclass
@@ -41,6 +47,7 @@ class _Watched:
     state: str = "starting"
     misses: int = 0
     since_ms: int = 0
+    drift: str = ""
 
 
 class ObservedEngines:
@@ -88,24 +95,30 @@ class ObservedEngines:
             )
         watched_now = list(self._watched.values())
         answers = await asyncio.gather(*(self._answers(w.deployment) for w in watched_now))
-        for watched, up in zip(watched_now, answers, strict=True):
+        for watched, (up, served) in zip(watched_now, answers, strict=True):
             before = watched.state
+            watched.drift = _drift(watched.deployment, served) if up else watched.drift
             watched.misses = 0 if up else watched.misses + 1
             if up:
                 watched.state = "ready"
             elif watched.misses >= DOWN_AFTER:
                 watched.state = "failed"
+                watched.drift = "the engine does not answer"
             changed |= watched.state != before
         return changed
 
-    async def _answers(self, deployment: Deployment) -> bool:
+    async def _answers(self, deployment: Deployment) -> tuple[bool, list[str] | None]:
+        """(whether it answers, the model ids it lists when it lists them)."""
         assert self._session is not None
         url = deployment.url.rstrip("/") + ready_path(deployment.engine)
         try:
             async with self._session.get(url) as response:
-                return response.status == 200
+                if response.status != 200:
+                    return False, None
+                body = await response.content.read(MAX_LISTING)
         except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+            return False, None
+        return True, _listed(body)
 
     async def aclose(self) -> None:
         """Close the probe session (the engines are not ours to stop)."""
@@ -128,6 +141,10 @@ class ObservedEngines:
             for _, w in sorted(self._watched.items())
         ]
 
+    def drifts(self) -> dict[str, str]:
+        """Replica id -> how what runs differs from its declaration ("" not at all)."""
+        return {w.replica: w.drift for w in self._watched.values()}
+
     def url_of(self, replica_id: str) -> str | None:
         """The engine of a ready observed replica."""
         for w in self._watched.values():
@@ -138,3 +155,26 @@ class ObservedEngines:
     def urls(self) -> dict[str, str]:
         """Replica id -> engine URL, for the load scraper."""
         return {w.replica: w.deployment.url.rstrip("/") for w in self._watched.values()}
+
+
+def _listed(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI `/v1/models` answer; None when it is not one."""
+    try:
+        listing = json.loads(body)
+    except ValueError:
+        return None
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"]) for m in data[:MAX_OBSERVED] if isinstance(m, dict) and "id" in m]
+
+
+def _drift(deployment: Deployment, served: list[str] | None) -> str:
+    """How the models an engine lists differ from its declaration ("" when they do not)."""
+    if served is None:
+        return ""  # an engine that lists no models (ollama's version probe): nothing to compare
+    declared = {deployment.name, deployment.source} - {""}
+    if declared & set(served):
+        return ""
+    shown = ", ".join(sorted(served)[:4]) or "no model"
+    return f"the engine serves {shown}, not {deployment.source or deployment.name}"[:256]

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from aiohttp import web
+
 from broker.jobs import JobsStore, JobsWriter
 from broker.records import NodeRecord
 from certs import Identity
@@ -23,12 +26,15 @@ from .deployments import Deployments
 from .facade import Facade
 from .members import Members
 from .operations import Operations
+from .plane_deployments import PlaneConverger
+from .plane_down import PlaneDown
+from .plane_replica_report import ReplicaReporter
 from .plane_reports import Reporter
 from .plane_sync import PlaneSync
 from .replicas import ReplicaControl
 from .usage_store import UsageStore
 
-__all__ = ["PlaneLink", "plane_link"]
+__all__ = ["PlaneLink", "plane_link", "plane_routes"]
 
 
 @dataclass(frozen=True)
@@ -48,14 +54,23 @@ class PlaneLink:
     """The agent's plane parts; `loops` are the background tasks to spawn, by name."""
 
     sync: PlaneSync
+    down: PlaneDown | None = None
+    converger: PlaneConverger | None = None
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=dict)
     # Each fetched (or, at start, persisted) desired state is handed to these in order:
     # the deployments' converger, the facade's endpoint routes, the operations.
     on_desired: list[Callable[[DesiredState], Awaitable[None]]] = field(default_factory=list)
 
-    def counters(self) -> tuple[int, int]:
-        """(failures in a row, jobs synced) for `nvpair status`."""
-        return self.sync.failures, self.sync.synced
+    def counters(self) -> dict[str, Any]:
+        """The sync's failures in a row and jobs synced, and what the fetch down got, for
+        `nvpair status` and `/metrics`."""
+        out: dict[str, Any] = {"failures": self.sync.failures, "synced": self.sync.synced}
+        if self.down is not None:
+            out.update(self.down.counters())
+        if self.converger is not None:
+            out["deploymentConflicts"] = dict(self.converger.conflicts)
+            out["deploymentError"] = self.converger.last_error
+        return out
 
 
 def plane_link(
@@ -72,7 +87,7 @@ def plane_link(
     """The plane parts of an enrolled node, or None."""
     if settings is None:
         return None
-    reporters: list[Reporter] = []
+    reporters: list[Reporter] = [ReplicaReporter(parts.control.observed.drifts)]
     sync = PlaneSync(
         settings,
         identity=identity,  # signs every batch: the plane takes it as this node's
@@ -84,4 +99,22 @@ def plane_link(
     )
     link = PlaneLink(sync)
     link.loops["plane-sync"] = sync.run
+    link.down = PlaneDown(settings, home=home, handlers=link.on_desired)
+    link.converger = PlaneConverger(parts.deployments, placed=link.down.placed)
+    link.on_desired.insert(0, link.converger)  # the deployments first (docs: the channel)
+    link.loops["plane-down"] = link.down.run
     return link
+
+
+def plane_routes(link: PlaneLink | None) -> list[web.RouteDef]:
+    """`GET /v1/plane` on the local API: the link's counters (null when not enrolled) and
+    the desired state last fetched (`nvpair status`)."""
+
+    async def show(request: web.Request) -> web.Response:
+        body: dict[str, Any] = {"enrolled": link is not None}
+        if link is not None:
+            body["counters"] = link.counters()
+            body["desired"] = None if link.down is None else link.down.state
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+    return [web.get("/v1/plane", show)]
