@@ -8,6 +8,7 @@ allocation, and for an observed replica the drift its watcher saw (`agent.observ
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ from broker.records import NodeRecord
 from plane.desired import ReplicaReport
 
 __all__ = ["ReplicaReporter", "facade_url"]
+
+log = logging.getLogger(__name__)
 
 
 def facade_url(record: NodeRecord) -> str:
@@ -37,22 +40,26 @@ class ReplicaReporter:
     def fields(self, record: NodeRecord) -> dict[str, Any]:
         """The batch's `replicas` and `facadeUrl` from this node's own record."""
         drifts = self._drifts()
-        replicas = [
-            msgspec.convert(
-                {
-                    "id": r.id,
-                    "deploymentId": r.deploymentId,
-                    "deployment": r.deployment,
-                    "state": r.state,
-                    "engineVersion": r.engineVersion,
-                    "devices": r.devices,
-                    "allocation": r.allocation,
-                    "drift": drifts.get(r.id, "")[:256],
-                },
-                ReplicaReport,
-            )
-            for r in record.replicas
-        ]
+        replicas = []
+        for r in record.replicas:
+            try:
+                replicas.append(
+                    msgspec.convert(
+                        {
+                            "id": r.id,
+                            "deploymentId": r.deploymentId,
+                            "deployment": r.deployment,
+                            "state": r.state,
+                            "engineVersion": r.engineVersion,
+                            "devices": r.devices,
+                            "allocation": r.allocation,
+                            "drift": drifts.get(r.id, "")[:256],
+                        },
+                        ReplicaReport,
+                    )
+                )
+            except msgspec.ValidationError as exc:  # one odd replica must not stop the sync
+                log.warning("replica %s not reported to the plane: %s", r.id, exc)
         return {"replicas": replicas, "facadeUrl": facade_url(record)}
 
     def sent(self) -> None:
