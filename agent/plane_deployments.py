@@ -165,4 +165,5 @@ class PlaneConverger:
                 log.warning("plane deployment not converged: %s", self.last_error)
                 continue
             self.applied += 1
-            log.info("plane deployment converged: %s", action)
+            name = action.request.name if isinstance(action, Declare) else action.name
+            log.info("plane deployment %s: %s", name, type(action).__name__.lower())
