@@ -122,3 +122,10 @@ class AgentMetrics(Collector):
             )
             synced.add_metric([], plane["synced"])
             yield synced
+            if "desiredFailures" in plane:
+                fetching = GaugeMetricFamily(
+                    "nvpair_plane_desired_failures",
+                    "Fetches of the plane's desired state failed in a row (0: in step)",
+                )
+                fetching.add_metric([], plane["desiredFailures"])
+                yield fetching
