@@ -8,6 +8,10 @@ plane placed earlier (its id is in `placed`) and lists no more. What is the same
 alone, so a converged cluster makes no new version; two nodes converging at once make the
 same content, and the deployments' version order keeps one of the two everywhere.
 
+Between new states the converger runs again on the state held every `RECONVERGE_S`, so a
+plane deployment scaled or undeployed in the cluster (`nvpair scale`) returns to what the
+plane wants; a converged cluster costs a comparison.
+
 A cluster deployment of the same name that the plane did not place (declared with
 `nvpair deploy`, another id) is left alone and reported (`conflicts`, logged once): the
 operator of the cluster decides, by undeploying it, and the plane's is declared then.
@@ -15,8 +19,9 @@ operator of the cluster decides, by undeploying it, and the plane's is declared 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,6 +35,7 @@ __all__ = ["Declare", "PlaneConverger", "Scale", "Undeploy", "plan", "request_fo
 log = logging.getLogger(__name__)
 
 MAX_CONFLICTS: Final = 256
+RECONVERGE_S: Final = 30.0  # the held state again: a cluster edit of a plane deployment is undone
 
 
 @dataclass(frozen=True)
@@ -167,3 +173,15 @@ class PlaneConverger:
             self.applied += 1
             name = action.request.name if isinstance(action, Declare) else action.name
             log.info("plane deployment %s: %s", name, type(action).__name__.lower())
+
+    async def run(
+        self,
+        held: Callable[[], DesiredState | None],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Converge on the state `held` gives every `RECONVERGE_S`, until cancelled."""
+        while True:
+            await sleep(RECONVERGE_S)
+            state = held()
+            if state is not None:
+                await self(state)

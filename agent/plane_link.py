@@ -99,10 +99,11 @@ def plane_link(
     )
     link = PlaneLink(sync)
     link.loops["plane-sync"] = sync.run
-    link.down = PlaneDown(settings, home=home, handlers=link.on_desired)
-    link.converger = PlaneConverger(parts.deployments, placed=link.down.placed)
-    link.on_desired.insert(0, link.converger)  # the deployments first (docs: the channel)
-    link.loops["plane-down"] = link.down.run
+    link.down = down = PlaneDown(settings, home=home, handlers=link.on_desired)
+    link.converger = converger = PlaneConverger(parts.deployments, placed=down.placed)
+    link.on_desired.insert(0, converger)  # the deployments first (docs: the channel)
+    link.loops["plane-down"] = down.run
+    link.loops["plane-converge"] = lambda: converger.run(lambda: down.state)
     return link
 
 

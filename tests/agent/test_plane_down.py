@@ -70,6 +70,28 @@ async def test_converging_declares_scales_undeploys_and_then_makes_no_version(
     assert store.get("chat").replicas == 0  # type: ignore[union-attr]
 
 
+async def test_a_cluster_edit_of_a_plane_deployment_is_undone_on_the_next_round(
+    tmp_path: Path,
+) -> None:
+    store = Deployments(tmp_path, sign=_unsigned)
+    chat = _desired("chat", 2)
+    state = _state(chat)
+    converge = PlaneConverger(store, placed=lambda: {chat.id})
+    await converge(state)
+    store.scale("chat", 7)  # `nvpair scale` in the cluster
+    rounds = 0
+
+    async def one_round(delay: float) -> None:
+        nonlocal rounds
+        rounds += 1
+        if rounds > 1:
+            raise StopAsyncIteration
+
+    with pytest.raises(StopAsyncIteration):
+        await converge.run(lambda: state, one_round)
+    assert store.get("chat").replicas == 2  # type: ignore[union-attr]
+
+
 def test_a_cluster_deployment_not_from_the_plane_is_left_alone_and_reported(
     tmp_path: Path,
 ) -> None:
