@@ -4,8 +4,8 @@ observed objects its nodes send back in each `SyncBatch`, without psycopg.
 Down, one document per cluster (`DesiredState`): the deployments placed on it, the routing
 table of every endpoint (all tenants' endpoints, since any facade may receive a request for
 any of them), the operations it should carry out, and its declared warm set. `generation`
-grows whenever any of it changes; the answer's ETag is a hash of the document, and the plane answers
-`304` to an `If-None-Match` that names it (`plane.desired_api`).
+grows whenever any of it changes; the answer's ETag is a hash of the document, and the
+plane answers `304` to an `If-None-Match` that names it (`plane.desired_api`).
 
 Up, per node (`SyncBatch.replicas` ... `SyncBatch.operations`): what that node runs and
 saw. Only the node itself reports them, in its own signed batch.
