@@ -23,6 +23,7 @@ from .deployments import Deployments
 from .facade import Facade
 from .members import Members
 from .operations import Operations
+from .plane_events import machinery_reporters
 from .plane_reports import Reporter
 from .plane_sync import PlaneSync
 from .replicas import ReplicaControl
@@ -72,7 +73,11 @@ def plane_link(
     """The plane parts of an enrolled node, or None."""
     if settings is None:
         return None
-    reporters: list[Reporter] = []
+    node_id = identity.node.node_id
+    machinery, handlers = machinery_reporters(
+        parts.operations, parts.deployments.get, home=home, node_id=node_id, plane_url=settings.url
+    )
+    reporters: list[Reporter] = [*machinery]  # operations, events, components, cache
     sync = PlaneSync(
         settings,
         identity=identity,  # signs every batch: the plane takes it as this node's
@@ -83,5 +88,6 @@ def plane_link(
         reporters=reporters,
     )
     link = PlaneLink(sync)
+    link.on_desired.extend(handlers)  # plane operations this node carries out; the warm set
     link.loops["plane-sync"] = sync.run
     return link

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import machinery_api, operations_api
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -14,4 +16,7 @@ __all__ = ["MOUNTS"]
 
 Mount = Callable[["web.Application", Any], None]
 
-MOUNTS: Final[list[Mount]] = []
+MOUNTS: Final[list[Mount]] = [
+    operations_api.mount,  # operations (issue 16, item 6)
+    machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
+]
