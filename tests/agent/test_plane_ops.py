@@ -6,14 +6,12 @@ cache residency each batch carries."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from agent.gpus import simulate
-from agent.operations import Operations
 from agent.plane_events import CacheReports, ComponentReports, EventReports
 from agent.plane_ops import INTERRUPTED, PlaneOps
 from broker.deployments import Deployment
@@ -21,40 +19,12 @@ from broker.records import NodeRecord, Replica
 from certs.ids import new_node_id, prefixed_ulid
 from plane.desired import DesiredOperation, DesiredState, WarmArtifact
 from plane.wire import SyncBatch
+from tests.fixtures.operations_node import OperationsNode
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 
 NODE = new_node_id()
 CLUSTER = prefixed_ulid("clu")
-
-
-class Node:
-    """A node's real `Operations` over in-memory jobs and cordon state."""
-
-    def __init__(self) -> None:
-        self.jobs: list[str] = []
-        self.cordons: list[bool] = []
-        self.tasks: list[asyncio.Task[None]] = []
-
-        async def active_on(node: str) -> list[str]:
-            return list(self.jobs) if node == NODE else []
-
-        async def nothing(*_: object) -> None:
-            return None
-
-        def spawn(_: str, coro: Coroutine[Any, Any, None]) -> object:
-            self.tasks.append(asyncio.create_task(coro))
-            return self.tasks[-1]
-
-        self.operations = Operations(
-            self_id=NODE, requester="node-a", is_known=lambda _: False,
-            cordon_here=self.cordons.append, cordon_member=nothing, active_on=active_on,
-            cancel_here=lambda _: 0, cancel_member=nothing, peers=list, spawn=spawn, poll_s=0.01,
-        )  # fmt: skip
-
-    def phase(self, op_id: str) -> str | None:
-        op = self.operations.get(op_id)
-        return None if op is None else op.phase.value
 
 
 def desired(*operations: DesiredOperation, warm: list[WarmArtifact] | None = None) -> DesiredState:
@@ -72,7 +42,7 @@ def next_batch(*reporters: Any, record: NodeRecord | None = None) -> SyncBatch:
 
 
 async def test_a_plane_drain_runs_once_here_and_reports_until_final(tmp_path: Path) -> None:
-    node = Node()
+    node = OperationsNode(NODE)
     handler = PlaneOps(node.operations, self_id=NODE, home=tmp_path)
     drain = DesiredOperation(
         id=prefixed_ulid("opr"), kind="drain", target=NODE, requester="admin", reason="kernel",
@@ -106,7 +76,7 @@ async def test_a_plane_drain_runs_once_here_and_reports_until_final(tmp_path: Pa
     assert next_batch(handler).operations == []
 
     # A restart: a fresh Operations and handler on the same home never run it again.
-    again = Node()
+    again = OperationsNode(NODE)
     restarted = PlaneOps(again.operations, self_id=NODE, home=tmp_path)
     await restarted.on_desired(desired(drain))
     assert again.operations.views() == []
@@ -115,7 +85,7 @@ async def test_a_plane_drain_runs_once_here_and_reports_until_final(tmp_path: Pa
 
 
 async def test_an_operation_cut_short_by_a_restart_is_reported_failed(tmp_path: Path) -> None:
-    node = Node()
+    node = OperationsNode(NODE)
     node.jobs = ["job-1"]
     handler = PlaneOps(node.operations, self_id=NODE, home=tmp_path)
     drain = DesiredOperation(id=prefixed_ulid("opr"), kind="drain", target=NODE, requester="ten")
@@ -125,7 +95,7 @@ async def test_an_operation_cut_short_by_a_restart_is_reported_failed(tmp_path: 
         task.cancel()  # the agent stops mid-drain
     await asyncio.gather(*node.tasks, return_exceptions=True)
 
-    again = Node()
+    again = OperationsNode(NODE)
     restarted = PlaneOps(again.operations, self_id=NODE, home=tmp_path)
     await restarted.on_desired(desired(drain))
     assert again.operations.views() == []  # not started twice

@@ -5,20 +5,37 @@ bound, and residency against the declared warm set."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from agent.config import PlaneSettings
+from agent.plane_events import machinery_reporters
+from agent.plane_sync import PlaneSync
+from broker.jobs import JobsStore, JobsWriter
 from plane import sync_machinery, workload_ops
 from plane._db import Conn
-from plane.desired import CacheReport, ComponentReport, EventReport, OperationReport
+from plane.desired import (
+    CacheReport,
+    ComponentReport,
+    DesiredState,
+    EventReport,
+    OperationReport,
+)
 from plane.errors import BadInput
 from plane.ids import new_id
 from plane.machinery_sql import pending_operations, warm_set
+from plane.server import PlaneServer
 from plane.tenant_keys import mint_tenant_key
 from plane.tokens import hash_token
 from plane.wire import NodeSummary, SyncBatch
+from tests.fixtures.operations_node import OperationsNode
+from tests.fixtures.records import node_record
+from tests.fixtures.waiting import eventually
+from tests.workload_manager.cluster_harness import free_port
 
 from .plane_client import ADMIN, Plane, enrol
 
@@ -291,3 +308,66 @@ async def test_components_and_cache_replace_the_nodes_own_rows(plane: Plane) -> 
     assert (await sync(plane, token, batch(node, 5, cache=[unknown])))[0] == 200
     _, cache = await plane.call("GET", "/v1/cache", token)
     assert [(e["artifact"], e["residentOn"]) for e in cache["cache"]] == [(art, [])]
+
+
+async def test_a_drain_from_the_plane_is_carried_out_and_reported_back(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """The whole loop in one process: the plane's pending operation handed to the target
+    node's handler as its desired state (what `GET /v1/desired` carries), the node's real
+    `Operations` draining, its real `PlaneSync` reporting the phase back, signed."""
+    cluster, token = await enrol(plane, "lab")
+    node = new_id("nod")
+    port = free_port()
+    server = PlaneServer(plane.store, host="127.0.0.1", port=port)
+    await server.start()
+    here = OperationsNode(node)
+    here.jobs = ["job-1"]
+    store = await JobsStore.open(tmp_path / "jobs.db")
+    async with JobsWriter(store) as writer:
+        reporters, handlers = machinery_reporters(
+            here.operations, lambda _: None, home=tmp_path, node_id=node, plane_url=plane.url
+        )
+        sync = PlaneSync(
+            PlaneSettings(url=f"http://127.0.0.1:{port}", token=token),
+            identity=plane.ca(token).node(node), store=store, writer=writer,
+            record=lambda: node_record(node), sleep=lambda _: asyncio.sleep(0.02),
+            reporters=reporters,
+        )  # fmt: skip
+        running = asyncio.create_task(sync.run())
+        try:
+
+            async def synced() -> bool:
+                return bool(await sql(plane, "SELECT 1 FROM nodes WHERE id = %s", node))
+
+            await eventually(synced, "the node's first sync")
+            _, op = await operation(plane, ADMIN, kind="drain", target=node, reason="swap")
+            async with plane.store.pool.connection() as conn:
+                state = DesiredState(
+                    cluster=cluster, generation=2,
+                    operations=await pending_operations(conn, cluster),
+                )  # fmt: skip
+            for handle in handlers:
+                await handle(state)
+
+            async def phase() -> str:
+                return str(
+                    (await plane.call("GET", f"/v1/operations/{op['id']}", ADMIN))[1]["phase"]
+                )
+
+            await eventually(lambda: _is(phase(), "running"), "the plane seeing it running")
+            here.jobs = []
+            await eventually(lambda: _is(phase(), "succeeded"), "the plane seeing it done")
+            assert here.cordons == [True]
+            _, joined = await plane.call("GET", "/v1/events?kind=node-joined", ADMIN)
+            assert [e["about"] for e in joined["events"]] == [node]
+        finally:
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            await server.aclose()
+    await store.close()
+
+
+async def _is(value: Any, wanted: str) -> bool:
+    return bool(await value == wanted)
