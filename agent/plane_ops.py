@@ -56,11 +56,14 @@ class PlaneOps:
 
     def _load(self) -> dict[str, _Seen]:
         try:
-            rows = json.loads(self._path.read_bytes())["operations"]
+            held = json.loads(self._path.read_bytes())
+            if held.get("node") != self._self_id:
+                return {}  # a home that was another node's: its operations are not ours
+            rows = held["operations"]
             return {str(r[0]): _Seen(str(r[1]), str(r[2]), bool(r[3])) for r in rows}
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             log.warning("%s unreadable (%s): plane operations start afresh", self._path, exc)
             return {}
 
@@ -69,8 +72,9 @@ class PlaneOps:
             done = [k for k, s in self._seen.items() if s.acked and s.phase in _FINAL]
             del self._seen[done[0] if done else next(iter(self._seen))]
         rows = [[k, s.phase, s.result, s.acked] for k, s in self._seen.items()]
+        held = {"node": self._self_id, "operations": rows}
         try:
-            write_atomic(self._path, json.dumps({"operations": rows}).encode())
+            write_atomic(self._path, json.dumps(held).encode())
         except OSError as exc:  # the operation still runs; only a restart could repeat it
             log.warning("could not write %s: %s", self._path, exc)
 
@@ -80,6 +84,8 @@ class PlaneOps:
         for op in state.operations:
             if op.kind not in KINDS or op.target != self._self_id or op.id in self._seen:
                 continue
+            if self._operations.get(op.id) is not None:
+                continue  # running still, though forgotten here (past MAX_KEPT)
             try:
                 self._operations.start(
                     op.kind,

@@ -4,7 +4,7 @@
 One writer for each (seed 000): every row written here is the sending node's own -- events
 are stored under its node id (an event id another node holds already is left as it is),
 its components and cache rows replace only its own, and it moves only the phases of this
-cluster's operations that target it (`SyncRefused` for any other: nothing is written).
+cluster's operations that target it (a report of any other is ignored, and logged).
 Events are inserted once (a replay inserts nothing) and each cluster keeps the newest
 `MAX_EVENTS_PER_CLUSTER`. Phases only move forward, so a replayed or stale report changes
 nothing; a batch older than the node row the plane holds changes no component or cache row.
@@ -12,16 +12,18 @@ nothing; a batch older than the node row the plane holds changes no component or
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 from psycopg import AsyncCursor
 
-from .errors import SyncRefused
 from .ids import new_id
 from .machinery_sql import NODE_KINDS, PHASE_RANK, bump_generation
 from .wire import SyncBatch
 
 __all__ = ["MAX_EVENTS_PER_CLUSTER", "write_machinery"]
+
+log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_CLUSTER: Final = 10_000
 
@@ -85,7 +87,10 @@ async def _operations(cur: Any, cluster_id: str, node_id: str, batch: SyncBatch)
     final = False
     for op_id, owner, target, kind, phase in await cur.fetchall():
         if owner != cluster_id or target != node_id or kind not in NODE_KINDS:
-            raise SyncRefused(f"{op_id} is not an operation of this node")
+            # Not this node's to move: nothing is written. The rest of the batch is, so a
+            # node whose home holds a stale report (another node's, once) keeps syncing.
+            log.warning("%s reported %s, which is not its operation; ignored", node_id, op_id)
+            continue
         report = newest[op_id]
         if PHASE_RANK[report.phase] <= PHASE_RANK[phase]:
             continue  # phases only move forward: a replay or a stale report changes nothing

@@ -101,6 +101,14 @@ async def test_an_operation_cut_short_by_a_restart_is_reported_failed(tmp_path: 
     assert again.operations.views() == []  # not started twice
     [report] = next_batch(restarted).operations
     assert (report.phase, report.result) == ("failed", INTERRUPTED)
+    # A home that was this node's says nothing of its operations to another node.
+    other = new_node_id()
+    assert (
+        next_batch(
+            PlaneOps(OperationsNode(other).operations, self_id=other, home=tmp_path)
+        ).operations
+        == []
+    )
 
 
 def replica(state: str, error: str = "", version: str = "") -> Replica:
