@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import workloads_api
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -14,4 +16,4 @@ __all__ = ["MOUNTS"]
 
 Mount = Callable[["web.Application", Any], None]
 
-MOUNTS: Final[list[Mount]] = []
+MOUNTS: Final[list[Mount]] = [workloads_api.mount]
