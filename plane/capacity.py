@@ -164,7 +164,7 @@ class ClusterCapacity:
     cost_per_device_hour: float = 0.0
     policies: tuple[Policy, ...] = ()
     free: dict[str, list[NodeDevices]] = field(default_factory=dict)  # class -> nodes
-    healthy: dict[str, int] = field(default_factory=dict)  # class -> healthy devices
+    healthy: dict[str, int] = field(default_factory=dict)  # class -> free healthy devices
     _fits: dict[tuple[str, int, bool, int], tuple[int, int]] = field(default_factory=dict)
     _refusals: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
@@ -260,3 +260,13 @@ class Snapshot:
 
     clusters: list[ClusterCapacity]
     quotas: list[Quota] = field(default_factory=list)
+    # What `plane.placement.screen` found for each kind of ask, kept for the next one.
+    screens: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    _quotas: dict[tuple[str, str], list[Quota]] = field(default_factory=dict)
+
+    def quotas_of(self, project_id: str, device_class: str) -> list[Quota]:
+        """The quotas of that project and class, fleet-wide and per cluster."""
+        if not self._quotas and self.quotas:
+            for q in self.quotas:
+                self._quotas.setdefault((q.project_id, q.device_class), []).append(q)
+        return self._quotas.get((project_id, device_class), [])

@@ -13,9 +13,9 @@ cluster's share), and `plane.apportion` divides the replicas. docs/placement.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from .apportion import scale_down, scale_up
 from .capacity import ClusterCapacity, NodeDevices, Policy, Quota, Reservation, Snapshot
@@ -32,6 +32,7 @@ __all__ = [
     "Snapshot",
     "Verdict",
     "decide",
+    "screen",
 ]
 
 
@@ -79,15 +80,31 @@ class Refusal:
     fits: int = 0
 
 
+Screened = tuple[ClusterCapacity, int, str | None, str | None]  # cluster, fit, field, reason
+_UNBOUNDED: Final = 1024  # replicas a cluster has room for when a replica needs no GPU
+_MAX_SCREENS: Final = 4096  # screens a snapshot keeps (one per distinct kind of ask)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The shares per cluster (only those > 0), every cluster's verdict, and the refusal
-    when there is one (then `shares` is the current shares, unchanged)."""
+    """The shares per cluster (only those > 0), the refusal when there is one (then `shares`
+    is the current shares, unchanged), and every cluster's verdict (built when asked)."""
 
     shares: dict[str, int]
-    verdicts: list[Verdict]
     refusal: Refusal | None = None
     changed: frozenset[str] = frozenset()  # clusters whose share differs from the current
+    screened: Sequence[Screened] = ()
+    capped: Mapping[str, tuple[int, str, str]] = field(default_factory=dict)  # by quotas
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        """Every cluster, in id order: its share, room and why it was refused or capped."""
+        out = []
+        for c, fit, where, why in self.screened:
+            if c.id in self.capped:
+                fit, where, why = self.capped[c.id]
+            out.append(Verdict(c.id, c.name, self.shares.get(c.id, 0), fit, where, why))
+        return out
 
 
 def _screen(ask: Ask, cluster: ClusterCapacity) -> tuple[int, str | None, str | None]:
@@ -100,6 +117,12 @@ def _screen(ask: Ask, cluster: ClusterCapacity) -> tuple[int, str | None, str | 
             "constraints.regions",
             f"region {cluster.region!r} is not among {sorted(ask.regions)}",
         )
+    if ask.gpus > 0 and ask.device_class not in cluster.healthy:
+        return (
+            0,
+            "deviceClass",
+            f"no free healthy {ask.device_class} device on a reachable, uncordoned node",
+        )
     for policy in ask.policies:
         if (why := cluster.refusal(policy, ask.device_class)) is not None:
             return 0, f"policy {policy.id}", why
@@ -107,9 +130,7 @@ def _screen(ask: Ask, cluster: ClusterCapacity) -> tuple[int, str | None, str | 
         if (why := cluster.refusal(policy, ask.device_class)) is not None:
             return 0, f"policy {policy.id}", why
     if ask.gpus == 0:
-        return ask.replicas, None, None
-    if not cluster.healthy.get(ask.device_class):
-        return 0, "deviceClass", f"no healthy {ask.device_class} device on a schedulable node"
+        return _UNBOUNDED, None, None
     fit, most = cluster.fits(ask.device_class, ask.gpus, ask.one_domain, ask.min_memory)
     if fit == 0:
         if ask.one_domain:
@@ -129,36 +150,52 @@ def _screen(ask: Ask, cluster: ClusterCapacity) -> tuple[int, str | None, str | 
     return fit, None, None
 
 
+def screen(ask: Ask, snapshot: Snapshot) -> tuple[list[Screened], dict[str, int]]:
+    """Every cluster screened for `ask` (constraints, policies, class, fit) and the room of
+    the eligible ones; kept in the snapshot for asks of the same kind (the same class, shape,
+    constraints and policies), since nothing here depends on the replicas or the quotas."""
+    key = (
+        ask.device_class, ask.gpus, ask.one_domain, ask.min_memory, ask.regions, ask.clusters,
+        tuple(p.id for p in ask.policies),
+    )  # fmt: skip
+    known = snapshot.screens.get(key)
+    if known is None:
+        screened: list[Screened] = []
+        room: dict[str, int] = {}
+        for cluster in snapshot.clusters:
+            fit, where, why = _screen(ask, cluster)
+            if why is None:
+                room[cluster.id] = fit
+            screened.append((cluster, fit, where, why))
+        if len(snapshot.screens) >= _MAX_SCREENS:
+            snapshot.screens.clear()
+        known = snapshot.screens[key] = (screened, room)
+    return known
+
+
 def decide(ask: Ask, snapshot: Snapshot) -> Decision:
     """Place `ask` on `snapshot`: a first placement or a scale change moves only the delta
     between `ask.replicas` and the current shares."""
     current = {cid: n for cid, n in ask.current.items() if n > 0}
     placed = sum(current.values())
     delta = ask.replicas - placed
-    quotas = [
-        q
-        for q in snapshot.quotas
-        if q.project_id == ask.project_id and q.device_class == ask.device_class
-    ]
-    per_cluster = {q.cluster_id: q for q in quotas if q.cluster_id is not None}
-    screened: list[tuple[ClusterCapacity, int, str | None, str | None]] = []
-    caps: dict[str, int] = {}
-    for cluster in snapshot.clusters:
-        fit, where, why = _screen(ask, cluster)
-        quota = per_cluster.get(cluster.id)
-        eligible = why is None
-        if eligible and quota is not None and ask.gpus > 0 and delta > 0:
-            room = max(0, quota.max_devices - quota.in_use) // ask.gpus
-            if room < fit:
-                # Capped, or shut out at 0: the verdict names the quota either way.
-                fit = room
-                where, why = f"quota {quota.id}", _quota_text(quota, ask.gpus)
-        if eligible and fit > 0:
-            caps[cluster.id] = fit
-        screened.append((cluster, fit, where, why))
+    screened, room = screen(ask, snapshot)
+    quotas = snapshot.quotas_of(ask.project_id, ask.device_class)
+    capped: dict[str, tuple[int, str, str]] = {}
     refusal: Refusal | None = None
     shares = current
-    if delta > 0:
+    if delta > 0 and ask.gpus > 0:
+        caps = room
+        for quota in quotas:
+            fit = room.get(quota.cluster_id or "", 0)
+            if quota.cluster_id is None or fit == 0:
+                continue
+            left = max(0, quota.max_devices - quota.in_use) // ask.gpus
+            if left < fit:  # this cluster's share is held to what its quota leaves
+                if caps is room:
+                    caps = dict(room)
+                caps[quota.cluster_id] = left
+                capped[quota.cluster_id] = (left, f"quota {quota.id}", _quota_text(quota, ask.gpus))
         needed = delta * ask.gpus
         for quota in quotas:
             if quota.cluster_id is None and quota.in_use + needed > quota.max_devices:
@@ -168,20 +205,16 @@ def decide(ask: Ask, snapshot: Snapshot) -> Decision:
             shares = scale_up(current, delta, caps)
             got = sum(shares.values()) - placed
             if got < delta:
-                refusal = Refusal(
-                    "capacity", _capacity_refusal(ask, delta, got, screened), fits=got
-                )
+                refusal = Refusal("capacity", _capacity_refusal(ask, delta, got, capped), fits=got)
                 shares = current
+    elif delta > 0:
+        shares = scale_up(current, delta, room)
     elif delta < 0:
         shares = scale_down(current, -delta)
-    verdicts = [
-        Verdict(c.id, c.name, shares.get(c.id, 0), fit, where, why)
-        for c, fit, where, why in screened
-    ]
     changed = frozenset(
         cid for cid in set(shares) | set(current) if shares.get(cid, 0) != current.get(cid, 0)
     )
-    return Decision(shares=dict(shares), verdicts=verdicts, refusal=refusal, changed=changed)
+    return Decision(dict(shares), refusal, changed, screened, capped)
 
 
 def _quota_text(quota: Quota, gpus: int) -> str:
@@ -201,14 +234,9 @@ def _quota_refusal(quota: Quota, ask: Ask, needed: int) -> str:
 
 
 def _capacity_refusal(
-    ask: Ask,
-    delta: int,
-    got: int,
-    screened: list[tuple[ClusterCapacity, int, str | None, str | None]],
+    ask: Ask, delta: int, got: int, capped: Mapping[str, tuple[int, str, str]]
 ) -> str:
-    quota_capped = sorted(
-        {w.split(" ", 1)[1] for _, _, w, _ in screened if w and w.startswith("quota ")}
-    )
+    quota_capped = sorted({where.split(" ", 1)[1] for _, where, _ in capped.values()})
     text = (
         f"not enough capacity: {delta} more replica(s) of {ask.gpus} {ask.device_class} "
         f"device(s){' in one topology domain' if ask.one_domain else ''} asked, {got} fit"

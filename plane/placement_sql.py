@@ -75,7 +75,8 @@ _POLICIES: Final = (
 )
 # Healthy devices of reachable, uncordoned nodes that no replica's allocation holds.
 _FREE_DEVICES: Final = (
-    b"WITH taken AS (SELECT DISTINCT unnest(device_ids) AS dev FROM allocations) "
+    b"WITH taken AS (SELECT DISTINCT dev FROM allocations, unnest(device_ids) AS dev "
+    b"WHERE dev IS NOT NULL) "
     b"SELECT d.cluster_id, d.node_id, d.device_class, d.memory_total, d.domain_id "
     b"FROM devices d JOIN nodes n ON n.id = d.node_id "
     b"WHERE n.reachable AND NOT n.cordoned AND d.health = 'ok' "

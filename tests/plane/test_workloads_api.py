@@ -196,6 +196,28 @@ async def test_create_scale_explain_delete(plane: Plane, pg_dsn: str) -> None:
         left = await (await conn.execute("SELECT count(*) FROM deployments")).fetchone()
     assert left == (0,)
 
+    # Devices a replica holds (its allocation) are not free: with one device of each of a's
+    # domains held, a one-domain TP-4 replica goes to b, though Webster would favour a.
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        held = await (
+            await conn.execute(
+                "SELECT DISTINCT ON (domain_id) id FROM devices WHERE cluster_id = %s", (a,)
+            )
+        ).fetchall()
+        replica = new_id("rep")
+        await conn.execute(
+            "INSERT INTO replicas (id, cluster_id, node_id, ready, generation) "
+            "VALUES (%s, %s, 'n', true, 1)",
+            (replica, a),
+        )
+        await conn.execute(
+            "INSERT INTO allocations (id, replica_id, device_ids) VALUES (%s, %s, %s)",
+            (new_id("alc"), replica, [h[0] for h in held]),
+        )
+    status, small = await plane.call("POST", "/v1/workloads", key, body(w, replicas=1))
+    assert status == 201, small
+    assert shares(small) == {b: 1}
+
 
 async def _cli(argv: list[str], key: str) -> str:
     def run() -> str:
