@@ -84,7 +84,7 @@ _FREE_DEVICES: Final = (
 )
 # Deployments placed and not yet running (replicas with no allocation yet) will take devices.
 _RESERVED: Final = (
-    b"SELECT d.cluster_id, d.workload_id, d.replicas, w.serving, w.constraints, "
+    b"SELECT d.id, d.cluster_id, d.workload_id, d.replicas, w.serving, w.constraints, "
     b"(SELECT count(*) FROM replicas r JOIN allocations a ON a.replica_id = r.id "
     b" WHERE r.deployment_id = d.id) "
     b"FROM deployments d JOIN workloads w ON w.id = d.workload_id"
@@ -119,7 +119,7 @@ async def load_workload(conn: Conn, workload_id: str, *, lock: bool = False) -> 
 
 
 async def snapshot_for(conn: Conn, workload: WorkloadRow) -> tuple[Ask, Snapshot, dict[str, str]]:
-    """The ask, the snapshot and the current deployment ids by cluster (six queries)."""
+    """The ask, the snapshot and the current deployment ids by cluster (five queries)."""
     policies: dict[str, list[Policy]] = defaultdict(list)
     rows = await (await conn.execute(_POLICIES, ([workload.id, workload.tenant_id],))).fetchall()
     for policy_id, attached_to, spec in rows:
@@ -132,11 +132,12 @@ async def snapshot_for(conn: Conn, workload: WorkloadRow) -> tuple[Ask, Snapshot
     reserved: dict[str, list[Reservation]] = defaultdict(list)
     current: dict[str, int] = {}
     deployment_ids: dict[str, str] = {}
-    for cluster_id, workload_id, replicas, serving, constraints, running in await (
+    for deployment_id, cluster_id, workload_id, replicas, serving, constraints, running in await (
         await conn.execute(_RESERVED)
     ).fetchall():
         if workload_id == workload.id:
             current[cluster_id] = int(replicas)
+            deployment_ids[cluster_id] = deployment_id
         waiting = int(replicas) - int(running)
         if waiting > 0:
             reserved[cluster_id].append(
@@ -147,12 +148,6 @@ async def snapshot_for(conn: Conn, workload: WorkloadRow) -> tuple[Ask, Snapshot
                     waiting,
                 )
             )
-    ids = await (
-        await conn.execute(
-            b"SELECT cluster_id, id FROM deployments WHERE workload_id = %s", (workload.id,)
-        )
-    ).fetchall()
-    deployment_ids = {str(c): str(d) for c, d in ids}
     clusters = [
         ClusterCapacity.build(
             id=cid,
