@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from plane.placement import (
     Ask,
     ClusterCapacity,
+    Decision,
     Policy,
     Quota,
     Reservation,
@@ -51,8 +52,8 @@ def ask(replicas: int, **kw: object) -> Ask:
     return Ask(replicas=replicas, **(base | kw))  # type: ignore[arg-type]
 
 
-def verdicts(decision: object) -> dict[str, tuple[int, str | None, str | None]]:
-    return {v.cluster_id: (v.share, v.field, v.reason) for v in decision.verdicts}  # type: ignore[attr-defined]
+def verdicts(decision: Decision) -> dict[str, tuple[int, str | None, str | None]]:
+    return {v.cluster_id: (v.share, v.field, v.reason) for v in decision.verdicts}
 
 
 def test_policies_of_workload_tenant_and_cluster_all_must_allow() -> None:
