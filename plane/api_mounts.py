@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import machinery_api, operations_api
+from . import machinery_api, operations_api, workloads_api
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -17,6 +17,7 @@ __all__ = ["MOUNTS"]
 Mount = Callable[["web.Application", Any], None]
 
 MOUNTS: Final[list[Mount]] = [
+    workloads_api.mount,  # workloads, placement, explain (issue 16, item 3)
     operations_api.mount,  # operations (issue 16, item 6)
     machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
 ]
