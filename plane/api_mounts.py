@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import machinery_api, operations_api
+from . import declared_api, machinery_api, operations_api
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -19,4 +19,5 @@ Mount = Callable[["web.Application", Any], None]
 MOUNTS: Final[list[Mount]] = [
     operations_api.mount,  # operations (issue 16, item 6)
     machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
+    declared_api.mount,  # tenants, keys, projects, quotas, policies, pools, ... (item 2)
 ]
