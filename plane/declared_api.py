@@ -112,8 +112,9 @@ class DeclaredApi:
             return str(own)
         if role == "cluster" and need == "any":
             return None
-        who = "a tenant key" if role == "tenant" else "a cluster token"
-        raise Forbidden(f"only the admin token may {what}; {who} may not")
+        if role == "cluster":
+            raise Forbidden(f"a cluster token may not {what}")
+        raise Forbidden(f"only the admin token may {what}")
 
     def kind_routes(self, app: web.Application, kind_name: str) -> None:
         """The five routes of one kind."""

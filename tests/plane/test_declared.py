@@ -13,6 +13,7 @@ from typing import Any
 
 from plane.declared import ClusterAttrs, PolicySpec, policy_allows
 from plane.declared_api import MAX_BODY
+from plane.ids import new_id
 from plane.tokens import hash_token
 
 from .plane_client import ADMIN, Plane, enrol
@@ -106,6 +107,24 @@ async def test_each_object_is_created_read_listed_patched_and_deleted(plane: Pla
         "PATCH", f"/v1/clusters/{cluster}", ADMIN, {"region": "eu", "costPerDeviceHour": 2.5}
     )
     assert (status, attrs["region"], attrs["costPerDeviceHour"]) == (200, "eu", 2.5)
+    # A page of a list ends with the id to ask for the next one after.
+    await _made(plane, "/v1/priority-classes", {"name": "low", "value": 1})
+    status, page = await plane.call("GET", "/v1/priority-classes?limit=1", ADMIN)
+    assert (status, len(page["items"])) == (200, 1)
+    status, rest = await plane.call("GET", f"/v1/priority-classes?after={page['next']}", ADMIN)
+    assert [o["name"] for o in rest["items"]] == ["low"]
+    # What a workload still names is not deleted under it: a 409 naming what refers to it.
+    artifact = objects["artifacts"][0]["id"]
+    async with plane.store.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO workloads (id, project_id, artifact_id, serving_digest, serving, name) "
+            "VALUES (%s, %s, %s, %s, '{}', 'w')",
+            (new_id("wkl"), prj, artifact, "svg_" + "0" * 64),
+        )
+    status, answer = await plane.call("DELETE", f"/v1/projects/{prj}", ADMIN)
+    assert (status, "still referenced by workloads" in answer["error"]) == (409, True), answer
+    async with plane.store.pool.connection() as conn:
+        await conn.execute("DELETE FROM workloads")
     # Delete leaves-first; the tenant goes last (its projects cascade with it).
     for path in ("artifacts", "policies", "quotas", "pools", "priority-classes", "projects"):
         object_id = objects[path][0]["id"]
@@ -171,13 +190,16 @@ BAD_BODIES: list[tuple[str, Any, int, str]] = [
 
 
 async def test_bad_bodies_are_refused_naming_the_field_and_write_nothing(plane: Plane) -> None:
-    await _made(plane, "/v1/tenants", {"name": "a", "host": "a.example"})  # for the clashes
-    for path, body, status, words in BAD_BODIES:
+    tenant = await _made(plane, "/v1/tenants", {"name": "a", "host": "a.example"})  # clashes
+    artifact = {"digest": DIGEST, "kind": "base", "locations": ["/w"], "tenantId": tenant["id"]}
+    await _made(plane, "/v1/artifacts", artifact)
+    clashes = [("/v1/artifacts", artifact, 409, "artifact with that digest")]
+    for path, body, status, words in [*BAD_BODIES, *clashes]:
         got, answer = await plane.call("POST", path, ADMIN, body)
         assert (got, words in answer["error"]) == (status, True), (body, answer)
     for listed in ("tenants", "projects", "quotas", "artifacts", "policies", "pools"):
         _, page = await plane.call("GET", f"/v1/{listed}", ADMIN)
-        assert len(page["items"]) == (1 if listed == "tenants" else 0), listed
+        assert len(page["items"]) == (1 if listed in ("tenants", "artifacts") else 0), listed
 
 
 async def test_a_tenant_sees_and_changes_only_its_own_objects(plane: Plane) -> None:
