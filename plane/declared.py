@@ -235,17 +235,17 @@ def policy_allows(spec: PolicySpec, cluster: ClusterAttrs | Mapping[str, Any]) -
     if not isinstance(cluster, ClusterAttrs):
         cluster = msgspec.convert(dict(cluster), ClusterAttrs)
     named = {cluster.id, cluster.name}
-    who = f"cluster {cluster.name or cluster.id!r}"
+    who = f"cluster {(cluster.name or cluster.id)!r}"
     if named & set(spec.denyClusters):
         return f"denyClusters: {who} is denied"
     if spec.allowClusters and not named & set(spec.allowClusters):
         return f"allowClusters: {who} is not one of {', '.join(spec.allowClusters)}"
     if spec.regions and cluster.region not in spec.regions:
         region = repr(cluster.region) if cluster.region else "none declared"
-        return f"regions: {who}'s region ({region}) is not one of {', '.join(spec.regions)}"
+        return f"regions: the region of {who} ({region}) is not one of {', '.join(spec.regions)}"
     if spec.residency is not None and cluster.residency != spec.residency:
         residency = repr(cluster.residency) if cluster.residency else "none declared"
-        return f"residency: {who}'s residency ({residency}) is not {spec.residency!r}"
+        return f"residency: the residency of {who} ({residency}) is not {spec.residency!r}"
     if spec.deviceClasses and not set(cluster.deviceClasses) & set(spec.deviceClasses):
         return f"deviceClasses: {who} has no device of class {', '.join(spec.deviceClasses)}"
     limit = spec.maxCostPerDeviceHour
