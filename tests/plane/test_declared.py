@@ -336,3 +336,41 @@ async def test_the_cli_creates_gets_patches_and_deletes(plane: Plane) -> None:
     refused = await nvpair("patch", "tenant", tenant, "host=x.example")
     assert refused.returncode == 1
     assert "the plane refused (403): only the admin token may change tenants" in refused.stderr
+
+
+async def test_no_wrong_value_in_any_field_is_a_server_error(plane: Plane) -> None:
+    # Every field of every kind's valid body replaced by values of the wrong type, out of
+    # bounds or with a NUL: each answer is the caller's fault (4xx) or a success, never a 500.
+    cluster, _ = await enrol(plane, "lab")
+    tenant = await _made(plane, "/v1/tenants", {"name": "a"})
+    project = await _made(plane, "/v1/projects", {"name": "p", "tenantId": tenant["id"]})
+    pool = {"name": "p", "deviceClass": "l4", "maxNodes": 2, "clusterId": cluster}
+    valid = {
+        "/v1/tenants": {"name": "b", "host": "b.example"},
+        "/v1/projects": {"name": "q", "tenantId": tenant["id"]},
+        "/v1/quotas": {"projectId": project["id"], "deviceClass": "l4", "maxDevices": 2},
+        "/v1/priority-classes": {"name": "c", "value": 1, "description": "d"},
+        "/v1/policies": {"attachedTo": tenant["id"], "spec": {"regions": ["eu"]}},
+        "/v1/pools": {**pool, "spec": {"labels": {"a": "b"}}},
+        "/v1/artifacts": {
+            "digest": DIGEST,
+            "kind": "base",
+            "locations": ["/w"],
+            "tenantId": tenant["id"],
+        },
+    }
+    wrong: list[Any] = [None, -1, 2**64, "x" * 5000, "\x00", [], {"a": 1}]
+    statuses: set[int] = set()
+    for path, body in valid.items():
+        made = await _made(plane, path, body)
+        for field in body:
+            for value in wrong:
+                status, answer = await plane.call("POST", path, ADMIN, {**body, field: value})
+                assert status < 500, (path, field, value, answer)
+                statuses.add(status)
+                if path != "/v1/artifacts":
+                    status, answer = await plane.call(
+                        "PATCH", f"{path}/{made['id']}", ADMIN, {field: value}
+                    )
+                    assert status < 500, (path, field, value, answer)
+    assert {400, 409} <= statuses
