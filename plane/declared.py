@@ -201,11 +201,14 @@ class PolicySpecPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
 
 
 class PolicyCreate(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """`POST /v1/policies`: a spec attached to a tenant, endpoint, workload or cluster."""
+    """`POST /v1/policies`: a spec attached to a tenant, endpoint, workload or cluster. A
+    tenant key's policy is its tenant's; the admin's is the admin's (no tenant may see or
+    change it), or, with `tenantId`, that tenant's."""
 
     name: Annotated[str, Meta(max_length=128, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$")] = ""
     attachedTo: AttachId
     spec: PolicySpec = PolicySpec()
+    tenantId: TenantId | None = None
 
 
 class PolicyPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

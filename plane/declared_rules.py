@@ -155,13 +155,20 @@ async def _spec_clusters(conn: Conn, spec: PolicySpec) -> None:
 async def _policy(conn: Conn, kind: sql.Kind, body: PolicyCreate, scope: str | None) -> Any:
     if scope is not None and body.attachedTo.startswith("clu_"):
         raise Forbidden("only the admin token attaches policies to clusters - at `$.attachedTo`")
+    # A tenant key's policy is its tenant's; the admin's is nobody's but the admin's unless
+    # it names the tenant whose object it attaches to.
+    tenant = None
+    if scope is not None or body.tenantId is not None:
+        tenant = await _own_tenant(conn, body.tenantId, scope)
     found, owner = await sql.owner_of(conn, body.attachedTo)
     if not found or (scope is not None and owner != scope):
         raise NotFound(f"no object {body.attachedTo!r} to attach to - at `$.attachedTo`")
+    if tenant is not None and owner != tenant:
+        raise BadInput(f"{body.attachedTo} is not tenant {tenant}'s - at `$.attachedTo`")
     await _spec_clusters(conn, body.spec)
     values = {
         "id": new_id("plc"),
-        "tenant_id": owner,
+        "tenant_id": tenant,
         "name": body.name,
         "attached_to": body.attachedTo,
         "spec": msgspec.to_builtins(body.spec),

@@ -246,6 +246,13 @@ async def test_a_tenant_sees_and_changes_only_its_own_objects(plane: Plane) -> N
     assert await _status(plane, "POST", "/v1/policies", key_a, {"attachedTo": b}) == 404
     assert await _status(plane, "POST", "/v1/policies", key_a, {"attachedTo": cluster}) == 403
     assert await _status(plane, "POST", "/v1/policies", ADMIN, {"attachedTo": cluster}) == 201
+    # The admin's own policy on a's tenant is beyond a's reach; one it gives a is a's.
+    imposed = await _made(plane, "/v1/policies", {"attachedTo": a, "spec": {"residency": "eu"}})
+    given = await _made(plane, "/v1/policies", {"attachedTo": a, "tenantId": a})
+    assert await _status(plane, "DELETE", f"/v1/policies/{imposed['id']}", key_a) == 404
+    assert await _status(plane, "DELETE", f"/v1/policies/{given['id']}", key_a) == 200
+    not_bs = {"attachedTo": a, "tenantId": b}
+    assert await _status(plane, "POST", "/v1/policies", ADMIN, not_bs) == 400
     assert await _status(plane, "GET", f"/v1/tenants/{b}/keys", key_a) == 404
     assert await _status(plane, "GET", f"/v1/tenants/{a}/keys", key_a) == 200
     # Installation-wide: priority classes anyone reads, only the admin writes; pools and
