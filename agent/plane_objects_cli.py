@@ -37,6 +37,7 @@ KINDS: Final = {
     "operation": "/v1/operations",
     "event": "/v1/events",
     "component": "/v1/components",
+    "cache": "/v1/cache",
 }
 _MAX_FILE: Final = 256 * 1024
 
