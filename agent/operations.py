@@ -176,17 +176,34 @@ class Operations:
         """Every kept operation, newest first."""
         return [op.view() for op in reversed(self._operations.values())]
 
+    def get(self, op_id: str) -> Operation | None:
+        """A kept operation by id."""
+        return self._operations.get(op_id)
+
     def start(
-        self, kind: str, target: str, *, reason: str, timeout_s: float | None, force: bool
+        self,
+        kind: str,
+        target: str,
+        *,
+        reason: str,
+        timeout_s: float | None,
+        force: bool,
+        requester: str | None = None,
+        op_id: str | None = None,
     ) -> Operation:
-        """Begin a cordon, uncordon or drain; it runs in the background."""
+        """Begin a cordon, uncordon or drain; it runs in the background. A plane operation
+        keeps the plane's id and names its requester (`agent.plane_ops`)."""
         if kind not in KINDS:
             raise OperationRefused("an operation is cordon, uncordon or drain")
         if target != self._self_id and not self._is_known(target):
             raise OperationRefused(f"{target} is not a member this node knows")
         if timeout_s is not None and not 0 <= timeout_s <= 7 * 86_400:
             raise OperationRefused("timeoutS is between 0 and a week")
-        operation = Operation(kind, target, self._requester, reason[:500], timeout_s, force)
+        operation = Operation(
+            kind, target, requester or self._requester, reason[:500], timeout_s, force
+        )
+        if op_id is not None:
+            operation.id = op_id
         self._operations[operation.id] = operation
         while len(self._operations) > MAX_OPERATIONS:
             del self._operations[next(iter(self._operations))]

@@ -21,6 +21,8 @@ from workload_manager.sites import raise_open_files_limit
 
 from .cli_http import CliError, request
 from .config import nvpair_home
+from .plane_objects_cli import add_objects
+from .plane_workload_cli import add_explain
 from .render_cli import add_render
 
 __all__ = ["add_commands"]
@@ -70,6 +72,8 @@ def add_commands(commands: Any) -> None:
     )
     join.set_defaults(run=_join)
     add_render(sub)
+    add_explain(sub)
+    add_objects(sub)  # create | get | patch | delete KIND, tenant-key (agent/plane_objects_cli.py)
 
 
 def _listen(text: str) -> tuple[str, int]:

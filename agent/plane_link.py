@@ -28,6 +28,7 @@ from .members import Members
 from .operations import Operations
 from .plane_deployments import PlaneConverger
 from .plane_down import PlaneDown
+from .plane_events import machinery_reporters
 from .plane_replica_report import ReplicaReporter
 from .plane_reports import Reporter
 from .plane_sync import PlaneSync
@@ -87,7 +88,12 @@ def plane_link(
     """The plane parts of an enrolled node, or None."""
     if settings is None:
         return None
-    reporters: list[Reporter] = [ReplicaReporter(parts.control.observed.drifts)]
+    node_id = identity.node.node_id
+    machinery, handlers = machinery_reporters(
+        parts.operations, parts.deployments.get, home=home, node_id=node_id, plane_url=settings.url
+    )
+    reporters: list[Reporter] = [*machinery]  # operations, events, components, cache
+    reporters.append(ReplicaReporter(parts.control.observed.drifts))  # replicas, facade URL
     sync = PlaneSync(
         settings,
         identity=identity,  # signs every batch: the plane takes it as this node's
@@ -98,6 +104,7 @@ def plane_link(
         reporters=reporters,
     )
     link = PlaneLink(sync)
+    link.on_desired.extend(handlers)  # plane operations this node carries out; the warm set
     link.loops["plane-sync"] = sync.run
     link.down = down = PlaneDown(settings, home=home, handlers=link.on_desired)
     link.converger = converger = PlaneConverger(parts.deployments, placed=down.placed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import desired_api
+from . import declared_api, desired_api, machinery_api, operations_api, workloads_api
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -16,5 +16,10 @@ __all__ = ["MOUNTS"]
 
 Mount = Callable[["web.Application", Any], None]
 
-
-MOUNTS: Final[list[Mount]] = [desired_api.mount]
+MOUNTS: Final[list[Mount]] = [
+    workloads_api.mount,  # workloads, placement, explain (issue 16, item 3)
+    desired_api.mount,  # the desired state down, deployments (issue 16, item 4)
+    operations_api.mount,  # operations (issue 16, item 6)
+    machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
+    declared_api.mount,  # tenants, keys, projects, quotas, policies, pools, ... (item 2)
+]

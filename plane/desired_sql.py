@@ -19,8 +19,8 @@ from .routes_sql import routes
 
 __all__ = ["declare_observed", "deployments_of", "desired_state"]
 
-# The workload's serving configuration gives the engine and how it runs; the artifact's
-# first storage location is what the engine loads.
+# The workload's serving configuration gives the engine and how it runs; what the engine
+# loads is its `source`, else the artifact's first storage location.
 _DESIRED: Final = b"""
 SELECT d.id, w.id, w.name, w.serving, coalesce(a.locations[1], ''), d.replicas,
        w.constraints, d.authority, d.url, d.node, w.paused
@@ -50,7 +50,7 @@ def desired_deployment(row: tuple[Any, ...]) -> DesiredDeployment:
             "workload": wkl_id,
             "name": name,
             "engine": str(serving.get("engine") or "vllm"),
-            "source": source or str(serving.get("source") or ""),
+            "source": str(serving.get("source") or "") or source,
             "args": [str(a) for a in args] if isinstance(args, list) else [],
             "gpus": gpus,
             "tp": _int(serving.get("tp"), max(1, gpus)),
@@ -59,6 +59,7 @@ def desired_deployment(row: tuple[Any, ...]) -> DesiredDeployment:
             "constraints": Constraints(
                 deviceClass=str(constraints.get("deviceClass") or ""),
                 oneDomain=bool(constraints.get("oneDomain")),
+                minMemory=_int(constraints.get("minMemory"), 0),
             ),
             "authority": authority,
             "url": url,
