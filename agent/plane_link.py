@@ -20,6 +20,7 @@ from plane.desired import DesiredState
 
 from .config import PlaneSettings
 from .deployments import Deployments
+from .endpoint_routes import persisted_desired
 from .facade import Facade
 from .members import Members
 from .operations import Operations
@@ -84,4 +85,7 @@ def plane_link(
     )
     link = PlaneLink(sync)
     link.loops["plane-sync"] = sync.run
+    link.on_desired.append(parts.facade.endpoints.update)  # endpoint routes (agent.endpoint_routes)
+    # Until the channel (agent/plane_down.py) lands: the state it keeps, fed once at start.
+    link.loops["plane-desired-file"] = lambda: persisted_desired(home, link.on_desired)
     return link
