@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from aiohttp import web
 
+from . import endpoints_api
+
 __all__ = ["MOUNTS"]
 
 Mount = Callable[["web.Application", Any], None]
 
-MOUNTS: Final[list[Mount]] = []
+MOUNTS: Final[list[Mount]] = [endpoints_api.mount]
