@@ -1,0 +1,244 @@
+"""Endpoints end to end (issue 16, item 5): a real plane (`nvpair plane serve` on a real
+PostgreSQL) holds a tenant's endpoints; two clusters of one real agent each run the
+deployments behind them (mock engines), and requests sent with the `openai` client to the
+east facade are served as the routing table says -- in east, or forwarded to west.
+
+The routing table reaches the east agent as the desired-state channel keeps it
+(`$NVPAIR_HOME/plane-desired.json`, a `DesiredState` made of the plane's
+`routes_sql.routes`), read when the agent starts: a refresh here is that document written
+again and the agent restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+import openai
+import psycopg
+import pytest
+import pytest_asyncio
+
+from plane.desired import DesiredState
+from plane.routes_sql import routes
+from tests.agent.deploy_harness import kill_engines, post, ready_everywhere
+from tests.agent.harness import Node, eventually, make_node, start_cluster
+from tests.workload_manager.cluster_harness import engine_ports
+
+from .endpoint_rows import Rows
+from .plane_process import PlaneProcess
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+AT_ONCE = 16  # requests in flight at a time
+
+
+@dataclass
+class World:
+    dsn: str
+    plane: PlaneProcess
+    rows: Rows
+    east: Node  # the facade the client talks to
+    west: Node
+    clusters: dict[str, str]  # name -> clu_ id
+    key: str  # the tenant's plane key
+    deployments: dict[str, str]  # workload (deployment) name -> dep_ id
+    generation: int = 0
+
+    async def refresh(self) -> None:
+        """What the channel does on its next fetch: the east agent's desired state becomes
+        the plane's routing table now (and the agent starts with it)."""
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            table = await routes(conn)
+        self.generation += 1
+        state = DesiredState(
+            cluster=self.clusters["east"], generation=self.generation, routes=table
+        )
+        path = self.east.home / "plane-desired.json"
+        path.write_bytes(msgspec.json.encode(state))
+        path.chmod(0o600)
+        await self.east.stop()
+        await self.east.start()
+        await eventually(lambda: ready_everywhere([self.east], "blue", 1), "blue ready again")
+
+
+def _home(node: Node, plane: PlaneProcess, token: str) -> None:
+    node.home.mkdir(parents=True)
+    low, high = engine_ports()
+    (node.home / "nvpair.toml").write_text(
+        f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n'
+    )
+    (node.home / "plane.json").write_text(f'{{"url": "{plane.url}", "token": "{token}"}}')
+    (node.home / "plane.json").chmod(0o600)
+
+
+async def _deploy(node: Node, name: str) -> None:
+    code, said = await post(node, "/v1/deployments", {"name": name, "engine": "mock", "gpus": 0})
+    assert code == 201, said
+    await eventually(lambda: ready_everywhere([node], name, 1), f"{name} ready")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def world(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as admin:
+        await admin.execute(f'CREATE DATABASE "{name}"'.encode())
+    dsn = pg_server.rsplit("/", 1)[0] + "/" + name
+    root = tmp_path_factory.mktemp("endpoints")
+    plane = PlaneProcess(dsn)
+    await plane.start()
+    east, west = make_node(root / "east", "e1", None), make_node(root / "west", "w1", None)
+    try:
+        async with AsyncExitStack() as stack:
+            for cname, node in (("west", west), ("east", east)):
+                _home(node, plane, (await plane.cli("enrol-cluster", cname)).strip())
+            clusters = {c["name"]: c["id"] for c in await plane.get("/v1/clusters")}
+            rows = Rows(dsn)
+            _, project, key = await rows.tenant("acme")  # no host: any request's
+            deployments = {
+                "blue": await rows.deployment(project, "blue", clusters["east"]),
+                "green": await rows.deployment(project, "green", clusters["west"]),
+            }
+            world = World(dsn, plane, rows, east, west, clusters, key, deployments)
+            for node in (west, east):
+                cluster = start_cluster([node])
+                await cluster.__anext__()
+                stack.push_async_callback(_finish, cluster)
+            await _deploy(west, "green")
+            await _deploy(east, "blue")
+            # What the sync of each node reports (replicas, facade URL), as rows.
+            for cname, node, deployment in (("west", west, "green"), ("east", east, "blue")):
+                node_id = await node.node_id()
+                await eventually(lambda n=node_id: _synced(rows, n), f"{node.name} in the plane")
+                url = f"http://127.0.0.1:{node.ports['facade']}"
+                await rows.sql("UPDATE nodes SET facade_url = %s WHERE id = %s", url, node_id)
+                await rows.replica(deployments[deployment], clusters[cname], node_id)
+            yield world
+    finally:
+        for node in (east, west):
+            kill_engines(node.home)
+        await plane.stop()
+        async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as admin:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
+
+
+async def _finish(cluster: AsyncIterator[list[Node]]) -> None:
+    async for _ in cluster:
+        pass
+
+
+async def _synced(rows: Rows, node_id: str) -> bool:
+    return bool(await rows.sql("SELECT 1 FROM nodes WHERE id = %s", node_id))
+
+
+async def plane_call(world: World, method: str, path: str, body: Any) -> Any:
+    """A plane API call with the tenant's key; the decoded answer of a success."""
+    headers = {"Authorization": f"Bearer {world.key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, world.plane.url + path, json=body, headers=headers) as r,
+    ):
+        said = await r.json()
+        assert r.status < 300, said
+        return said
+
+
+async def served_by(node: Node, model: str, count: int) -> collections.Counter[str]:
+    """Which engine answered each of `count` chat requests for `model` through `node`'s
+    facade (a deployment's mock engine serves its own name only, and answers with it)."""
+    url = f"http://127.0.0.1:{node.ports['facade']}/v1"
+    gate = asyncio.Semaphore(AT_ONCE)
+    async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+
+        async def one() -> str:
+            async with gate:
+                answer = await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+                return answer.model
+
+        return collections.Counter(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def near(counts: collections.Counter[str], want: dict[str, float], total: int) -> bool:
+    return sum(counts.values()) == total and all(
+        abs(counts[name] / total - share) <= 0.03 for name, share in want.items()
+    )
+
+
+async def test_ninety_ten_then_a_weight_change_on_the_next_refresh(world: World) -> None:
+    blue, green = world.deployments["blue"], world.deployments["green"]
+    made = await plane_call(
+        world,
+        "POST",
+        "/v1/endpoints",
+        {
+            "modelName": "chat",
+            "targets": [{"deployment": blue, "weight": 90}, {"deployment": green, "weight": 10}],
+        },
+    )
+    await world.refresh()
+    listed = {m.id for m in (await _models(world.east)).data}
+    assert {"chat", "blue"} <= listed
+    counts = await served_by(world.east, "chat", 1000)
+    assert near(counts, {"blue": 0.9, "green": 0.1}, 1000), counts  # green: forwarded west
+    await plane_call(
+        world,
+        "PATCH",
+        f"/v1/endpoints/{made['id']}",
+        {"targets": [{"deployment": blue, "weight": 30}, {"deployment": green, "weight": 70}]},
+    )
+    # Until the next refresh the facade routes by the table it holds ...
+    assert near(await served_by(world.east, "chat", 100), {"blue": 0.9}, 100)
+    await world.refresh()
+    counts = await served_by(world.east, "chat", 200)  # ... and then by the new weights
+    assert near(counts, {"blue": 0.3, "green": 0.7}, 200), counts
+
+
+async def _models(node: Node) -> Any:
+    url = f"http://127.0.0.1:{node.ports['facade']}/v1"
+    async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        return await client.models.list()
+
+
+async def test_routing_goes_on_through_a_plane_outage(world: World) -> None:
+    blue, green = world.deployments["blue"], world.deployments["green"]
+    await plane_call(
+        world,
+        "POST",
+        "/v1/endpoints",
+        {
+            "modelName": "chat-ha",
+            "mode": "failover",
+            "targets": [{"deployment": green, "order": 0}, {"deployment": blue, "order": 1}],
+        },
+    )
+    await world.refresh()
+    await world.plane.stop()
+    await world.east.stop()
+    await world.east.start()  # starts with the plane away: the table it kept
+    await eventually(lambda: ready_everywhere([world.east], "blue", 1), "blue ready again")
+    assert await served_by(world.east, "chat-ha", 20) == {"green": 20}
+    assert sum((await served_by(world.east, "chat", 100)).values()) == 100
+
+
+async def test_failover_moves_to_the_second_target_when_the_first_stops(world: World) -> None:
+    assert await served_by(world.east, "chat-ha", 10) == {"green": 10}  # the first, in west
+    code, said = await post(world.west, "/v1/deployments/green/undeploy", {})
+    assert code == 200, said
+
+    async def stopped() -> bool:
+        return not [r for r in await world.west.get("/v1/replicas") if r["deployment"] == "green"]
+
+    await eventually(stopped, "green's engine stopped in west")
+    # The plane's table still says green is ready: the forward fails, green is marked down
+    # and the next target by order (blue, here in east) serves -- no request fails.
+    assert await served_by(world.east, "chat-ha", 50) == {"blue": 50}
+    assert world.east.log_count("forward to green") >= 1
