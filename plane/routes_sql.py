@@ -3,7 +3,9 @@ tenant with its targets, where they run and whether they are ready.
 
 Two queries for the whole table: the endpoints (with their tenants' hosts), then every
 deployment they name with its cluster, its name there (the workload's name), whether the
-plane holds a ready replica of it on a reachable node, and the facade URLs of that
+plane holds a ready replica of it on a reachable node (a replica of that deployment, or
+one the cluster runs under the same name in a deployment of its own: what its facades
+serve under that name), and the facade URLs of that
 cluster's reachable nodes (`nodes.facade_url`, which each node's sync reports). A target
 whose deployment is gone, or is no longer the endpoint's tenant's, is left out.
 """
@@ -35,7 +37,9 @@ LIMIT %s
 _TARGETS: Final = """
 SELECT d.id, d.cluster_id, w.name, p.tenant_id,
        EXISTS (SELECT 1 FROM replicas r JOIN nodes rn ON rn.id = r.node_id
-               WHERE r.deployment_id = d.id AND r.state = 'ready' AND rn.reachable),
+               WHERE r.cluster_id = d.cluster_id AND r.state = 'ready' AND rn.reachable
+                 AND (r.deployment_id = d.id
+                      OR (r.deployment_id IS NULL AND r.deployment_name = w.name))),
        ARRAY(SELECT n.facade_url FROM nodes n
              WHERE n.cluster_id = d.cluster_id AND n.reachable AND n.facade_url <> ''
                AND length(n.facade_url) <= 512

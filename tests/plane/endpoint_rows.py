@@ -77,10 +77,12 @@ class Rows:
         )  # fmt: skip
         return node
 
-    async def replica(self, deployment: str, cluster: str, node: str, state: str = "ready") -> None:
-        """A replica of `deployment` on `node`, in `state`."""
+    async def replica(
+        self, deployment: str | None, cluster: str, node: str, state: str = "ready", name: str = ""
+    ) -> None:
+        """A replica of `deployment` (None: of a cluster's own deployment `name`) on `node`."""
         await self.sql(
             "INSERT INTO replicas (id, deployment_id, cluster_id, node_id, ready, generation,"
-            " state) VALUES (%s, %s, %s, %s, %s, 1, %s)",
-            prefixed_ulid("rep"), deployment, cluster, node, state == "ready", state,
+            " state, deployment_name) VALUES (%s, %s, %s, %s, %s, 1, %s, %s)",
+            prefixed_ulid("rep"), deployment, cluster, node, state == "ready", state, name,
         )  # fmt: skip

@@ -170,6 +170,14 @@ async def test_the_routing_table_says_where_and_whether_ready(plane: Plane, pg_d
     async with connection(plane.store.pool) as conn:
         (route,) = await routes(conn)
     assert [t.name for t in route.targets] == ["blue"]
+    # A replica of the cluster's own deployment of that name makes it ready (what its
+    # facades serve under the name); one in another cluster does not.
+    await rows.replica(None, west, n1, name="blue")
+    async with connection(plane.store.pool) as conn:
+        assert not (await routes(conn))[0].targets[0].ready
+    await rows.replica(None, east, e1, name="blue")
+    async with connection(plane.store.pool) as conn:
+        assert (await routes(conn))[0].targets[0].ready
     await plane.call("PATCH", f"/v1/endpoints/{made['id']}", w["acme_key"], {"modelName": "chat2"})
     after = await rows.sql("SELECT desired_generation FROM clusters ORDER BY id")
     assert all(a[0] == b[0] + 1 for a, b in zip(after, before, strict=True))  # type: ignore[operator]
