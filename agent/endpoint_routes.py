@@ -27,7 +27,7 @@ from typing import Final
 
 import msgspec
 
-from plane.desired import DesiredState, Route, RouteTarget, desired_decoder
+from plane.desired import DesiredState, Route, RouteTarget
 from scheduler.replicas import READY, ReplicaView
 
 __all__ = [
@@ -222,6 +222,15 @@ def endpoint_models(
 DESIRED_FILE: Final = "plane-desired.json"  # the channel's copy of the last desired state
 
 
+class _Kept(msgspec.Struct, kw_only=True):
+    """What the channel keeps in `DESIRED_FILE` (its other fields are its own)."""
+
+    state: DesiredState | None = None
+
+
+_kept: Final = msgspec.json.Decoder(_Kept)
+
+
 async def persisted_desired(
     home: Path, handlers: Iterable[Callable[[DesiredState], Awaitable[None]]]
 ) -> None:
@@ -229,11 +238,13 @@ async def persisted_desired(
     table an agent starts with while the plane is away. (The desired-state channel, which
     keeps that file, does this itself once it is in the tree.)"""
     try:
-        state = desired_decoder.decode((home / DESIRED_FILE).read_bytes())
+        state = _kept.decode((home / DESIRED_FILE).read_bytes()).state
     except FileNotFoundError:
         return
     except (OSError, msgspec.DecodeError) as exc:
         log.warning("%s not used: %s", DESIRED_FILE, type(exc).__name__)
+        return
+    if state is None:
         return
     for handler in handlers:
         await handler(state)

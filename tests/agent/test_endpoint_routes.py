@@ -219,7 +219,8 @@ async def test_the_state_kept_on_disk_is_the_table_at_start(tmp_path: Path) -> N
     await persisted_desired(tmp_path, [routes.update])  # a corrupt file is not used
     assert len(routes) == 0
     kept = state(route("chat", target("blue", weight=1)), generation=7)
-    (tmp_path / "plane-desired.json").write_bytes(msgspec.json.encode(kept))
+    kept_file = {"state": kept, "etag": '"7"', "placed": []}  # as the channel keeps it
+    (tmp_path / "plane-desired.json").write_bytes(msgspec.json.encode(kept_file))
     await persisted_desired(tmp_path, [routes.update])
     assert first(routes, "chat") == "blue"
     assert routes.generation == 7

@@ -57,7 +57,7 @@ class Rows:
         )[0]
         await self.sql(
             "INSERT INTO workloads (id, project_id, artifact_id, serving_digest, serving, name)"
-            " VALUES (%s, %s, %s, %s, '{\"engine\": \"mock\"}', %s)",
+            " VALUES (%s, %s, %s, %s, '{\"engine\": \"mock\", \"gpus\": 0}', %s)",
             workload, project, artifact, "svg_" + hashlib.sha256(name.encode()).hexdigest(), name,
         )  # fmt: skip
         await self.sql(
