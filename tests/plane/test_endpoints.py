@@ -280,6 +280,14 @@ async def test_routing_goes_on_through_a_plane_outage(world: World) -> None:
     await world.east.start()  # starts with the plane away: the table it kept
     await eventually(lambda: ready_everywhere([world.east], "blue", 1), "blue ready again")
     assert await served_by(world.east, "chat-ha", 20) == {"green": 20}
+    url = f"http://127.0.0.1:{world.east.ports['facade']}/v1"
+    async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        stream = await client.chat.completions.create(
+            model="chat-ha", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        chunks = [chunk async for chunk in stream]  # streamed back from west as it comes
+    assert len(chunks) > 2
+    assert {c.model for c in chunks} == {"green"}
     assert sum((await served_by(world.east, "chat", 100)).values()) == 100
     await world.plane.start()
 
