@@ -29,6 +29,8 @@ from scheduler.replicas import ReplicaView
 from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import Workload, WorkloadState
 
+from .endpoint_forward import EndpointForward
+from .endpoint_routes import EndpointRoutes, endpoint_models, ready_in
 from .engines import Engines
 from .errors import MemberUnreachable
 from .facade_jobs import JobBook, now_ms
@@ -104,6 +106,9 @@ class Facade:
         self.queue_limit = queue_limit
         self.waits: WaitQueue[Target] = WaitQueue(length=wait[0], timeout_s=wait[1])
         self.jobs = JobBook(node_id, submit)
+        # Endpoints' public names (agent.endpoint_routes): the plane's table, empty without one.
+        self.endpoints = EndpointRoutes(ready_here=lambda name: ready_in(self._replicas(), name))
+        self._endpoint = EndpointForward(self.endpoints)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
         app = web.Application(client_max_size=MAX_BODY, middlewares=[identified, openai_errors()])
@@ -130,6 +135,7 @@ class Facade:
     async def aclose(self) -> None:
         """Stop serving; requests in flight are cancelled (their jobs: cancelled)."""
         await self._runner.cleanup()
+        await self._endpoint.aclose()
 
     # -- routes -----------------------------------------------------------------------------
 
@@ -137,7 +143,7 @@ class Facade:
         requester = self._requester(request)
         if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        data = self._served(requester)
+        data = self._served(requester, request.host)
         return web.Response(
             body=msgspec.json.encode({"object": "list", "data": data}),
             content_type="application/json",
@@ -148,15 +154,16 @@ class Facade:
         if requester is False:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         model = request.match_info["model"]
-        entry = model_object(self._served(requester), model)
+        entry = model_object(self._served(requester, request.host), model)
         if entry is None:
             message = f"The model `{model[:256]}` does not exist"
             return openai_error(404, message, "invalid_request_error", "model_not_found")
         return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
 
-    def _served(self, requester: str | bool | None) -> list[dict[str, object]]:
+    def _served(self, requester: str | bool | None, host: str) -> list[dict[str, object]]:
         # What the cluster serves, narrowed to the models the caller's key may use.
         served = served_models(self._view.current()[0].models(), self._replicas())
+        served += endpoint_models(self.endpoints.models(host), served)
         return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
 
     def _route(self, path: str) -> Callable[[web.Request], Any]:
@@ -175,6 +182,10 @@ class Facade:
         raw, model = read
         if (denied := self.keys.admit(requester, model)) is not None:
             return denied  # a model the key may not use, or over the key's limits: no job
+        routed = await self._endpoint.route(request, path, raw, model)  # an endpoint's name?
+        if isinstance(routed, web.StreamResponse):
+            return routed  # served by another cluster, or refused
+        raw, model = routed
         entered = self.waits.enter(model, lambda: self._place(model))
         if isinstance(entered, Refusal):
             return refused(entered, model)

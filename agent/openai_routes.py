@@ -30,6 +30,7 @@ __all__ = [
     "model_object",
     "model_of",
     "read_body",
+    "with_model",
 ]
 
 JSON_MAX_BODY: Final = 8 * 1024 * 1024
@@ -160,6 +161,26 @@ def form_model(content_type: str, body: bytes) -> str:
     """The value of the one `model` field of a multipart/form-data body; BadBody when the
     framing is malformed or the form names no model, or names it more than once (an engine
     may read the first or the last: routing must agree with it, so neither is guessed)."""
+    start, end = form_model_span(content_type, body)
+    try:
+        return body[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadBody("the form's model is not UTF-8") from None
+
+
+def with_model(route: Route, content_type: str, body: bytes, model: str) -> bytes:
+    """`body` naming `model` instead (an endpoint's public name rewritten to the deployment
+    that serves it): a JSON body re-encoded, a form's one `model` value replaced in place."""
+    if route.form:
+        start, end = form_model_span(content_type, body)
+        return body[:start] + model.encode() + body[end:]
+    whole = _whole.decode(body)  # model_of read it already: valid JSON with a model
+    whole["model"] = model
+    return msgspec.json.encode(whole)
+
+
+def form_model_span(content_type: str, body: bytes) -> tuple[int, int]:
+    """Where the one `model` value of a form lies in `body` (`form_model`'s rules)."""
     boundary = _boundary(content_type)
     malformed = BadBody("malformed multipart/form-data body")
     delimiter = b"\r\n--" + boundary
@@ -182,10 +203,7 @@ def form_model(content_type: str, body: bytes) -> str:
             start, end = models[0]
             if not 0 < end - start <= MAX_MODEL_NAME:
                 raise BadBody("the form's model is empty or too long")
-            try:
-                return body[start:end].decode("utf-8")
-            except UnicodeDecodeError:
-                raise BadBody("the form's model is not UTF-8") from None
+            return start, end
         while body.startswith((b" ", b"\t"), pos):
             pos += 1
         if not body.startswith(b"\r\n", pos):

@@ -111,6 +111,7 @@ def plane_link(
     link.on_desired.insert(0, converger)  # the deployments first (docs: the channel)
     link.loops["plane-down"] = down.run
     link.loops["plane-converge"] = lambda: converger.run(lambda: down.state)
+    link.on_desired.append(parts.facade.endpoints.update)  # endpoint routes (agent.endpoint_routes)
     return link
 
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import declared_api, desired_api, machinery_api, operations_api, workloads_api
+from . import (
+    declared_api,
+    desired_api,
+    endpoints_api,
+    machinery_api,
+    operations_api,
+    workloads_api,
+)
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -22,4 +29,5 @@ MOUNTS: Final[list[Mount]] = [
     operations_api.mount,  # operations (issue 16, item 6)
     machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
     declared_api.mount,  # tenants, keys, projects, quotas, policies, pools, ... (item 2)
+    endpoints_api.mount,  # endpoints (issue 16, item 5)
 ]
