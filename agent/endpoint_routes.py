@@ -213,6 +213,3 @@ def endpoint_models(
         for name in names
         if name not in listed
     ]
-
-
-DESIRED_FILE: Final = "plane-desired.json"  # the channel's copy of the last desired state

@@ -1,17 +1,16 @@
 """The declared objects of the binding and supply sides as the plane API takes them (seed 000:
 tenants, keys, projects, quotas, priority classes, policies, pools, artifacts, and the
-attributes of a cluster that policies test), and `policy_allows`, the pure policy check.
+attributes of a cluster that policies test). Placement evaluates the policies
+(`plane.capacity.Policy`).
 
 Every request body is a `msgspec.Struct` that refuses unknown fields and bounds every string
 and list, so a decode error already names the field (`... - at `$.host``). A PATCH body's
-fields default to `UNSET`: only the fields it carries change. No psycopg here: placement
-imports `PolicySpec` and `policy_allows` without a database driver.
+fields default to `UNSET`: only the fields it carries change. No psycopg here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -19,7 +18,6 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 __all__ = [
     "ARTIFACT_KINDS",
     "ArtifactCreate",
-    "ClusterAttrs",
     "ClusterAttrsPatch",
     "KeyCreate",
     "PolicyCreate",
@@ -38,7 +36,6 @@ __all__ = [
     "QuotaPatch",
     "TenantCreate",
     "TenantPatch",
-    "policy_allows",
 ]
 
 ARTIFACT_KINDS: Final = ("base", "fine-tune", "quantized", "lora")
@@ -218,46 +215,6 @@ class PolicyPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True)
         UnsetType
     ) = UNSET
     spec: PolicySpecPatch | UnsetType = UNSET
-
-
-class ClusterAttrs(Struct, kw_only=True, frozen=True):
-    """What a policy tests of one cluster: its declared attributes and the device classes
-    it has (observed)."""
-
-    id: str
-    name: str
-    region: str = ""
-    residency: str = ""
-    costPerDeviceHour: float = 0.0
-    deviceClasses: tuple[str, ...] = ()
-
-
-def policy_allows(spec: PolicySpec, cluster: ClusterAttrs | Mapping[str, Any]) -> str | None:
-    """None when `spec` lets a workload run on `cluster`, else why not, naming the spec's
-    field. `cluster` is a `ClusterAttrs` or a mapping with its field names."""
-    if not isinstance(cluster, ClusterAttrs):
-        cluster = msgspec.convert(dict(cluster), ClusterAttrs)
-    named = {cluster.id, cluster.name}
-    who = f"cluster {(cluster.name or cluster.id)!r}"
-    if named & set(spec.denyClusters):
-        return f"denyClusters: {who} is denied"
-    if spec.allowClusters and not named & set(spec.allowClusters):
-        return f"allowClusters: {who} is not one of {', '.join(spec.allowClusters)}"
-    if spec.regions and cluster.region not in spec.regions:
-        region = repr(cluster.region) if cluster.region else "none declared"
-        return f"regions: the region of {who} ({region}) is not one of {', '.join(spec.regions)}"
-    if spec.residency is not None and cluster.residency != spec.residency:
-        residency = repr(cluster.residency) if cluster.residency else "none declared"
-        return f"residency: the residency of {who} ({residency}) is not {spec.residency!r}"
-    if spec.deviceClasses and not set(cluster.deviceClasses) & set(spec.deviceClasses):
-        return f"deviceClasses: {who} has no device of class {', '.join(spec.deviceClasses)}"
-    limit = spec.maxCostPerDeviceHour
-    if limit is not None and cluster.costPerDeviceHour > limit:
-        return (
-            f"maxCostPerDeviceHour: {who} costs {cluster.costPerDeviceHour:g} per device hour, "
-            f"above {limit:g}"
-        )
-    return None
 
 
 # -- pools, artifacts, cluster attributes -----------------------------------------------------
