@@ -76,7 +76,7 @@ def mount(app: web.Application, server: Any) -> None:
                 workload=query.get("workload") or None,
                 cluster=query.get("cluster") or None,
             )
-        return _json(rows)
+        return _json({"items": rows})
 
     async def observe(request: web.Request) -> web.Response:
         role, own = await server.caller(request)

@@ -185,10 +185,10 @@ class _Endpoints:
             raise EndpointRefused("tenant: a Tenant id (ten_...)")
         if own is not None:
             if tenant not in (None, own):
-                return _json([])  # another tenant's: as if it had none
+                return _json({"items": []})  # another tenant's: as if it had none
             tenant = own
         async with connection(self.server.store.pool) as conn:
-            return _json(await endpoints_sql.list_endpoints(conn, tenant))
+            return _json({"items": await endpoints_sql.list_endpoints(conn, tenant)})
 
     async def one(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)

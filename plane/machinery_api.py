@@ -68,7 +68,7 @@ def mount(app: web.Application, server: Any) -> None:
             page = await machinery_views.events_view(
                 conn, cluster_id=cluster, kind=kind, limit=limit
             )
-        return json_response({"events": page})
+        return json_response({"items": page})
 
     async def components(request: web.Request) -> web.Response:
         cluster = await scope(request)
@@ -77,13 +77,13 @@ def mount(app: web.Application, server: Any) -> None:
             raise refuse(400, "node is a nod_ id")
         async with connection(pool) as conn:
             rows = await machinery_views.components_view(conn, cluster_id=cluster, node_id=node)
-        return json_response({"components": rows})
+        return json_response({"items": rows})
 
     async def cache(request: web.Request) -> web.Response:
         cluster = await scope(request)
         async with connection(pool) as conn:
             rows = await machinery_views.cache_view(conn, cluster_id=cluster)
-        return json_response({"cache": rows})
+        return json_response({"items": rows})
 
     async def warm(request: web.Request) -> web.Response:
         await server.admin(request)

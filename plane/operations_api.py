@@ -159,7 +159,7 @@ def mount(app: web.Application, server: Any) -> None:
             page = await machinery_sql.list_operations(
                 conn, tenant_id=tenant, cluster_id=cluster, phase=phase, limit=limit
             )
-        return json_response({"operations": page})
+        return json_response({"items": page})
 
     async def one(request: web.Request) -> web.Response:
         tenant, held = reader(*await server.caller(request))

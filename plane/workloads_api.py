@@ -152,7 +152,7 @@ class _Routes:
                     (tenant, _LIST_LIMIT),
                 )
             rows = await cursor.fetchall()
-        return _json({"workloads": [_view(r) for r in rows]})
+        return _json({"items": [_view(r) for r in rows]})
 
     async def get(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)

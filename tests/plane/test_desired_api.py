@@ -118,13 +118,13 @@ async def test_deployments_listing_and_an_observed_deployment(plane: Plane) -> N
     r = await _rows(plane)
     status, every = await plane.call("GET", "/v1/deployments", ADMIN)
     assert status == 200
-    assert {d["id"] for d in every} == {r["chat_east"], r["chat_west"], r["theirs_west"]}
+    assert {d["id"] for d in every["items"]} == {r["chat_east"], r["chat_west"], r["theirs_west"]}
     _, mine = await plane.call("GET", "/v1/deployments", r["key"])
-    assert {d["id"] for d in mine} == {r["chat_east"], r["chat_west"]}
+    assert {d["id"] for d in mine["items"]} == {r["chat_east"], r["chat_west"]}
     _, east_only = await plane.call("GET", "/v1/deployments?cluster=east", ADMIN)
-    assert [d["id"] for d in east_only] == [r["chat_east"]]
+    assert [d["id"] for d in east_only["items"]] == [r["chat_east"]]
     _, by_wkl = await plane.call("GET", "/v1/deployments?workload=theirs", r["key"])
-    assert by_wkl == []  # another tenant's workload is as if absent
+    assert by_wkl == {"items": []}  # another tenant's workload is as if absent
     assert (await plane.call("GET", "/v1/deployments", r["east_token"]))[0] == 403
 
     body = {"workload": "theirs", "cluster": "east", "url": "http://127.0.0.1:9/", "node": "e1"}
@@ -201,7 +201,11 @@ async def test_a_node_replaces_only_its_own_replicas(plane: Plane) -> None:
     rows = await _replica_rows(plane)
     assert rows == {rep_a: (r["chat_east"], a, "failed", "chat")}
     _, listed = await plane.call("GET", "/v1/deployments?cluster=east", ADMIN)
-    assert (listed[0]["ready"], listed[0]["states"], listed[0]["drift"]) == (
+    assert (
+        listed["items"][0]["ready"],
+        listed["items"][0]["states"],
+        listed["items"][0]["drift"],
+    ) == (
         0,
         {"failed": 1},
         ["gone"],

@@ -50,11 +50,11 @@ async def test_a_drain_started_in_the_plane_completes_in_the_cluster(
         target = await b.node_id()
 
         async def in_plane() -> bool:
-            rows = (await plane_process.get("/v1/events?kind=node-joined"))["events"]
+            rows = (await plane_process.get("/v1/events?kind=node-joined"))["items"]
             return {e["about"] for e in rows} == {await a.node_id(), target}
 
         await eventually(in_plane, "both nodes' node-joined events in the plane")
-        components = (await plane_process.get(f"/v1/components?node={target}"))["components"]
+        components = (await plane_process.get(f"/v1/components?node={target}"))["items"]
         assert "agent" in [c["name"] for c in components]
 
         async with (

@@ -52,8 +52,11 @@ async def test_a_tenants_endpoints_are_its_own(plane: Plane, pg_dsn: str) -> Non
     for method, sent in (("GET", None), ("PATCH", {"modelName": "x"}), ("DELETE", None)):
         status, said = await plane.call(method, path, other, sent)
         assert status == 404, (method, said)
-    assert await plane.call("GET", "/v1/endpoints", other) == (200, [])
-    assert await plane.call("GET", f"/v1/endpoints?tenant={w['acme']}", other) == (200, [])
+    assert await plane.call("GET", "/v1/endpoints", other) == (200, {"items": []})
+    assert await plane.call("GET", f"/v1/endpoints?tenant={w['acme']}", other) == (
+        200,
+        {"items": []},
+    )
     assert (await plane.call("GET", "/v1/endpoints", w["west_token"]))[0] == 403
     # ... nor may it point its own endpoint at acme's deployment
     theirs = {"modelName": "x", "targets": weighted((w["blue"], 1))}
@@ -63,7 +66,7 @@ async def test_a_tenants_endpoints_are_its_own(plane: Plane, pg_dsn: str) -> Non
     # The admin sees every tenant's and names the tenant it creates for.
     status, listed = await plane.call("GET", "/v1/endpoints", ADMIN)
     assert status == 200
-    assert [e["id"] for e in listed] == [made["id"]]
+    assert [e["id"] for e in listed["items"]] == [made["id"]]
     status, said = await plane.call("POST", "/v1/endpoints", ADMIN, {**body, "modelName": "c2"})
     assert status == 400
     assert said["error"].startswith("tenant:")
@@ -117,7 +120,7 @@ async def test_bad_bodies_are_refused_naming_the_field(plane: Plane, pg_dsn: str
         assert said["error"].startswith(field + ":"), (field, said)
     status, said = await plane.call("POST", "/v1/endpoints", key, b"[1, 2")
     assert status == 400
-    assert await plane.call("GET", "/v1/endpoints", key) == (200, [])  # nothing written
+    assert await plane.call("GET", "/v1/endpoints", key) == (200, {"items": []})  # nothing written
     status, made = await plane.call("POST", "/v1/endpoints", key, good)  # the control
     assert status == 201, made
     path = f"/v1/endpoints/{made['id']}"

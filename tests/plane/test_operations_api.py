@@ -153,7 +153,7 @@ async def test_a_drain_is_its_target_clusters_and_moves_only_forward(plane: Plan
     status, listed = await plane.call(
         "GET", f"/v1/operations?cluster={cluster}&phase=succeeded", ADMIN
     )
-    assert [o["id"] for o in listed["operations"]] == [op["id"]]
+    assert [o["id"] for o in listed["items"]] == [op["id"]]
     status, listed = await plane.call("GET", f"/v1/operations?cluster={cluster}", other_token)
     assert status == 403
 
@@ -208,13 +208,13 @@ async def test_tenants_scale_and_pause_their_own_workloads_only(
     assert (await operation(plane, other_key, kind="resume", target=other_wkl))[0] == 201
 
     _, mine = await plane.call("GET", "/v1/operations", key)
-    assert {o["target"] for o in mine["operations"]} == {wkl}
-    assert len(mine["operations"]) == 3
-    first = mine["operations"][-1]["id"]
+    assert {o["target"] for o in mine["items"]} == {wkl}
+    assert len(mine["items"]) == 3
+    first = mine["items"][-1]["id"]
     assert (await plane.call("GET", f"/v1/operations/{first}", other_key))[0] == 404
     assert (await plane.call("GET", f"/v1/operations/{first}", ADMIN))[0] == 200
     _, every = await plane.call("GET", "/v1/operations", ADMIN)
-    assert len(every["operations"]) == 4
+    assert len(every["items"]) == 4
 
 
 def event(kind: str = "replica-ready", at: int = 1_764_000_000_000) -> EventReport:
@@ -242,12 +242,12 @@ async def test_events_are_each_nodes_own_inserted_once_and_bounded(
     assert status == 200
     assert body["written"]["events"] == 1
     _, page = await plane.call("GET", f"/v1/events?cluster={cluster}", ADMIN)
-    by_id = {e["id"]: e for e in page["events"]}
+    by_id = {e["id"]: e for e in page["items"]}
     assert (by_id[sent[0].id]["node"], by_id[sent[0].id]["message"]) == (node, "m")
     assert by_id[forged[1].id]["node"] == neighbour
-    assert [e["id"] for e in page["events"][1:]] == [s.id for s in reversed(sent)]  # newest first
+    assert [e["id"] for e in page["items"][1:]] == [s.id for s in reversed(sent)]  # newest first
     _, failed = await plane.call("GET", "/v1/events?kind=device-failed&limit=5", token)
-    assert [e["id"] for e in failed["events"]] == [forged[1].id]
+    assert [e["id"] for e in failed["items"]] == [forged[1].id]
     assert (await plane.call("GET", f"/v1/events?cluster={cluster}", other_token))[0] == 403
     tenant_key = (await tenant(plane, "acme"))[1]
     assert (await plane.call("GET", "/v1/events", tenant_key))[0] == 403
@@ -272,9 +272,9 @@ async def test_components_and_cache_replace_the_nodes_own_rows(plane: Plane) -> 
     assert (await sync(plane, token, batch(node, 3, components=[newer])))[0] == 200
     assert (await sync(plane, token, batch(node, 2, components=[agent, engine])))[0] == 200  # stale
     _, listed = await plane.call("GET", f"/v1/components?node={node}", ADMIN)
-    assert [(c["name"], c["version"]) for c in listed["components"]] == [("agent", "1.1")]
+    assert [(c["name"], c["version"]) for c in listed["items"]] == [("agent", "1.1")]
     _, listed = await plane.call("GET", f"/v1/components?cluster={cluster}", token)
-    assert len(listed["components"]) == 3  # the neighbour's two are its own
+    assert len(listed["items"]) == 3  # the neighbour's two are its own
 
     status, body = await plane.call(
         "PUT", f"/v1/clusters/{cluster}/warm", token, {"artifacts": [art]}
@@ -300,7 +300,7 @@ async def test_components_and_cache_replace_the_nodes_own_rows(plane: Plane) -> 
     reports = [CacheReport(artifact=art, resident=True), CacheReport(artifact=cold, resident=True)]
     assert (await sync(plane, token, batch(node, 4, cache=reports)))[0] == 200
     _, cache = await plane.call("GET", f"/v1/cache?cluster={cluster}", ADMIN)
-    entries = {e["artifact"]: e for e in cache["cache"]}
+    entries = {e["artifact"]: e for e in cache["items"]}
     assert entries[art] == {
         "cluster": cluster, "artifact": art, "declaredWarm": True,
         "residentOn": [node], "missingOn": [neighbour],
@@ -310,7 +310,7 @@ async def test_components_and_cache_replace_the_nodes_own_rows(plane: Plane) -> 
     unknown = CacheReport(artifact=new_id("art"), resident=True)  # one the plane never declared
     assert (await sync(plane, token, batch(node, 5, cache=[unknown])))[0] == 200
     _, cache = await plane.call("GET", "/v1/cache", token)
-    assert [(e["artifact"], e["residentOn"]) for e in cache["cache"]] == [(art, [])]
+    assert [(e["artifact"], e["residentOn"]) for e in cache["items"]] == [(art, [])]
 
 
 async def test_a_drain_from_the_plane_is_carried_out_and_reported_back(
@@ -363,7 +363,7 @@ async def test_a_drain_from_the_plane_is_carried_out_and_reported_back(
             await eventually(lambda: _is(phase(), "succeeded"), "the plane seeing it done")
             assert here.cordons == [True]
             _, joined = await plane.call("GET", "/v1/events?kind=node-joined", ADMIN)
-            assert [e["about"] for e in joined["events"]] == [node]
+            assert [e["about"] for e in joined["items"]] == [node]
         finally:
             running.cancel()
             with pytest.raises(asyncio.CancelledError):

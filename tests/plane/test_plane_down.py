@@ -39,7 +39,7 @@ class Fleet:
             return await cur.fetchall() if cur.description else []
 
     async def plane_deployments(self, name: str) -> dict[str, dict[str, Any]]:
-        rows = await self.plane.get(f"/v1/deployments?workload={name}")
+        rows = (await self.plane.get(f"/v1/deployments?workload={name}"))["items"]
         return {d["clusterName"]: d for d in rows}
 
 

@@ -244,7 +244,7 @@ async def test_tenants_and_bad_bodies(plane: Plane, pg_dsn: str) -> None:
         ("DELETE", f"/v1/workloads/{mine['id']}", None),
     ):
         assert (await plane.call(method, path, t2, payload))[0] == 404, (method, path)
-    assert (await plane.call("GET", "/v1/workloads", t2))[1] == {"workloads": []}
+    assert (await plane.call("GET", "/v1/workloads", t2))[1] == {"items": []}
     # Nor may t2 use t1's project or artifact.
     status, err = await plane.call(
         "POST", "/v1/workloads", t2, body(w, "t2", project=w.projects["t1"])
@@ -260,7 +260,7 @@ async def test_tenants_and_bad_bodies(plane: Plane, pg_dsn: str) -> None:
     assert status == 201, theirs
     assert shares(theirs) == {w.clusters["c"]: 1, w.clusters["a"]: 1}
     status, listed = await plane.call("GET", "/v1/workloads", ADMIN)
-    assert [x["name"] for x in listed["workloads"]] == ["llama-t1", "llama-t2"]
+    assert [x["name"] for x in listed["items"]] == ["llama-t1", "llama-t2"]
     assert (await plane.call("GET", f"/v1/workloads/{mine['id']}", t1))[0] == 200
 
     # Bad bodies: 400 naming the field; nothing stored.
