@@ -4,21 +4,22 @@ the plane's declared objects from the command line (docs/plane-objects.md).
 A body is built from `-f FILE.json` (or `-` for stdin) and `field=value` words: the value is
 parsed as JSON when it is valid JSON (`3`, `true`, `["eu"]`, `"123"` for the string), else
 taken as a string; a dotted field nests (`spec.regions=["eu"]`). The plane's URL comes from
-`--plane URL` or `$NVPAIR_PLANE_URL`; the token from `$NVPAIR_PLANE_ADMIN_TOKEN`, else a
-tenant key from `$NVPAIR_PLANE_KEY`. A refusal prints the plane's own words.
+`--plane URL` or `$NVPAIR_PLANE_URL`; a tenant key from `$NVPAIR_PLANE_KEY` when set, else the
+admin token from `$NVPAIR_PLANE_ADMIN_TOKEN` (agent/plane_call.py). A refusal prints the
+plane's own words.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any, Final
 
-from .cli_http import CliError, request, table
+from .cli_http import CliError, table
+from .plane_call import add_plane_flag, plane_call
 
 __all__ = ["KINDS", "add_objects", "body_of", "kind_path"]
 
@@ -47,7 +48,7 @@ def add_objects(sub: Any) -> None:
     kinds = ", ".join(KINDS)
 
     def common(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--plane", metavar="URL", help="the plane (default $NVPAIR_PLANE_URL)")
+        add_plane_flag(cmd)
 
     create = sub.add_parser("create", help="create a declared object (tenant, project, ...)")
     create.add_argument("kind", metavar="KIND", help=kinds)
@@ -123,21 +124,6 @@ def body_of(fields: list[str], file: str | None = None) -> dict[str, Any]:
     return body
 
 
-def _plane(args: argparse.Namespace) -> str:
-    url = args.plane or os.environ.get("NVPAIR_PLANE_URL", "")
-    if not url:
-        raise CliError("give --plane URL, or set NVPAIR_PLANE_URL")
-    return url.rstrip("/")
-
-
-def _call(args: argparse.Namespace, path: str, method: str = "GET", body: Any = None) -> Any:
-    token = os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN") or os.environ.get("NVPAIR_PLANE_KEY", "")
-    if not token:
-        raise CliError("set NVPAIR_PLANE_ADMIN_TOKEN (the admin) or NVPAIR_PLANE_KEY (a tenant)")
-    headers = {"Authorization": f"Bearer {token}"}
-    return request(_plane(args) + path, method, body, headers=headers, who="the plane")
-
-
 def _quoted(text: str) -> str:
     return urllib.parse.quote(text, safe="")
 
@@ -185,25 +171,25 @@ def _cell(value: Any) -> str:
 
 
 def _create(args: argparse.Namespace) -> int:
-    answer = _call(args, kind_path(args.kind), "POST", body_of(args.fields, args.file))
+    answer = plane_call(args, kind_path(args.kind), "POST", body_of(args.fields, args.file))
     _show(answer, as_json=False)
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
     path = kind_path(args.kind)
-    _show(_call(args, path if args.id is None else f"{path}/{_quoted(args.id)}"), args.json)
+    _show(plane_call(args, path if args.id is None else f"{path}/{_quoted(args.id)}"), args.json)
     return 0
 
 
 def _patch(args: argparse.Namespace) -> int:
     path = f"{kind_path(args.kind)}/{_quoted(args.id)}"
-    _show(_call(args, path, "PATCH", body_of(args.fields)), as_json=False)
+    _show(plane_call(args, path, "PATCH", body_of(args.fields)), as_json=False)
     return 0
 
 
 def _delete(args: argparse.Namespace) -> int:
-    _call(args, f"{kind_path(args.kind)}/{_quoted(args.id)}", "DELETE")
+    plane_call(args, f"{kind_path(args.kind)}/{_quoted(args.id)}", "DELETE")
     print(f"deleted {args.kind} {args.id}")
     return 0
 
@@ -211,20 +197,20 @@ def _delete(args: argparse.Namespace) -> int:
 def _tenant_key(args: argparse.Namespace) -> int:
     tenant = args.tenant
     if not tenant.startswith("ten_"):  # a name: find its id
-        found = _call(args, f"/v1/tenants?name={_quoted(tenant)}")
+        found = plane_call(args, f"/v1/tenants?name={_quoted(tenant)}")
         rows = _items(found) or []
         if not rows:
             raise CliError(f"no tenant named {tenant!r}")
         tenant = rows[0]["id"]
     keys = f"/v1/tenants/{_quoted(tenant)}/keys"
     if args.list:
-        _show(_call(args, keys), as_json=False)
+        _show(plane_call(args, keys), as_json=False)
         return 0
     if args.revoke is not None:
-        _call(args, f"{keys}/{_quoted(args.revoke)}", "DELETE")
+        plane_call(args, f"{keys}/{_quoted(args.revoke)}", "DELETE")
         print(f"revoked key {args.revoke} of {tenant}: it is refused from now on")
         return 0
-    answer = _call(args, keys, "POST", {"name": args.name})
+    answer = plane_call(args, keys, "POST", {"name": args.name})
     print(answer["key"])
     print(
         f"key {answer['id']} of {tenant}; shown once, stored hashed "

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import urllib.parse
 from typing import Any
 
-from .cli_http import request
+from .plane_call import add_plane_flag, plane_call
 
 __all__ = ["add_explain", "explain_text"]
 
@@ -18,23 +17,14 @@ def add_explain(sub: Any) -> None:
     """Register `nvpair plane explain` under the `plane` subcommands `sub`."""
     cmd = sub.add_parser("explain", help="why each cluster was chosen or refused for a workload")
     cmd.add_argument("workload", metavar="WORKLOAD", help="its name or wkl_ id")
-    cmd.add_argument("--plane", required=True, metavar="URL")
+    add_plane_flag(cmd)
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(run=_explain)
 
 
-def _token() -> str:
-    # A tenant's key when one is set (it sees its own workloads), else the admin token.
-    return os.environ.get("NVPAIR_PLANE_KEY") or os.environ.get("NVPAIR_PLANE_ADMIN_TOKEN", "")
-
-
 def _explain(args: argparse.Namespace) -> int:
     ref = urllib.parse.quote(args.workload, safe="")
-    body = request(
-        f"{args.plane.rstrip('/')}/v1/workloads/{ref}/explain",
-        headers={"Authorization": f"Bearer {_token()}"},
-        who="the plane",
-    )
+    body = plane_call(args, f"/v1/workloads/{ref}/explain")
     print(
         json.dumps(body, indent=2) if args.json else explain_text(body),
         end="\n" if args.json else "",

@@ -1,21 +1,28 @@
 """`nvpair plane render NAME --format dynamo|dynamo-json [--image IMAGE]`: a deployment, as
 the local agent holds it (`GET /v1/deployments`), rendered as a Dynamo
-`DynamoGraphDeployment` (`plane.dynamo`) for `kubectl apply -f -`, as YAML or JSON."""
+`DynamoGraphDeployment` (`plane.dynamo`) for `kubectl apply -f -`, as YAML or JSON.
+
+With `--plane URL`, NAME is one of the plane's deployments instead -- its `dep_` id, or the
+workload's name when it has one deployment (else `--cluster` says which) -- rendered by the
+plane as its cluster receives it (`GET /v1/deployments/{id}/dynamo`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import urllib.parse
 from typing import Any
 
 import msgspec
 
 from broker.deployments import Deployment
 from plane.dynamo import DynamoSettings, RenderInput, RenderRefused, render
+from plane.ids import is_id
 from plane.yaml_text import dump
 
 from . import cli_http
 from .cli_http import CliError
+from .plane_call import plane_call
 
 __all__ = ["add_render", "render_text"]
 
@@ -33,6 +40,8 @@ def add_render(sub: Any) -> None:
         default=DynamoSettings().frontend_type,
         help="the Frontend's componentType (operators before its rename: main)",
     )
+    cmd.add_argument("--plane", metavar="URL", help="render one of this plane's deployments")
+    cmd.add_argument("--cluster", default="", help="with --plane: the cluster (name or id)")
     cmd.set_defaults(run=_render)
 
 
@@ -62,6 +71,9 @@ def render_text(
 
 
 def _render(args: argparse.Namespace) -> int:
+    if args.plane:
+        print(_plane_render(args), end="")
+        return 0
     text = render_text(
         cli_http.get("/v1/deployments"),
         args.name,
@@ -71,3 +83,27 @@ def _render(args: argparse.Namespace) -> int:
     )
     print(text, end="")
     return 0
+
+
+def _plane_render(args: argparse.Namespace) -> str:
+    """The plane's rendering of deployment `args.name` (a dep_ id, or a workload's name)."""
+    deployment = args.name
+    if not is_id(deployment, "dep"):
+        query = urllib.parse.urlencode(
+            {"workload": args.name, **({"cluster": args.cluster} if args.cluster else {})}
+        )
+        found = plane_call(args, f"/v1/deployments?{query}")["items"]
+        if len(found) != 1:
+            where = ", ".join(f"{d['clusterName']} ({d['id']})" for d in found) or "none"
+            raise CliError(
+                f"{args.name!r} has {len(found)} deployments here ({where}): "
+                "name one by its dep_ id or --cluster"
+            )
+        deployment = found[0]["id"]
+    query = urllib.parse.urlencode(
+        {"format": "json", "image": args.image, "frontendType": args.frontend_type}
+    )
+    rendered = plane_call(args, f"/v1/deployments/{deployment}/dynamo?{query}")
+    if args.format == "dynamo-json":
+        return json.dumps(rendered, indent=2) + "\n"
+    return dump(rendered)

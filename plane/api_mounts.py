@@ -13,6 +13,7 @@ from . import (
     endpoints_api,
     machinery_api,
     operations_api,
+    render_api,
     workloads_api,
 )
 
@@ -30,4 +31,5 @@ MOUNTS: Final[list[Mount]] = [
     machinery_api.mount,  # events, components, cache, the warm set (issue 16, item 6)
     declared_api.mount,  # tenants, keys, projects, quotas, policies, pools, ... (item 2)
     endpoints_api.mount,  # endpoints (issue 16, item 5)
+    render_api.mount,  # a plane deployment as a DynamoGraphDeployment (issue 16, item 8)
 ]

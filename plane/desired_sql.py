@@ -17,7 +17,7 @@ from .ids import new_id
 from .machinery_sql import pending_operations, warm_set
 from .routes_sql import routes
 
-__all__ = ["declare_observed", "deployments_of", "desired_state"]
+__all__ = ["declare_observed", "deployment_of", "deployments_of", "desired_state"]
 
 # The workload's serving configuration gives the engine and how it runs; what the engine
 # loads is its `source`, else the artifact's first storage location.
@@ -29,6 +29,17 @@ JOIN workloads w ON w.id = d.workload_id
 JOIN artifacts a ON a.id = w.artifact_id
 WHERE d.cluster_id = %s
 ORDER BY w.name
+"""
+
+
+_ONE: Final = b"""
+SELECT d.id, w.id, w.name, w.serving, coalesce(a.locations[1], ''), d.replicas,
+       w.constraints, d.authority, d.url, d.node, w.paused
+FROM deployments d
+JOIN workloads w ON w.id = d.workload_id
+JOIN artifacts a ON a.id = w.artifact_id
+JOIN projects p ON p.id = w.project_id
+WHERE d.id = %s AND (%s::text IS NULL OR p.tenant_id = %s)
 """
 
 
@@ -89,6 +100,16 @@ async def desired_state(conn: Conn, cluster_id: str) -> DesiredState:
             operations=await pending_operations(conn, cluster_id),
             warm=await warm_set(conn, cluster_id),
         )
+
+
+async def deployment_of(
+    conn: Conn, deployment_id: str, *, tenant: str | None
+) -> DesiredDeployment | None:
+    """One plane deployment as its cluster receives it; None when there is none, or it is
+    not `tenant`'s (None: the admin, who sees every tenant's)."""
+    cursor = await conn.execute(_ONE, (deployment_id, tenant, tenant))
+    row = await cursor.fetchone()
+    return None if row is None else desired_deployment(row)
 
 
 _LIST: Final = """

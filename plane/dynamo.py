@@ -24,6 +24,8 @@ from typing import Any, Final
 
 from broker.deployments import Deployment
 
+from .desired import DesiredDeployment
+
 __all__ = [
     "API_VERSION",
     "DEFAULT_TAG",
@@ -82,9 +84,9 @@ class DynamoSettings:
 
 @dataclass(frozen=True, slots=True)
 class RenderInput:
-    """What rendering needs of a deployment. Built from a cluster's `Deployment` by
-    `from_deployment`; the plane's per-cluster deployments (issue 16, item 4) are to build
-    one the same way, with their cluster's share as `replicas`."""
+    """What rendering needs of a deployment: built from a cluster's `Deployment` by
+    `from_deployment`, or from one of the plane's per-cluster deployments by `from_desired`
+    (with that cluster's share as `replicas`)."""
 
     name: str  # the model name clients use
     deployment_id: str
@@ -100,6 +102,22 @@ class RenderInput:
     def from_deployment(cls, deployment: Deployment) -> RenderInput:
         """The rendering input of a declared deployment (its model: `source`, else its
         name, as the agent launches it)."""
+        return cls(
+            name=deployment.name,
+            deployment_id=deployment.id,
+            engine=deployment.engine,
+            model=deployment.source or deployment.name,
+            args=tuple(deployment.args),
+            gpus=deployment.gpus,
+            tp=deployment.tp,
+            replicas=deployment.replicas,
+            authority=deployment.authority,
+        )
+
+    @classmethod
+    def from_desired(cls, deployment: DesiredDeployment) -> RenderInput:
+        """The rendering input of a plane deployment as its cluster receives it (a paused
+        one renders with 0 replicas, as the cluster runs it)."""
         return cls(
             name=deployment.name,
             deployment_id=deployment.id,

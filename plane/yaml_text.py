@@ -5,7 +5,8 @@ Every string is double-quoted with YAML's escapes (`\\"`, `\\\\`, `\\xXX`, `\\uX
 `\\UXXXXXXXX`), so the text is pure ASCII and no value is ever read back as another type (a
 model called `yes`, `1e3` or `null` stays a string) nor folded (a line break inside a value
 is written `\\x0a`). Keys are written plain when they are names (`apiVersion`,
-`app.kubernetes.io/managed-by`), quoted otherwise. The tests load the output with PyYAML
+`app.kubernetes.io/managed-by`), quoted otherwise, and as an explicit `? key` past YAML's
+1,024-character limit on a simple key. The tests load the output with PyYAML
 and compare it with the input.
 """
 
@@ -19,6 +20,8 @@ __all__ = ["dump"]
 _PLAIN_KEY: Final = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
 # Words YAML 1.1 readers (PyYAML among them) take as booleans or null, written plain.
 _RESERVED: Final = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+# A simple (implicit) key is at most 1024 characters in YAML; a longer one is written explicit.
+_MAX_SIMPLE_KEY: Final = 1000
 
 
 def dump(value: object) -> str:
@@ -35,11 +38,15 @@ def _emit(value: object, indent: int, lines: list[str]) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"a mapping key is a string, not {type(key).__name__}")
+            written = _key(key)
+            if len(written) > _MAX_SIMPLE_KEY:  # YAML's explicit key: `? key` then `: value`
+                lines.append(f"{pad}? {written}")
+                written = ""
             if _nested(item):
-                lines.append(f"{pad}{_key(key)}:")
+                lines.append(f"{pad}{written}:")
                 _emit(item, indent + 2, lines)
             else:
-                lines.append(f"{pad}{_key(key)}: {_scalar(item)}")
+                lines.append(f"{pad}{written}: {_scalar(item)}")
     elif isinstance(value, list) and value:
         for item in value:
             if _nested(item):

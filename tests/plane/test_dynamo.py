@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import gzip
 import json
 import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ from plane.dynamo import (
 )
 from plane.yaml_text import dump
 from tests.agent.harness import Node, make_node, start_cluster
+
+from . import demand_rows
+from .plane_client import Plane, enrol
 
 # Dynamo's CRD, verbatim, gzipped (tests/fixtures/dynamo/README.md says where it is from).
 CRD = (
@@ -216,6 +221,9 @@ def test_yaml_text_reads_back_as_written(value: Any) -> None:
 def test_yaml_text_keeps_lookalike_strings_strings() -> None:
     tricky = {"yes": "no", "on": ["null", "~", "1e3", "0x10", "2026-12-01", "a: b", "- c"]}
     assert yaml.safe_load(dump(tricky)) == tricky
+    # Keys past YAML's 1,024-character simple-key limit (as written: escapes count).
+    long = {"k" * 1500: {"x": [1, {"\u0100" * 300: None}]}, "short": 1}
+    assert yaml.safe_load(dump(long)) == long
     with pytest.raises(TypeError):
         dump({"x": 1.5})
 
@@ -258,3 +266,46 @@ async def test_render_through_a_real_agent(agent: Node, schema: dict[str, Any]) 
     code, out, err = await agent.cli("plane", "render", "nope", "--format", "dynamo")
     assert (code, out) == (1, "")
     assert "no deployment 'nope'" in err
+
+
+async def test_the_plane_renders_its_own_deployments(plane: Plane, schema: dict[str, Any]) -> None:
+    """A plane deployment (a workload's share on one cluster) renders as its cluster receives
+    it, vLLM at TP 4 and SGLang at TP 1, valid against the CRD; through the API and through
+    `nvpair plane render --plane`. Another tenant's is a 404, a cluster token a 403."""
+    east, east_token = await enrol(plane, "east")
+    async with plane.store.pool.connection() as conn:
+        _, prj, key = await demand_rows.tenant(conn, "acme")
+        _, _, other_key = await demand_rows.tenant(conn, "globex")
+        shapes = {
+            "big": {"engine": "vllm", "gpus": 4, "tp": 4, "args": ["--max-model-len", "8192"]},
+            "small": {"engine": "sglang", "gpus": 1, "tp": 1},
+        }
+        ids = {}
+        for name, serving in shapes.items():
+            wkl = await demand_rows.workload(conn, prj, name, serving=serving, source="/w/" + name)
+            ids[name] = await demand_rows.deployment(conn, wkl, east, 3)
+    for name, (engine, tp) in {"big": ("vllm", 4), "small": ("sglang", 1)}.items():
+        status, rendered = await plane.call(
+            "GET", f"/v1/deployments/{ids[name]}/dynamo?format=json", key
+        )
+        assert status == 200, rendered
+        check(schema, rendered)
+        service = worker(rendered)
+        assert service["replicas"] == 3  # that cluster's share
+        assert service["resources"]["limits"]["gpu"] == str(tp)
+        assert engine in json.dumps(service["extraPodSpec"]["mainContainer"]).lower()
+    path = f"/v1/deployments/{ids['big']}/dynamo?format=json"
+    assert (await plane.call("GET", path, other_key))[0] == 404  # another tenant's
+    assert (await plane.call("GET", path, east_token))[0] == 403
+    assert (await plane.call("GET", path.replace("format=json", "format=xml"), key))[0] == 400
+
+    env = {**os.environ, "NVPAIR_PLANE_KEY": key}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "plane", "render", "big", "--plane", plane.url,
+        "--format", "dynamo", env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    check(schema, yaml.safe_load(out))
+    assert yaml.safe_load(out) == (await plane.call("GET", path, key))[1]
