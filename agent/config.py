@@ -24,6 +24,7 @@
     url = "https://plane:14330"
     token = "hgro1...."
     ca = "plane-ca.pem"         # verifies an https plane (relative to NVPAIR_HOME)
+    interval_s = 2.0            # sync up and fetch the desired state this often
 
     [engines]                   # engines the agent launches (docs/engines.md)
     port_range = "18000-18999"
@@ -114,6 +115,8 @@ class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
     url: _Url
     token: Annotated[str, Meta(min_length=1, max_length=1024)]
     ca: _Text | None = None  # PEM file of the CA an https plane's certificate is verified with
+    # How often the node syncs up and fetches its cluster's desired state, in seconds.
+    interval_s: Annotated[float, Meta(ge=0.1, le=300)] = 2.0
 
 
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
@@ -235,7 +238,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         raise ConfigError(f"{path}: {exc}") from None
     if plane is not None:
         ca = None if plane.ca is None else str(home / plane.ca)  # relative to NVPAIR_HOME
-        plane = PlaneSettings(url=plane.url.rstrip("/"), token=plane.token, ca=ca)
+        plane = msgspec.structs.replace(plane, url=plane.url.rstrip("/"), ca=ca)
     return AgentConfig(
         home=home,
         name=table.name or socket.gethostname(),

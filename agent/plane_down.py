@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 DESIRED_FILE: Final = "plane-desired.json"
 MAX_DESIRED: Final = 32 * 1024 * 1024  # bytes of one document (65,536 routes fit)
 MAX_PLACED: Final = 4096  # deployment ids remembered as the plane's, newest kept
-INTERVAL_S: Final = 2.0
 
 Handler = Callable[[DesiredState], Awaitable[None]]
 
@@ -76,6 +75,7 @@ class PlaneDown:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = settings.url + "/v1/desired"
+        self.interval_s = settings.interval_s
         self._ca = settings.ca
         self._token = settings.token
         self.path = home / DESIRED_FILE
@@ -142,7 +142,7 @@ class PlaneDown:
         return ssl.create_default_context(cafile=self._ca)
 
     async def run(self) -> None:
-        """Hand the persisted state over, then fetch every `INTERVAL_S`."""
+        """Hand the persisted state over, then fetch every `interval_s` (`[plane]`)."""
         if self.state is not None:
             await self._hand(self.state)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -154,7 +154,7 @@ class PlaneDown:
                     self.failures = 0
                     self.last_error = None
                     self.fetched_at = self._clock()
-                    delay = INTERVAL_S
+                    delay = self.interval_s
                 except (aiohttp.ClientError, TimeoutError, OSError, PlaneRefused) as exc:
                     fresh = None
                     self.failures += 1

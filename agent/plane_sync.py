@@ -48,7 +48,6 @@ __all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]
 log = logging.getLogger(__name__)
 
 BATCH: Final = 5000  # jobs per sync request: the plane's merge costs less per row in bulk
-INTERVAL_S: Final = 2.0
 
 
 class PlaneRefused(AgentError):
@@ -73,6 +72,7 @@ class PlaneSync:
         self._usage = usage  # each finished job's usage goes with its record
         self._reporters = tuple(reporters)  # the demand and machinery sides' fields
         self.url = settings.url + "/v1/sync"
+        self.interval_s = settings.interval_s
         self._ca = settings.ca
         self._token = settings.token
         self._identity = identity  # signs every batch: the plane takes it as this node's
@@ -97,7 +97,8 @@ class PlaneSync:
         return ssl.create_default_context(cafile=self._ca)
 
     async def run(self) -> None:
-        """Sync, then again every `INTERVAL_S` (at once while batches come back full)."""
+        """Sync, then again every `interval_s` (`[plane]`; at once while batches come back
+        full)."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             tls: ssl.SSLContext | bool | None = None
             while True:
@@ -110,7 +111,7 @@ class PlaneSync:
                     self.last_error = None
                     if more:
                         continue  # a full batch: there is more to send right away
-                    delay = INTERVAL_S
+                    delay = self.interval_s
                 except (
                     aiohttp.ClientError,
                     TimeoutError,

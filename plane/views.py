@@ -45,7 +45,8 @@ _NEWEST_FIRST: Final = (
 async def clusters(conn: Conn) -> list[dict[str, Any]]:
     """Every enrolled cluster, revoked ones included, by name."""
     cursor = await conn.execute(
-        "SELECT id, name, created_at, last_sync_at, revoked_at FROM clusters ORDER BY name"
+        "SELECT id, name, created_at, last_sync_at, revoked_at, region, residency, "
+        "cost_per_device_hour FROM clusters ORDER BY name"
     )
     return [
         {
@@ -54,6 +55,10 @@ async def clusters(conn: Conn) -> list[dict[str, Any]]:
             "createdAt": _iso(r[2]),
             "lastSyncAt": _iso(r[3]),
             "revokedAt": _iso(r[4]),
+            # The declared attributes policies test (PATCH /v1/clusters/{id}).
+            "region": r[5],
+            "residency": r[6],
+            "costPerDeviceHour": r[7],
         }
         for r in await cursor.fetchall()
     ]

@@ -103,5 +103,7 @@ class PlaneProcess:
 def point_at_plane(home: Path, plane: PlaneProcess, token: str) -> None:
     """Make `home` (created here) sync into `plane` with the cluster's enrolment `token`."""
     home.mkdir(parents=True)
-    (home / "plane.json").write_text(json.dumps({"url": plane.url, "token": token}))
+    # Syncs and desired-state fetches every 0.25 s, not 2 s: the tests wait for them.
+    settings = {"url": plane.url, "token": token, "interval_s": 0.25}
+    (home / "plane.json").write_text(json.dumps(settings))
     (home / "plane.json").chmod(0o600)  # others may not read a token

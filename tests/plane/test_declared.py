@@ -106,6 +106,10 @@ async def test_each_object_is_created_read_listed_patched_and_deleted(plane: Pla
         "PATCH", f"/v1/clusters/{cluster}", ADMIN, {"region": "eu", "costPerDeviceHour": 2.5}
     )
     assert (status, attrs["region"], attrs["costPerDeviceHour"]) == (200, "eu", 2.5)
+    (listed,) = [
+        c for c in (await plane.call("GET", "/v1/clusters", ADMIN))[1] if c["id"] == cluster
+    ]
+    assert (listed["region"], listed["residency"], listed["costPerDeviceHour"]) == ("eu", "", 2.5)
     # A page of a list ends with the id to ask for the next one after.
     await _made(plane, "/v1/priority-classes", {"name": "low", "value": 1})
     status, page = await plane.call("GET", "/v1/priority-classes?limit=1", ADMIN)
