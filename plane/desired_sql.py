@@ -21,26 +21,21 @@ __all__ = ["declare_observed", "deployment_of", "deployments_of", "desired_state
 
 # The workload's serving configuration gives the engine and how it runs; what the engine
 # loads is its `source`, else the artifact's first storage location.
-_DESIRED: Final = b"""
+_COLUMNS: Final = b"""
 SELECT d.id, w.id, w.name, w.serving, coalesce(a.locations[1], ''), d.replicas,
        w.constraints, d.authority, d.url, d.node, w.paused
 FROM deployments d
 JOIN workloads w ON w.id = d.workload_id
 JOIN artifacts a ON a.id = w.artifact_id
-WHERE d.cluster_id = %s
-ORDER BY w.name
 """
+_DESIRED: Final = _COLUMNS + b"WHERE d.cluster_id = %s ORDER BY w.name"
 
 
-_ONE: Final = b"""
-SELECT d.id, w.id, w.name, w.serving, coalesce(a.locations[1], ''), d.replicas,
-       w.constraints, d.authority, d.url, d.node, w.paused
-FROM deployments d
-JOIN workloads w ON w.id = d.workload_id
-JOIN artifacts a ON a.id = w.artifact_id
-JOIN projects p ON p.id = w.project_id
-WHERE d.id = %s AND (%s::text IS NULL OR p.tenant_id = %s)
-"""
+_ONE: Final = (
+    _COLUMNS
+    + b"JOIN projects p ON p.id = w.project_id "
+    + b"WHERE d.id = %s AND (%s::text IS NULL OR p.tenant_id = %s)"
+)
 
 
 def _int(value: Any, default: int) -> int:

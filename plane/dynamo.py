@@ -84,9 +84,9 @@ class DynamoSettings:
 
 @dataclass(frozen=True, slots=True)
 class RenderInput:
-    """What rendering needs of a deployment: built from a cluster's `Deployment` by
-    `from_deployment`, or from one of the plane's per-cluster deployments by `from_desired`
-    (with that cluster's share as `replicas`)."""
+    """What rendering needs of a deployment: built by `from_deployment` from a cluster's
+    `Deployment` or from one of the plane's per-cluster deployments (with that cluster's
+    share as `replicas`)."""
 
     name: str  # the model name clients use
     deployment_id: str
@@ -99,25 +99,10 @@ class RenderInput:
     authority: str = "managed"
 
     @classmethod
-    def from_deployment(cls, deployment: Deployment) -> RenderInput:
-        """The rendering input of a declared deployment (its model: `source`, else its
-        name, as the agent launches it)."""
-        return cls(
-            name=deployment.name,
-            deployment_id=deployment.id,
-            engine=deployment.engine,
-            model=deployment.source or deployment.name,
-            args=tuple(deployment.args),
-            gpus=deployment.gpus,
-            tp=deployment.tp,
-            replicas=deployment.replicas,
-            authority=deployment.authority,
-        )
-
-    @classmethod
-    def from_desired(cls, deployment: DesiredDeployment) -> RenderInput:
-        """The rendering input of a plane deployment as its cluster receives it (a paused
-        one renders with 0 replicas, as the cluster runs it)."""
+    def from_deployment(cls, deployment: Deployment | DesiredDeployment) -> RenderInput:
+        """The rendering input of a cluster's deployment, or of a plane deployment as its
+        cluster receives it (a paused one at 0 replicas, as the cluster runs it); its model
+        is `source`, else its name, as the agent launches it."""
         return cls(
             name=deployment.name,
             deployment_id=deployment.id,

@@ -68,7 +68,9 @@ def mount(app: web.Application, server: Any) -> None:
             raise NotFound(f"no deployment {deployment_id[:40]!r}")
         try:
             rendered = render(
-                RenderInput.from_desired(found), DynamoSettings(frontend_type=frontend), image=image
+                RenderInput.from_deployment(found),
+                DynamoSettings(frontend_type=frontend),
+                image=image,
             )
         except RenderRefused as exc:
             raise Unrenderable(str(exc)) from None
