@@ -59,6 +59,7 @@ from .operations import Operations
 from .plane_link import PlaneParts, plane_link, plane_routes
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
+from .serving_metrics import serving_metrics
 from .upkeep import LoadPoller, Pruner, gpu_reader
 from .usage_api import usage_routes
 from .usage_book import UsageBook
@@ -307,6 +308,7 @@ class Agent:
         for name, loop in ({} if link is None else link.loops).items():
             tasks.spawn(name, loop())
         local_api.registry.register(usage.metrics)
+        local_api.registry.register(serving_metrics(facade, control, deployments, view))
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 

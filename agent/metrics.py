@@ -10,6 +10,8 @@ from prometheus_client.registry import Collector
 
 from broker.inventory import GpuInventory
 
+from .peer_metrics import peer_metrics
+
 __all__ = ["STATES", "AgentMetrics"]
 
 STATES: Final = ("queued", "running", "completed", "failed", "cancelled")
@@ -66,6 +68,7 @@ class AgentMetrics(Collector):
             depth.add_metric([peer["nodeId"]], peer.get("queued", 0))
         yield retries
         yield depth
+        yield from peer_metrics(manager)
         memory_total = GaugeMetricFamily(
             "nvpair_gpu_memory_total_bytes", "GPU memory", labels=["device", "class"]
         )

@@ -25,31 +25,16 @@ from prometheus_client.registry import Collector
 
 from workload_manager.workload import Workload, WorkloadState
 
+from .metric_labels import MAX_LABELS, OTHER, FirstSeen
 from .usage import Meter
 from .usage_store import UsageRow, UsageStore
 
 __all__ = ["MAX_LABELS", "UsageBook", "UsageMetrics"]
 
-MAX_LABELS: Final = 256
-OTHER: Final = "other"
-# Seconds: from a fast first token on a small model to a long generation.
-_TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_DURATION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-
-
-class _Bounded:
-    """At most `MAX_LABELS` distinct label values; the rest are `other`."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def __call__(self, value: str) -> str:
-        if value in self._seen:
-            return value
-        if len(self._seen) >= MAX_LABELS:
-            return OTHER
-        self._seen.add(value)
-        return value
+# Seconds, tens of ms to minutes: a fast first token on a small model, a long prefill
+# after a wait in line, a long generation.
+_TTFT_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_DURATION_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class UsageMetrics(Collector):
@@ -83,8 +68,8 @@ class UsageMetrics(Collector):
             buckets=_DURATION_BUCKETS,
             registry=None,
         )
-        self._model = _Bounded()
-        self._key = _Bounded()
+        self._model = FirstSeen()
+        self._key = FirstSeen()
         # The series of each (model, key, outcome): `labels()` takes a lock and builds a
         # tuple per call; a job's five of them cost ~9 us, the cached ones ~2 us.
         self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}

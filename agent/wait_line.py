@@ -60,6 +60,10 @@ class WaitLine:
         line = self._lines.get(model)
         return len(line) if line else 0
 
+    def lengths(self) -> dict[str, int]:
+        """How many requests wait, per model with a line (for `/metrics`)."""
+        return {model: len(line) for model, line in self._lines.items()}
+
     def join(self, model: str, now: float) -> Ticket | None:
         """A place at the tail of `model`'s line, or None when the line is full (or too many
         models already have one)."""

@@ -170,7 +170,10 @@ class Broadcaster:
         """Something arrived from `node_id` (its catch-up, any batch): it is up, so its
         outbox stops backing off and sends now instead of after up to 30 s."""
         sender = self._senders.get(node_id)
-        if sender is not None and sender.outbox.resume():
+        if sender is None:
+            return
+        sender.heard += 1  # payloads from this peer, for `/metrics`
+        if sender.outbox.resume():
             log.info("%s is back; sending to it now", node_id)
             sender.wake.set()
 
@@ -184,6 +187,7 @@ class Broadcaster:
                 "queued": sender.outbox.depth,
                 "failures": sender.outbox.failures,
                 "state": sender.state,
+                "heard": sender.heard,
                 **dataclasses.asdict(sender.outbox.counters),
             }
             for node_id, sender in sorted(self._senders.items())
@@ -200,6 +204,7 @@ class _Sender:
         self.wake = asyncio.Event()
         self.needs_sync = True
         self.state = "starting"
+        self.heard = 0  # payloads received from this peer (its batches, its catch-up)
         self.task: asyncio.Task[None]
         self._last_batch_at = -LINGER_S
 
