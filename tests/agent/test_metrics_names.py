@@ -198,3 +198,20 @@ def test_unknown_model_names_count_as_other() -> None:
         "llama": 0,
         OTHER: 5,
     }
+
+
+def test_the_dashboard_imports_with_a_prometheus_input() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    assert board["schemaVersion"] >= 39
+    assert [i["name"] for i in board["__inputs"]] == ["DS_PROMETHEUS"]
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])  # ids unique
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for left, right in ("()", "{}", "[]"):
+                assert expr.count(left) == expr.count(right), expr  # a typo breaks a panel
+    titles = " ".join(p["title"] for p in panels).lower()
+    for wanted in ("latency", "first token", "tokens/s per model", "per key", "wait line"):
+        assert wanted in titles
