@@ -46,7 +46,7 @@ class ServingMetrics(Collector):
     ) -> None:
         self._models = models  # the engines' models the cluster knows (not deployments)
         self._waiting = waiting  # model -> requests in this member's wait line
-        self._in_flight = in_flight  # node id -> requests this member runs there
+        self._in_flight = in_flight  # node id -> requests running there through this facade
         self._replicas = replicas  # this node's replicas as its record says them
         self._deployments = deployments  # the live deployments
 
@@ -64,7 +64,8 @@ class ServingMetrics(Collector):
         yield line
         flight = GaugeMetricFamily(
             "nvpair_in_flight_requests",
-            "Requests this member originated that run now, by the node running them",
+            "Requests running through this member's facade, by the node running them"
+            " (this node's own includes what members forwarded here)",
             labels=["node"],
         )
         for node, count in sorted(self._in_flight().items()):
