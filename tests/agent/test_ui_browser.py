@@ -46,10 +46,11 @@ FETCH = """([url, method]) => fetch(url, {method, mode: 'no-cors', credentials: 
   ...(method === 'POST' ? {headers: {'Content-Type': 'text/plain'}, body: '{"replicas": 1}'} : {}),
 }).then(() => 0)"""
 
+BACKGROUND = "() => getComputedStyle(document.body).backgroundColor"
+
 browser = module_browser()
-# On the i17-browser branch only, until i17-core (`nvpair ui`, the session) and i17-page
-# (agent/ui/) are merged into it.
-PENDING = pytest.mark.skip(reason="needs i17-core and i17-page merged")
+# On the i17-browser branch only, until i17-page (agent/ui/) is merged into it.
+PENDING = pytest.mark.skip(reason="needs i17-page merged")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -200,6 +201,7 @@ async def test_jobs_appear_run_and_finish_without_a_reload(ui: UiPage, trio: lis
     assert all(states[-1] == "completed" for states in ran), seen
     assert sum("running" in states[:-1] for states in ran) >= 2, seen
     assert any("queued" in states[:-1] for states in ran), seen
+    await _counts_shown(ui, await a.get("/v1/jobs/counts"))
     await ui.page.screenshot(path=SHOTS / "jobs.png", full_page=True)
 
 
@@ -219,10 +221,7 @@ async def test_jobs_filter_by_model_state_and_requester(ui: UiPage, trio: list[N
     await page.fill("#filter-requester", "team-ui")
     await expect(rows).to_have_count(4, timeout=EXPECT_MS)
     await page.fill("#filter-requester", "")
-    counts = await trio[0].get("/v1/jobs/counts")
-    for state, count in counts["byState"].items():
-        shown = page.locator(f'#job-counts [data-state="{state}"]')
-        await expect(shown).to_contain_text(str(count))
+    await _counts_shown(ui, await trio[0].get("/v1/jobs/counts"))
 
 
 @PENDING
@@ -315,16 +314,57 @@ async def test_a_post_from_another_origin_is_refused(ui: UiPage, trio: list[Node
 
 @PENDING
 async def test_usage_view_draws_the_agents_own_series(ui: UiPage, trio: list[Node]) -> None:
-    async with client(trio[0]) as oa:  # usage is kept on the origin: a few through a
+    a = trio[0]
+    async with client(a) as oa:  # usage is kept on the origin: a few through a
         for tokens in (3, 5):
             await oa.chat.completions.create(model="chat", messages=_said(), max_tokens=tokens)
+    totals: dict[str, list[int]] = {}
+
+    async def both_counted() -> bool:
+        nonlocal totals
+        series = await a.get("/v1/usage/series?window=3600")
+        totals = {
+            name: [sum(got[k]) for k in ("requests", "promptTokens", "completionTokens")]
+            for group in ("models", "keys")
+            for name, got in series[group].items()
+        }
+        return totals.get("chat", [0])[0] == 2
+
+    await eventually(both_counted, "a's usage series counts its two requests")
+    assert totals == {"chat": [2, 4, 8], "team-ui": [2, 4, 8]}  # "hello there": 2 words
     await ui.show("usage")
-    for series in ("requests", "tokens", "ttft", "latency"):
-        await expect(ui.page.locator(f'svg.chart[data-series="{series}"]')).to_be_visible()
+    for series_name in ("requests", "tokens", "ttft", "latency"):
+        await expect(ui.page.locator(f'svg.chart[data-series="{series_name}"]')).to_be_visible()
     view = ui.page.locator("section#view-usage")
-    await expect(view).to_contain_text("chat", timeout=EXPECT_MS)
-    await expect(view).to_contain_text("team-ui", timeout=EXPECT_MS)
+    for name, (requests, prompt, completion) in totals.items():  # a row each, as the API says
+        cells = view.locator("tr", has_text=name).locator("td")
+        expected = [name, str(requests), str(prompt), str(completion)]
+        await expect(cells).to_have_text(expected, timeout=EXPECT_MS)
     await ui.page.screenshot(path=SHOTS / "usage.png", full_page=True)
+
+
+@PENDING
+async def test_a_narrow_dark_window(ui: UiPage, trio: list[Node]) -> None:
+    """360 px wide, dark: no view is wider than the window (tables scroll in their box),
+    and the colours follow `prefers-color-scheme`."""
+    narrow = await ui.context.new_page()  # the same session
+    try:
+        await narrow.set_viewport_size({"width": 360, "height": 740})
+        await narrow.goto(trio[0].api + "/ui/")
+        backgrounds = []
+        for scheme in ("light", "dark"):
+            await narrow.emulate_media(color_scheme=scheme)
+            backgrounds.append(await narrow.evaluate(BACKGROUND))
+        assert backgrounds[0] != backgrounds[1], backgrounds
+        for view in ("jobs", "nodes", "deployments", "usage", "cluster"):
+            await narrow.click(f"[data-view={view}]")
+            await expect(narrow.locator(f"section#view-{view}")).to_be_visible()
+            width = await narrow.evaluate("() => document.documentElement.scrollWidth")
+            assert width <= 360, (view, width)
+        await narrow.click("[data-view=jobs]")
+        await narrow.screenshot(path=SHOTS / "jobs-360-dark.png", full_page=True)
+    finally:
+        await narrow.close()
 
 
 @PENDING
@@ -362,6 +402,14 @@ async def _stream(oa: openai.AsyncOpenAI, tokens: int) -> list[str]:
 async def _running(node: Node, count: int) -> bool:
     running = [j for j in await node.jobs() if j["state"] == "running" and j["model"] == "chat"]
     return len(running) >= count
+
+
+async def _counts_shown(ui: UiPage, counts: dict[str, Any]) -> None:
+    """The counts per state on the Jobs view come to what `/v1/jobs/counts` says."""
+    assert counts["byState"], counts
+    for state, count in counts["byState"].items():
+        shown = ui.page.locator(f'#job-counts [data-state="{state}"]')
+        await expect(shown).to_contain_text(re.compile(rf"\b{count}\b"), timeout=EXPECT_MS)
 
 
 async def _desired(node: Node, name: str) -> int:
