@@ -4,7 +4,7 @@ import { h, fmtCount } from './dom.js';
 
 const W = 600;
 const H = 180;
-const PAD = { left: 44, right: 8, top: 10, bottom: 22 };
+const PAD = { left: 62, right: 8, top: 10, bottom: 22 };
 export const PALETTE = 8; // colours in app.css: .s0 .. .s7
 
 function niceMax(v) {
@@ -56,7 +56,7 @@ export function bars(svg, items, { unit = '' } = {}) {
     const v = Number.isFinite(item.value) ? item.value : 0;
     const top = PAD.top + (H - PAD.top - PAD.bottom) * (1 - v / max);
     const x = PAD.left + slot * k + slot * 0.2;
-    parts.push(h('rect', { class: `bar s${k % PALETTE}`, x, y: top, width: slot * 0.6,
+    parts.push(h('rect', { class: `col s${k % PALETTE}`, x, y: top, width: slot * 0.6,
       height: H - PAD.bottom - top, 'data-name': item.name, 'data-value': Number.isFinite(item.value) ? item.value : '' },
     h('title', {}, `${item.name}: ${Number.isFinite(item.value) ? `${Math.round(item.value)}${unit}` : 'none'}`)));
     parts.push(h('text', { class: 'tick', x: x + slot * 0.3, y: H - 6, 'text-anchor': 'middle' },
