@@ -20,7 +20,7 @@ function axes(max, unit) {
     const v = (max * i) / 4;
     const y = PAD.top + (H - PAD.top - PAD.bottom) * (1 - i / 4);
     out.push(h('line', { class: 'grid', x1: PAD.left, x2: W - PAD.right, y1: y, y2: y }));
-    out.push(h('text', { class: 'tick', x: PAD.left - 4, y: y + 4, 'text-anchor': 'end' }, `${fmtCount(v)}${unit}`));
+    out.push(h('text', { class: 'tick', x: PAD.left - 4, y: y + 4, 'text-anchor': 'end' }, `${v % 1 ? v.toFixed(1) : fmtCount(v)}${unit}`));
   }
   return out;
 }

@@ -1,5 +1,6 @@
-// DOM and formatting helpers. Text from the API only ever goes in through textContent or
-// attributes set one by one (never innerHTML): a model name or an error string stays text.
+// DOM and formatting helpers. Text from the API only ever goes in as text nodes or as
+// attribute values set one by one, never parsed as markup: a model name or an error string
+// stays text.
 
 /** An element: h('td', {class: 'model', 'data-x': 1}, 'text', child, ...). */
 export function h(tag, attrs, ...children) {
@@ -7,6 +8,7 @@ export function h(tag, attrs, ...children) {
   const el = svg ? document.createElementNS(SVG_NS, tag) : document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
+    if (/^on|^style$/i.test(name)) throw new Error(`no ${name} attribute: handlers and styles are set in code`);
     el.setAttribute(name, value === true ? '' : String(value));
   }
   for (const child of children.flat()) {

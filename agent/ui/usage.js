@@ -32,13 +32,13 @@ function percentiles(svg, name, given) {
 function table(id, groups) {
   const body = document.querySelector(`#${id} tbody`);
   const rows = Object.entries(groups || {})
-    .map(([name, g]) => ({ name, requests: sum(g.requests), prompt: sum(g.promptTokens), completion: sum(g.completionTokens) }))
+    .map(([name, g]) => ({ name, requests: sum(g.requests), promptTokens: sum(g.promptTokens), completionTokens: sum(g.completionTokens) }))
     .sort((a, b) => b.requests - a.requests || (a.name < b.name ? -1 : 1));
   body.replaceChildren(...rows.map((r) => h('tr', { 'data-name': r.name },
     h('td', { class: 'name' }, r.name),
     h('td', { class: 'requests', 'data-value': r.requests }, fmtCount(r.requests)),
-    h('td', { class: 'prompt-tokens', 'data-value': r.prompt }, fmtCount(r.prompt)),
-    h('td', { class: 'completion-tokens', 'data-value': r.completion }, fmtCount(r.completion)))));
+    h('td', { class: 'prompt-tokens', 'data-value': r.promptTokens }, fmtCount(r.promptTokens)),
+    h('td', { class: 'completion-tokens', 'data-value': r.completionTokens }, fmtCount(r.completionTokens)))));
   if (!rows.length) body.append(h('tr', {}, h('td', { colspan: 4, class: 'empty' }, 'nothing in this window')));
 }
 
