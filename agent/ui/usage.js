@@ -2,7 +2,7 @@
 // as small SVG charts and two tables.
 
 import { getJSON } from './api.js';
-import { h, fmtCount } from './dom.js';
+import { h } from './dom.js';
 import { showError, Poller } from './shared.js';
 import { lines, bars, PALETTE } from './chart.js';
 
@@ -36,9 +36,9 @@ function table(id, groups) {
     .sort((a, b) => b.requests - a.requests || (a.name < b.name ? -1 : 1));
   body.replaceChildren(...rows.map((r) => h('tr', { 'data-name': r.name },
     h('td', { class: 'name' }, r.name),
-    h('td', { class: 'requests', 'data-value': r.requests }, fmtCount(r.requests)),
-    h('td', { class: 'prompt-tokens', 'data-value': r.promptTokens }, fmtCount(r.promptTokens)),
-    h('td', { class: 'completion-tokens', 'data-value': r.completionTokens }, fmtCount(r.completionTokens)))));
+    h('td', { class: 'requests', 'data-value': r.requests }, String(r.requests)),
+    h('td', { class: 'prompt-tokens', 'data-value': r.promptTokens }, String(r.promptTokens)),
+    h('td', { class: 'completion-tokens', 'data-value': r.completionTokens }, String(r.completionTokens)))));
   if (!rows.length) body.append(h('tr', {}, h('td', { colspan: 4, class: 'empty' }, 'nothing in this window')));
 }
 
