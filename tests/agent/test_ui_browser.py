@@ -18,15 +18,28 @@ import aiohttp
 import openai
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from playwright.async_api import Browser, expect
 
 from tests.fixtures.browser import ARTIFACTS, module_browser
-from tests.workload_manager.cluster_harness import free_port
 
 from .deploy_harness import engine_cluster, post, ready_everywhere, replicas
-from .harness import Node, eventually, job_key
-from .ui_harness import MARKER, UiPage, api_nodes, login_link, origin_of, page_nodes
+from .harness import Node, eventually
+from .ui_harness import (
+    BACKGROUND,
+    FETCH,
+    MARKER,
+    UiPage,
+    api_nodes,
+    desired,
+    login_link,
+    origin_of,
+    page_nodes,
+    row_id,
+    running,
+    said,
+    site,
+    stream,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,16 +54,7 @@ CHAT = {"name": "chat", "engine": "mock", "gpus": 1, "replicas": 2, "maxInFlight
 FLAKY = {"name": "flaky", "engine": "mock", "gpus": 1, "replicas": 1, "args": ["--fail-rate", "1"]}
 EXPECT_MS = 20_000  # an auto-waiting expect's limit: a busy 2-core machine
 
-# A request from another page, as a form or an <img> could make it (no CORS preflight).
-FETCH = """([url, method]) => fetch(url, {method, mode: 'no-cors', credentials: 'include',
-  ...(method === 'POST' ? {headers: {'Content-Type': 'text/plain'}, body: '{"replicas": 1}'} : {}),
-}).then(() => 0)"""
-
-BACKGROUND = "() => getComputedStyle(document.body).backgroundColor"
-
 browser = module_browser()
-# On the i17-browser branch only, until i17-page (agent/ui/) is merged into it.
-PENDING = pytest.mark.skip(reason="needs i17-page merged")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -96,29 +100,19 @@ async def test_the_browser_enforces_a_pages_content_security_policy(browser: Bro
     """The check below is only worth something if this browser applies the CSP the agent
     sends: an inline script on a page served with `script-src 'self'` must not run."""
     html = "<!doctype html><p id=p>static</p><script>document.title = 'ran';</script>"
-
-    async def page(request: web.Request) -> web.Response:
-        csp = "default-src 'none'; script-src 'self'" if request.query.get("csp") else ""
-        headers = {"Content-Security-Policy": csp} if csp else {}
-        return web.Response(text=html, content_type="text/html", headers=headers)
-
-    app = web.Application()
-    app.router.add_get("/", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    csp = {"Content-Security-Policy": "default-src 'none'; script-src 'self'"}
     context = await browser.new_context()
     try:
         tab = await context.new_page()
-        await tab.goto(f"http://127.0.0.1:{port}/")
-        assert await tab.title() == "ran"  # control: without the policy it runs
-        await tab.goto(f"http://127.0.0.1:{port}/?csp=1")
-        await expect(tab.locator("#p")).to_have_text("static")
-        assert await tab.title() == ""
+        async with site(html) as url:
+            await tab.goto(url)
+            assert await tab.title() == "ran"  # control: without the policy it runs
+        async with site(html, csp) as url:
+            await tab.goto(url)
+            await expect(tab.locator("#p")).to_have_text("static")
+            assert await tab.title() == ""
     finally:
         await context.close()
-        await runner.cleanup()
 
 
 async def test_the_page_is_refused_without_the_secret(
@@ -164,7 +158,6 @@ async def _spent_link(a: Node, browser: Browser) -> str:
     return link
 
 
-@PENDING
 async def test_jobs_appear_run_and_finish_without_a_reload(ui: UiPage, trio: list[Node]) -> None:
     a, b, _ = trio
     await ui.show("jobs")
@@ -172,32 +165,32 @@ async def test_jobs_appear_run_and_finish_without_a_reload(ui: UiPage, trio: lis
     before = await a.job_keys()
     async with client(b) as oa:
         # Two long answers fill chat's two replicas (one request each); a third waits.
-        long = [asyncio.create_task(_stream(oa, 50)) for _ in range(2)]
-        await eventually(lambda: _running(b, 2), "b runs two chat jobs")
+        long = [asyncio.create_task(stream(oa, 50)) for _ in range(2)]
+        await eventually(lambda: running(b, 2), "b runs two chat jobs")
         short = asyncio.create_task(
-            oa.chat.completions.create(model="chat", messages=_said(), max_tokens=2)
+            oa.chat.completions.create(model="chat", messages=said(), max_tokens=2)
         )
         with pytest.raises(openai.InternalServerError):
-            await oa.chat.completions.create(model="flaky", messages=_said(), max_tokens=2)
+            await oa.chat.completions.create(model="flaky", messages=said(), max_tokens=2)
         assert [len(t) for t in await asyncio.gather(*long)] == [50, 50]
         assert (await short).choices[0].message.content
     jobs = await a.get_settled_jobs(4, since=before)
     by_state = {j["state"]: j for j in jobs}
     failed = by_state["failed"]
     for job in jobs:
-        row = ui.page.locator(f'#jobs tr[data-job-id="{_row_id(job)}"]')
+        row = ui.page.locator(f'#jobs tr[data-job-id="{row_id(job)}"]')
         await expect(row).to_have_attribute("data-state", job["state"], timeout=EXPECT_MS)
         await expect(row.locator(".model")).to_have_text(job["model"])
         await expect(row.locator(".state")).to_contain_text(re.compile(job["state"], re.I))
         await expect(row.locator(".requester")).to_contain_text("team-ui")
-    row = ui.page.locator(f'#jobs tr[data-job-id="{_row_id(failed)}"] .error')
+    row = ui.page.locator(f'#jobs tr[data-job-id="{row_id(failed)}"] .error')
     await expect(row).to_contain_text("engine returned HTTP 5xx")
     # Each row showed its states live, in one document: the two long jobs were seen running,
     # the third queued behind them, each before it finished.
     seen = await ui.job_states()
     assert await ui.marker() == MARKER  # never reloaded
     chat = [j for j in jobs if j["model"] == "chat"]
-    ran = [seen.get(_row_id(j), []) for j in chat]
+    ran = [seen.get(row_id(j), []) for j in chat]
     assert all(states[-1] == "completed" for states in ran), seen
     assert sum("running" in states[:-1] for states in ran) >= 2, seen
     assert any("queued" in states[:-1] for states in ran), seen
@@ -205,7 +198,6 @@ async def test_jobs_appear_run_and_finish_without_a_reload(ui: UiPage, trio: lis
     await ui.page.screenshot(path=SHOTS / "jobs.png", full_page=True)
 
 
-@PENDING
 async def test_jobs_filter_by_model_state_and_requester(ui: UiPage, trio: list[Node]) -> None:
     page = ui.page
     rows = page.locator("#jobs tr[data-job-id]")
@@ -224,7 +216,6 @@ async def test_jobs_filter_by_model_state_and_requester(ui: UiPage, trio: list[N
     await _counts_shown(ui, await trio[0].get("/v1/jobs/counts"))
 
 
-@PENDING
 async def test_nodes_and_members_match_the_api(ui: UiPage, trio: list[Node]) -> None:
     a = trio[0]
     await ui.show("nodes")
@@ -258,7 +249,6 @@ async def test_nodes_and_members_match_the_api(ui: UiPage, trio: list[Node]) -> 
     await ui.page.screenshot(path=SHOTS / "cluster.png", full_page=True)
 
 
-@PENDING
 async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list[Node]) -> None:
     await ui.show("deployments")
     card = ui.page.locator('.deployment[data-name="chat"]')
@@ -267,7 +257,7 @@ async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list
     await card.locator("button.scale").click()
     await expect(card).to_have_attribute("data-desired", "3", timeout=EXPECT_MS)
     await expect(card).to_have_attribute("data-ready", "3", timeout=60_000)
-    assert await _desired(trio[0], "chat") == 3
+    assert await desired(trio[0], "chat") == 3
     await eventually(lambda: ready_everywhere(trio, "chat", 3), "three ready chat replicas")
     ids = {r["id"] for r in await replicas(trio[0], "chat")}
     await ui.show("nodes")
@@ -281,43 +271,36 @@ async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list
 async def test_a_post_from_another_origin_is_refused(ui: UiPage, trio: list[Node]) -> None:
     a = trio[0]
     scale = a.api + "/v1/deployments/chat/scale"
-    now = await _desired(a, "chat")
+    now = await desired(a, "chat")
     (cookie,) = [c["value"] for c in await ui.context.cookies() if c["name"] == "nvpair_ui"]
     # A page on another port of 127.0.0.1 is the same site: SameSite=Strict still sends the
     # cookie, so only the Origin check stands between it and the API.
-    app = web.Application()
-    app.router.add_get("/", _elsewhere)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     other = await ui.context.new_page()
     try:
-        await other.goto(f"http://127.0.0.1:{port}/")
-        # The other page's GET of the API comes back 200 (opaque to it): its cookie went
-        # along. Its POST, with that same cookie, is refused for its Origin.
-        for url, method, status in ((a.api + "/v1/nodes", "GET", 200), (scale, "POST", 403)):
-            async with other.expect_response(url) as answer:
-                await other.evaluate(FETCH, [url, method])
-            assert (await answer.value).status == status, (method, url)
+        async with site("<!doctype html><title>elsewhere</title>") as elsewhere:
+            await other.goto(elsewhere)
+            # The other page's GET of the API comes back 200 (opaque to it): its cookie went
+            # along. Its POST, with that same cookie, is refused for its Origin.
+            for url, method, status in ((a.api + "/v1/nodes", "GET", 200), (scale, "POST", 403)):
+                async with other.expect_response(url) as answer:
+                    await other.evaluate(FETCH, [url, method])
+                assert (await answer.value).status == status, (method, url)
     finally:
         await other.close()
-        await runner.cleanup()
     async with aiohttp.ClientSession() as session:
         for origin, status in (("http://evil.example", 403), (None, 403), (a.api, 200)):
             headers = {"Cookie": f"nvpair_ui={cookie}"} | ({"Origin": origin} if origin else {})
             body = {"replicas": now if status == 200 else 1}  # the control changes nothing
             async with session.post(scale, json=body, headers=headers) as r:
                 assert r.status == status, (origin, await r.text())
-    assert await _desired(a, "chat") == now  # the refused POSTs asked for 1
+    assert await desired(a, "chat") == now  # the refused POSTs asked for 1
 
 
-@PENDING
 async def test_usage_view_draws_the_agents_own_series(ui: UiPage, trio: list[Node]) -> None:
     a = trio[0]
     async with client(a) as oa:  # usage is kept on the origin: a few through a
         for tokens in (3, 5):
-            await oa.chat.completions.create(model="chat", messages=_said(), max_tokens=tokens)
+            await oa.chat.completions.create(model="chat", messages=said(), max_tokens=tokens)
     totals: dict[str, list[int]] = {}
 
     async def both_counted() -> bool:
@@ -343,7 +326,6 @@ async def test_usage_view_draws_the_agents_own_series(ui: UiPage, trio: list[Nod
     await ui.page.screenshot(path=SHOTS / "usage.png", full_page=True)
 
 
-@PENDING
 async def test_a_narrow_dark_window(ui: UiPage, trio: list[Node]) -> None:
     """360 px wide, dark: no view is wider than the window (tables scroll in their box),
     and the colours follow `prefers-color-scheme`."""
@@ -367,7 +349,6 @@ async def test_a_narrow_dark_window(ui: UiPage, trio: list[Node]) -> None:
         await narrow.close()
 
 
-@PENDING
 async def test_every_request_went_to_the_agent_and_the_page_never_reloaded(
     ui: UiPage, trio: list[Node]
 ) -> None:
@@ -379,45 +360,9 @@ async def test_every_request_went_to_the_agent_and_the_page_never_reloaded(
     assert not ui.errors, ui.errors  # a CSP violation is a console error
 
 
-async def _elsewhere(request: web.Request) -> web.Response:
-    return web.Response(text="<!doctype html><title>elsewhere</title>", content_type="text/html")
-
-
-def _said() -> list[Any]:
-    return [{"role": "user", "content": "hello there"}]
-
-
-async def _stream(oa: openai.AsyncOpenAI, tokens: int) -> list[str]:
-    """A streamed chat answer of `tokens` tokens; its pieces."""
-    stream = await oa.chat.completions.create(
-        model="chat", messages=_said(), max_tokens=tokens, stream=True
-    )
-    pieces = []
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            pieces.append(chunk.choices[0].delta.content)
-    return pieces
-
-
-async def _running(node: Node, count: int) -> bool:
-    running = [j for j in await node.jobs() if j["state"] == "running" and j["model"] == "chat"]
-    return len(running) >= count
-
-
 async def _counts_shown(ui: UiPage, counts: dict[str, Any]) -> None:
     """The counts per state on the Jobs view come to what `/v1/jobs/counts` says."""
     assert counts["byState"], counts
     for state, count in counts["byState"].items():
         shown = ui.page.locator(f'#job-counts [data-state="{state}"]')
         await expect(shown).to_contain_text(re.compile(rf"\b{count}\b"), timeout=EXPECT_MS)
-
-
-async def _desired(node: Node, name: str) -> int:
-    """The replicas `name` is declared with, in `node`'s view."""
-    (declared,) = [d for d in await node.get("/v1/deployments") if d["name"] == name]
-    return int(declared["replicas"])
-
-
-def _row_id(job: dict[str, Any]) -> str:
-    """The job's `data-job-id` on the page: origin/runId/id."""
-    return "/".join(job_key(job))

@@ -6,18 +6,44 @@ poll), and the page's Nodes view read back as data by the DOM contract (docs/ui.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import openai
+from aiohttp import web
 from playwright.async_api import BrowserContext, ConsoleMessage, Page, Request
 
-from .harness import Node
+from tests.workload_manager.cluster_harness import free_port
 
-__all__ = ["UiPage", "api_nodes", "login_link", "origin_of", "page_nodes"]
+from .harness import Node, job_key
+
+__all__ = [
+    "BACKGROUND",
+    "FETCH",
+    "MARKER",
+    "UiPage",
+    "api_nodes",
+    "desired",
+    "login_link",
+    "origin_of",
+    "page_nodes",
+    "row_id",
+    "running",
+    "said",
+    "site",
+    "stream",
+]
 
 LINK: Final = re.compile(r"http://127\.0\.0\.1:\d+/ui/login\?code=[A-Za-z0-9_\-]+")
 MARKER: Final = "nvpair-ui-test-marker"  # set once in the document: gone if it reloads
+# A request from another page, as a form or an <img> could make it (no CORS preflight).
+FETCH: Final = """([url, method]) => fetch(url, {method, mode: 'no-cors', credentials: 'include',
+  ...(method === 'POST' ? {headers: {'Content-Type': 'text/plain'}, body: '{"replicas": 1}'} : {}),
+}).then(() => 0)"""
+BACKGROUND: Final = "() => getComputedStyle(document.body).backgroundColor"
 
 # A MutationObserver in the page: window.__jobStates[jobId] = every state its row showed,
 # in order (an attribute record's oldValue is a state it held, even between two polls).
@@ -176,3 +202,57 @@ async def api_nodes(node: Node) -> dict[str, Any]:
         }
         for n in await node.get("/v1/nodes")
     }
+
+
+@asynccontextmanager
+async def site(html: str, headers: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+    """A little web server of its own on 127.0.0.1 (another origin than any agent's),
+    answering `html` (with `headers`) at `/`; its URL."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html", headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+def said() -> list[Any]:
+    """The messages of every request: two words (two prompt tokens to the mock engine)."""
+    return [{"role": "user", "content": "hello there"}]
+
+
+async def stream(oa: openai.AsyncOpenAI, tokens: int) -> list[str]:
+    """A streamed chat answer of `tokens` tokens; its pieces."""
+    answer = await oa.chat.completions.create(
+        model="chat", messages=said(), max_tokens=tokens, stream=True
+    )
+    pieces = []
+    async for chunk in answer:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    return pieces
+
+
+async def running(node: Node, count: int) -> bool:
+    """Whether `node` lists at least `count` chat jobs running."""
+    jobs = [j for j in await node.jobs() if j["state"] == "running" and j["model"] == "chat"]
+    return len(jobs) >= count
+
+
+async def desired(node: Node, name: str) -> int:
+    """The replicas `name` is declared with, in `node`'s view."""
+    (declared,) = [d for d in await node.get("/v1/deployments") if d["name"] == name]
+    return int(declared["replicas"])
+
+
+def row_id(job: dict[str, Any]) -> str:
+    """The job's `data-job-id` on the page: origin/runId/id."""
+    return "/".join(job_key(job))
