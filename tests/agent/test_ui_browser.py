@@ -299,13 +299,15 @@ async def test_a_post_from_another_origin_is_refused(ui: UiPage, trio: list[Node
 async def test_usage_view_draws_the_agents_own_series(ui: UiPage, trio: list[Node]) -> None:
     a = trio[0]
     async with client(a) as oa:  # usage is kept on the origin: a few through a
-        for tokens in (3, 5):
-            await oa.chat.completions.create(model="chat", messages=said(), max_tokens=tokens)
+        await oa.chat.completions.create(model="chat", messages=said(), max_tokens=3)
+        assert len(await stream(oa, 5)) == 5  # streamed: it has a time to first token
     totals: dict[str, list[int]] = {}
+    ttft: dict[str, Any] = {}
 
     async def both_counted() -> bool:
-        nonlocal totals
+        nonlocal totals, ttft
         series = await a.get("/v1/usage/series?window=3600")
+        ttft = series["ttftMs"]
         totals = {
             name: [sum(got[k]) for k in ("requests", "promptTokens", "completionTokens")]
             for group in ("models", "keys")
@@ -315,6 +317,7 @@ async def test_usage_view_draws_the_agents_own_series(ui: UiPage, trio: list[Nod
 
     await eventually(both_counted, "a's usage series counts its two requests")
     assert totals == {"chat": [2, 4, 8], "team-ui": [2, 4, 8]}  # "hello there": 2 words
+    assert ttft["p50"] is not None, ttft
     await ui.show("usage")
     for series_name in ("requests", "tokens", "ttft", "latency"):
         await expect(ui.page.locator(f'svg.chart[data-series="{series_name}"]')).to_be_visible()
