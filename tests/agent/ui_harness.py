@@ -135,6 +135,9 @@ class UiPage:
         assert response is not None
         assert response.status == 200, await response.text()
         assert urlsplit(page.url).path == "/ui/", page.url  # the login's 303
+        policy = response.headers.get("content-security-policy", "")
+        assert "script-src 'self'" in policy, policy  # what the browser then enforces
+        assert "frame-ancestors 'none'" in policy, policy
         await page.evaluate(RECORD_STATES, MARKER)
         return opened
 
