@@ -3,14 +3,17 @@ deployments of the mock engine; member a's page opened in headless Chromium with
 ui`'s one-time link; requests sent through member b with the `openai` client. The jobs
 appear, run and finish on a's page without a reload, a failed job shows its error, the
 Nodes and Cluster views match `/v1/nodes` and `/v1/members`, scaling from the page changes
-the replicas; without the secret the page is refused, a POST from another Origin is
+the replicas, a failed replica shows its log's last lines and undeploying it from the page
+takes it away; without the secret the page is refused, a POST from another Origin is
 refused, and every request the page makes goes to the agent itself. Screenshots of the
 views are written to test-artifacts/ui/ (docs/ui.md, "Testing the page")."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -52,6 +55,14 @@ KEY = "sk-ui-browser-test"
 CHAT = {"name": "chat", "engine": "mock", "gpus": 1, "replicas": 2, "maxInFlight": 1,
         "args": ["--tokens-per-s", "20"]}  # fmt: skip
 FLAKY = {"name": "flaky", "engine": "mock", "gpus": 1, "replicas": 1, "args": ["--fail-rate", "1"]}
+# stuck: an engine that loads for ever on a, failed after 2 s with its log's last lines.
+LOADING = "import time; print('loading for ever', flush=True); time.sleep(3600)"
+STUCK_TEMPLATE = f"""
+[templates.stuck]
+argv = [{json.dumps(sys.executable)}, "-c", "{LOADING}"]
+ready = "/health"
+ready_timeout_s = 2
+"""
 EXPECT_MS = 20_000  # an auto-waiting expect's limit: a busy 2-core machine
 
 browser = module_browser()
@@ -61,13 +72,15 @@ browser = module_browser()
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("ui")
     keys = f'api_keys = {{ "team-ui" = "{KEY}" }}\n'
-    async for started in engine_cluster(root, GPUS, agent_toml=keys):
+    async for started in engine_cluster(root, GPUS, STUCK_TEMPLATE, agent_toml=keys):
         await _deploy(started)
         yield started
 
 
 async def _deploy(nodes: list[Node]) -> None:
-    for body in (CHAT, FLAKY):
+    stuck = {"name": "stuck", "engine": "stuck", "gpus": 0,
+             "constraints": {"node": await nodes[0].node_id()}}  # fmt: skip
+    for body in (CHAT, FLAKY, stuck):
         code, text = await post(nodes[0], "/v1/deployments", body)
         assert code == 201, text
 
@@ -266,7 +279,15 @@ async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list
         shown = ui.page.locator(f'.replica[data-replica-id="{rid}"]')
         await expect(shown).to_have_attribute("data-state", "ready", timeout=EXPECT_MS)
     await ui.show("deployments")
+    # The failed replica on a (the page's own node) shows its engine log's last lines.
+    stuck = ui.page.locator('.deployment[data-name="stuck"]')
+    await expect(stuck.locator(".log")).to_contain_text("loading for ever", timeout=EXPECT_MS)
     await ui.page.screenshot(path=SHOTS / "deployments.png", full_page=True)
+    await stuck.locator("button.undeploy").click()  # asks once more
+    assert "stuck" in [d["name"] for d in await trio[0].get("/v1/deployments")]
+    await stuck.locator("button.undeploy-confirm").click()
+    await expect(stuck).to_have_count(0, timeout=EXPECT_MS)
+    assert "stuck" not in [d["name"] for d in await trio[0].get("/v1/deployments")]
 
 
 async def test_a_post_from_another_origin_is_refused(ui: UiPage, trio: list[Node]) -> None:
