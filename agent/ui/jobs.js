@@ -3,7 +3,9 @@
 // event). The DOM holds at most LIVE_KEEP rows plus what "More" loaded, whatever the store
 // holds: 100,000 jobs cost one page.
 
-import { getJSON, postJSON } from './api.js';
+import { getJSON } from './api.js';
+import { JobTokens } from './job_tokens.js';
+import { follow } from './job_stream.js';
 import { h, fmtMs, fmtCount } from './dom.js';
 import { shared, showError } from './shared.js';
 
@@ -12,9 +14,10 @@ const LIVE_KEEP = 500;
 const MAX_PAGE = 10000; // the store's largest page
 const STATES = ['queued', 'running', 'completed', 'failed', 'cancelled'];
 const ACTIVE = new Set(['queued', 'running']);
-const FINAL = new Set(['completed', 'failed', 'cancelled']);
 
 const rows = new Map(); // "origin/runId/id" -> {job, tr}
+// Tokens come from this member's usage rows; a row's cell is redrawn when they arrive.
+const usage = new JobTokens(rows, jobKey, (row) => row.tr.querySelector('td.tokens').replaceWith(tokenCell(row.job)));
 const models = new Set(); // seen, for the model filter's suggestions (bounded)
 let next = null; // the cursor "More" follows; STALE once rows were dropped at the bottom
 const STALE = Symbol('stale');
@@ -78,7 +81,7 @@ function tokensOf(job) {
   if (typeof job.promptTokens === 'number') {
     return { promptTokens: job.promptTokens, completionTokens: job.completionTokens ?? 0 };
   }
-  return usage.get(jobKey(job)) || null;
+  return usage.get(jobKey(job));
 }
 
 function tokenCell(job) {
@@ -129,7 +132,7 @@ function drop(key) {
   if (!row) return;
   row.tr.remove();
   rows.delete(key);
-  usage.delete(key);
+  usage.forget(key);
 }
 
 /** One job's change: update its row, add it in order, or take it out of a filtered list. */
@@ -166,7 +169,7 @@ function apply(job) {
     rows.set(key, { job, tr });
     trim();
   }
-  wantUsage(job);
+  usage.want(job);
   emptyLine();
 }
 
@@ -202,7 +205,7 @@ export async function reload() {
       const tr = newRow(job);
       body.append(tr);
       rows.set(jobKey(job), { job, tr });
-      wantUsage(job);
+      usage.want(job);
     }
     next = page.next;
     paged = 0;
@@ -248,7 +251,7 @@ async function more() {
       const tr = newRow(job);
       body.append(tr);
       rows.set(key, { job, tr });
-      wantUsage(job);
+      usage.want(job);
       added += 1;
     }
     paged += added;
@@ -281,51 +284,6 @@ function scheduleCounts(ms = 1000) {
       if (exc.status === 404 || exc.status === 405) countsWork = false;
     }
   }, ms);
-}
-
-// Tokens: each job's usage is kept on the member it came in through (POST /v1/usage).
-const usage = new Map(); // key -> {promptTokens, completionTokens}
-const usageAsked = new Map(); // key -> times asked
-let usageTimer = null;
-let usageWorks = true;
-
-function wantUsage(job) {
-  if (!usageWorks || !FINAL.has(job.state) || job.originatedFrom !== shared.selfId) return;
-  if (typeof job.promptTokens === 'number') return;
-  const key = jobKey(job);
-  if (usage.has(key) || (usageAsked.get(key) || 0) >= 2) return;
-  if (usageTimer === null) usageTimer = setTimeout(askUsage, 400);
-}
-
-async function askUsage() {
-  usageTimer = null;
-  const asked = [];
-  for (const [key, { job }] of rows) {
-    if (!FINAL.has(job.state) || job.originatedFrom !== shared.selfId || usage.has(key)) continue;
-    const times = usageAsked.get(key) || 0;
-    if (times >= 2) continue;
-    usageAsked.set(key, times + 1);
-    asked.push(job);
-    if (asked.length >= 1000) break;
-  }
-  if (usageAsked.size > 20000) usageAsked.clear();
-  if (!asked.length) return;
-  try {
-    const answer = await postJSON('/v1/usage', { jobs: asked.map((j) => [j.runId, j.id]) });
-    for (const job of asked) {
-      const found = answer.usage?.[`${job.runId}/${job.id}`];
-      const row = rows.get(jobKey(job));
-      if (!found || !row) continue;
-      usage.set(jobKey(job), found);
-      row.tr.querySelector('td.tokens').replaceWith(tokenCell(row.job));
-    }
-    // A usage row is written just after the job ends: ask once more for those not there yet.
-    if (asked.some((j) => !usage.has(jobKey(j)) && rows.has(jobKey(j)))) {
-      usageTimer = setTimeout(askUsage, 2000);
-    }
-  } catch (exc) {
-    if (exc.status === 404 || exc.status === 405) usageWorks = false;
-  }
 }
 
 function suggestModels() {
@@ -403,45 +361,11 @@ export function show(on) {
 
 /** The stream: always on, so #conn tells its state on every view. */
 export function connect() {
-  const conn = document.getElementById('conn');
-  const set = (state) => {
-    conn.dataset.state = state;
-    conn.textContent = state;
-  };
-  let backoff = 1000;
-  const open = () => {
-    // A new EventSource carries no Last-Event-ID: the list is read again once it is open.
-    // The browser's own reconnects carry it, and the agent resumes without gap or repeat.
-    const source = new EventSource('/v1/jobs/stream');
-    let fresh = true;
-    source.addEventListener('open', () => {
-      set('live');
-      backoff = 1000;
-      if (fresh) {
-        fresh = false;
-        reload();
-      }
-    });
-    source.addEventListener('job', (event) => {
-      let job;
-      try {
-        job = JSON.parse(event.data);
-      } catch (_) {
-        return;
-      }
-      if (job && typeof job === 'object' && job.originatedFrom && job.runId && job.id !== undefined) {
-        apply(job);
-        scheduleCounts();
-      }
-    });
-    source.addEventListener('reset', () => reload());
-    source.addEventListener('error', () => {
-      set('reconnecting');
-      if (source.readyState === EventSource.CLOSED) {
-        setTimeout(open, backoff);
-        backoff = Math.min(backoff * 2, 30000);
-      }
-    });
-  };
-  open();
+  follow({
+    job(job) {
+      apply(job);
+      scheduleCounts();
+    },
+    reset: reload, // the point asked for is no longer held, or a new stream began
+  });
 }

@@ -106,8 +106,8 @@ function gpu(device) {
     h('span', { class: 'gpu-name', title: device.uuid || '' }, `GPU ${device.index ?? ''} · ${device.deviceClass || device.name || ''}`),
     h('span', { class: 'health badge', 'data-health': health }, health)),
   bar(total ? used / total : 0, `memory ${fmtBytes(used)} / ${fmtBytes(total)}`, 'memory'),
+  bar(typeof device.utilization === 'number' ? device.utilization / 100 : 0, `util ${device.utilization ?? '–'}%`, 'util'),
   h('div', { class: 'gpu-stats' },
-    h('span', { class: 'util' }, `util ${device.utilization ?? '–'}%`),
     h('span', { class: 'temp' }, `${device.temperatureC ?? '–'} °C`),
     typeof device.powerW === 'number' ? h('span', { class: 'power' }, `${device.powerW.toFixed(0)} W`) : null),
   device.problem ? h('div', { class: 'problem' }, device.problem) : null);
