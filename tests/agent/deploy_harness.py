@@ -30,10 +30,11 @@ __all__ = [
 
 
 async def engine_cluster(
-    root: Path, gpus: Mapping[str, str | None], extra_toml: str = ""
+    root: Path, gpus: Mapping[str, str | None], extra_toml: str = "", agent_toml: str = ""
 ) -> AsyncIterator[list[Node]]:
-    """Started members named and with simulated GPUs as `gpus` says; their engines killed
-    at the end (agents leave engines running when they stop: the next start adopts them)."""
+    """Started members named and with simulated GPUs as `gpus` says (`agent_toml`: more
+    lines of every member's `[agent]` table); their engines killed at the end (agents
+    leave engines running when they stop: the next start adopts them)."""
     nodes = [make_node(root, name, spec) for name, spec in gpus.items()]
     for node in nodes:
         node.home.mkdir(parents=True)
@@ -41,8 +42,10 @@ async def engine_cluster(
         # would share the default range).
         low, high = engine_ports()
         (node.home / "nvpair.toml").write_text(
-            f'[agent]\nheartbeat_s = 0.5\n[engines]\nport_range = "{low}-{high}"\n{extra_toml}'
+            f"[agent]\nheartbeat_s = 0.5\n{agent_toml}"
+            f'[engines]\nport_range = "{low}-{high}"\n{extra_toml}'
         )
+        (node.home / "nvpair.toml").chmod(0o600)  # API keys in it must be the owner's alone
     try:
         async for started in start_cluster(nodes):
             yield started

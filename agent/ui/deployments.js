@@ -1,0 +1,163 @@
+// The Deployments view: /v1/deployments and /v1/replicas, polled. Scale and undeploy call
+// the same API as `nvpair scale` / `nvpair undeploy`; the API's refusal is shown as it says.
+
+import { getJSON, postJSON } from './api.js';
+import { h, fmtTime, shortId } from './dom.js';
+import { shared, showError, Poller } from './shared.js';
+
+const POLL_MS = 3000;
+const cards = new Map(); // name -> {sig, el, info, input, message}
+
+const poller = new Poller(POLL_MS, refresh);
+
+async function refresh() {
+  const error = document.getElementById('deployments-error');
+  let declared;
+  let replicas;
+  try {
+    [declared, replicas] = await Promise.all([getJSON('/v1/deployments'), getJSON('/v1/replicas')]);
+    showError(error, '');
+  } catch (exc) {
+    showError(error, `Deployments: ${exc.message}`);
+    return;
+  }
+  const box = document.getElementById('deployments');
+  const seen = new Set();
+  let previous = null;
+  for (const d of declared) {
+    seen.add(d.name);
+    const mine = replicas.filter((r) => r.deployment === d.name && (!r.deploymentId || r.deploymentId === d.id));
+    let card = cards.get(d.name);
+    if (!card) {
+      card = newCard(d.name);
+      cards.set(d.name, card);
+    }
+    update(card, d, mine);
+    const want = previous ? previous.nextSibling : box.firstChild;
+    if (card.el !== want) box.insertBefore(card.el, want);
+    previous = card.el;
+  }
+  for (const [name, card] of cards) {
+    if (!seen.has(name)) {
+      card.el.remove();
+      cards.delete(name);
+    }
+  }
+  document.getElementById('deployments-empty').hidden = declared.length > 0;
+}
+
+function newCard(name) {
+  const info = h('div', { class: 'info' });
+  const input = h('input', { class: 'replicas', type: 'number', min: 0, max: 1000, step: 1,
+    'aria-label': `replicas of ${name}` });
+  const scale = h('button', { type: 'button', class: 'scale' }, 'Scale');
+  const undeploy = h('button', { type: 'button', class: 'undeploy danger' }, 'Undeploy…');
+  const confirm = h('button', { type: 'button', class: 'undeploy-confirm danger' }, `Undeploy ${name}`);
+  const cancel = h('button', { type: 'button', class: 'undeploy-cancel' }, 'Keep it');
+  const confirmBox = h('span', { class: 'confirm', hidden: true }, confirm, cancel);
+  const message = h('p', { class: 'error', hidden: true });
+  const el = h('article', { class: 'deployment card', 'data-name': name },
+    info,
+    h('div', { class: 'controls' },
+      h('label', {}, 'Replicas ', input), scale, undeploy, confirmBox),
+    message);
+  const card = { el, info, input, message, sig: '', dirty: false };
+  input.addEventListener('input', () => { card.dirty = true; });
+  const act = async (path, body) => {
+    for (const b of [scale, undeploy, confirm]) b.disabled = true;
+    try {
+      await postJSON(path, body);
+      showError(message, '');
+      card.dirty = false;
+      poller.now();
+    } catch (exc) {
+      showError(message, exc.message);
+    } finally {
+      for (const b of [scale, undeploy, confirm]) b.disabled = false;
+    }
+  };
+  const path = `/v1/deployments/${encodeURIComponent(name)}`;
+  scale.addEventListener('click', () => {
+    const wanted = Number(input.value);
+    if (!Number.isInteger(wanted) || wanted < 0) {
+      showError(message, 'replicas is a whole number, 0 or more');
+      return;
+    }
+    act(`${path}/scale`, { replicas: wanted });
+  });
+  undeploy.addEventListener('click', () => {
+    confirmBox.hidden = false;
+    undeploy.hidden = true;
+  });
+  cancel.addEventListener('click', () => {
+    confirmBox.hidden = true;
+    undeploy.hidden = false;
+  });
+  confirm.addEventListener('click', async () => {
+    await act(`${path}/undeploy`, {});
+    confirmBox.hidden = true;
+    undeploy.hidden = false;
+  });
+  return card;
+}
+
+function update(card, d, replicas) {
+  const states = d.replicaStates || {};
+  const ready = states.ready || 0;
+  card.el.dataset.desired = String(d.replicas);
+  card.el.dataset.ready = String(ready);
+  card.el.dataset.authority = d.authority || '';
+  if (!card.dirty && document.activeElement !== card.input) card.input.value = String(d.replicas);
+  const { updatedAt, ...shown } = d;
+  const sig = JSON.stringify([shown, replicas.map(({ loadAt, running, waiting, kvUsage, ...r }) => r)]);
+  if (sig === card.sig) return;
+  card.sig = sig;
+  const stateText = Object.entries(states).map(([s, n]) => `${n} ${s}`).join(', ') || 'no replicas yet';
+  const c = d.constraints || {};
+  const wants = [
+    c.deviceClass && `class ${c.deviceClass}`,
+    c.node && `node ${shared.nodeName(c.node)}`,
+    c.oneDomain && 'one domain',
+    c.minMemory && `min memory ${c.minMemory}`,
+  ].filter(Boolean).join(', ');
+  card.info.replaceChildren(
+    h('header', {},
+      h('h3', {}, d.name),
+      h('span', { class: 'counts-line' }, h('span', { class: 'ready' }, String(ready)), ' ready of ',
+        h('span', { class: 'desired' }, String(d.replicas)), ' desired'),
+      h('span', { class: 'meta' }, `${d.engine} · ${d.source || ''} · ${d.gpus} GPU(s), TP ${d.tp} · v${d.version}`,
+        d.authority && d.authority !== 'managed' ? ` · ${d.authority}` : '', wants ? ` · ${wants}` : '')),
+    h('p', { class: 'states' }, stateText, ` · updated ${fmtTime(d.updatedAt)}`),
+    replicas.length ? replicaTable(replicas) : null,
+    ...replicas.filter((r) => r.state === 'failed').map(failedLog));
+}
+
+function replicaTable(replicas) {
+  return h('div', { class: 'scroll' }, h('table', { class: 'replica-table' },
+    h('thead', {}, h('tr', {}, ['Replica', 'Node', 'State', 'Restarts', 'GPUs', 'Port', 'Engine', 'Error'].map((t) => h('th', {}, t)))),
+    h('tbody', {}, replicas.map((r) => h('tr', { class: 'replica-row', 'data-replica-id': r.id, 'data-state': r.state },
+      h('td', { title: r.id }, shortId(r.id)),
+      h('td', { 'data-node-id': r.nodeId }, r.node || shared.nodeName(r.nodeId)),
+      h('td', { class: 'state' }, h('span', { class: 'badge' }, r.state)),
+      h('td', {}, String(r.restarts ?? 0)),
+      h('td', {}, String((r.devices || []).length)),
+      h('td', {}, String(r.port ?? '')),
+      h('td', {}, r.engineVersion || ''),
+      h('td', { class: 'error' }, r.error || ''))))));
+}
+
+function failedLog(r) {
+  const lines = r.logTail;
+  return h('div', { class: 'failed-replica', 'data-replica-id': r.id },
+    h('h4', {}, `Last log lines of ${shortId(r.id)} on ${r.node || shared.nodeName(r.nodeId)}`),
+    lines && lines.length
+      ? h('pre', { class: 'log' }, lines.join('\n'))
+      : h('p', { class: 'log empty' }, `Its log stays on ${r.node || 'its node'}: open that member's page, or run nvpair logs ${r.id} there.`));
+}
+
+export function start() {}
+
+export function show(on) {
+  if (on) poller.start();
+  else poller.stop();
+}
