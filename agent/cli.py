@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from . import agent_cli, cluster_cli, deploy_cli, keys_cli
+from . import agent_cli, cluster_cli, deploy_cli, keys_cli, ui_cli
 from .cli_http import CliError
 
 __all__ = ["build_parser", "main"]
@@ -36,6 +36,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     agent_cli.add_commands(commands, cluster_sub)
     deploy_cli.add_commands(commands)
     keys_cli.add_commands(commands)
+    ui_cli.add_commands(commands)
     if command in commands.choices:
         return parser  # one of the commands above: nothing more to load
     for name, module in _HEAVY.items():

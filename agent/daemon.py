@@ -48,6 +48,7 @@ from .facade import Facade, facade_address
 from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
 from .home import forget_state
+from .job_feed import JobFeed
 from .key_check import KeyCheck
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
@@ -60,6 +61,7 @@ from .plane_link import PlaneParts, plane_link, plane_routes
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
 from .serving_metrics import serving_metrics
+from .ui_routes import UiPorts
 from .upkeep import LoadPoller, Pruner, gpu_reader
 from .usage_api import usage_routes
 from .usage_book import UsageBook
@@ -103,6 +105,7 @@ class Agent:
         health.watch("jobs-store", writer.problem)
         usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
         health.watch("usage-store", lambda: usage.store.problem)
+        store.on_commit = (feed := JobFeed()).publish  # the web page's live Jobs list
 
         gpus = node_inventory(node_id, config.simulate_gpus)
 
@@ -266,6 +269,7 @@ class Agent:
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
                 routes=[*usage_routes(usage), *plane_routes(link)],
+                ui=UiPorts(feed, usage.store),
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens

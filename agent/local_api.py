@@ -57,10 +57,10 @@ from workload_manager.workload import (
 
 from .deploy_api import DeployPorts, deployment_routes
 from .lifetime import SHUTDOWN_S, Health
-from .local_guard import refusal
 from .members import Members, remover
 from .metrics import STATES, AgentMetrics
 from .operations import OperationRefused, Operations
+from .ui_routes import UiPorts, UiServer
 from .view import SchedulingView
 
 __all__ = ["LocalApi", "LocalPorts"]
@@ -94,6 +94,7 @@ class LocalPorts:
     repairs: Callable[[], dict[str, int]] = dict
     deployments: DeployPorts | None = None  # the deployment routes' parts
     routes: Sequence[web.RouteDef] = ()  # the parts' own routes (`POST /v1/usage`)
+    ui: UiPorts | None = None  # the web page's feed and usage (`agent.ui_routes`)
 
 
 class LocalApi:
@@ -130,6 +131,7 @@ class LocalApi:
         if ports.deployments is not None:
             app.router.add_routes(deployment_routes(ports.deployments, ports.members.records))
         app.router.add_routes(ports.routes)
+        self.ui = UiServer(app, ports.ui, store=ports.store, writer=ports.writer, token=token)
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
         self._runner = web.AppRunner(
             app,
@@ -156,24 +158,8 @@ class LocalApi:
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         # Decided before routing's handler runs: a refused request reads no body, does nothing.
-        refused = refusal(
-            request.method,
-            request.path,
-            request.headers,
-            has_body=request.body_exists,
-            port=self.port,
-            token=self._token,
-        )
-        if refused is None:
-            return await handler(request)
-        status, reason = refused
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return web.Response(
-            status=status,
-            body=msgspec.json.encode({"error": reason}),
-            content_type="application/json",
-            headers=headers,
-        )
+        refused = self.ui.refusal(request, self.port)
+        return await handler(request) if refused is None else refused
 
     async def _health(self, request: web.Request) -> web.Response:
         # 503 while any part is failing, so a plain HTTP check sees it; the body says which.
@@ -212,8 +198,9 @@ class LocalApi:
             raise _unavailable(exc) from None
         try:
             jobs, more = await self.ports.store.jobs_page(
-                state=state, node=query.get("node"), limit=limit, after=after
-            )
+                state=state, node=query.get("node"), limit=limit, after=after,
+                model=query.get("model"), requester=query.get("requester"),
+            )  # fmt: skip
         except InvalidCursor:
             raise web.HTTPBadRequest(
                 text="after is not a cursor this node gave out (a page's `next`)\n"

@@ -8,8 +8,10 @@ foreign name resolve to 127.0.0.1). So every request is decided by `refusal()`, 
    a rebound name (`evil.example:PORT`) is a 403, whatever else the request holds.
 2. An `Origin`, when sent, must be the API's own (`http://` + one of those hosts); any other
    page -- `null` included -- is a 403. Browsers send `Origin` on every cross-site POST.
-3. Every route but `/healthz` and `/metrics` needs `Authorization: Bearer <token>`, the token
-   in `NVPAIR_HOME/local-api.token` (0600, so only the owner can read it): 401 otherwise.
+3. Every route but `/healthz`, `/metrics` and `/ui/login` needs `Authorization: Bearer
+   <token>`, the token in `NVPAIR_HOME/local-api.token` (0600, so only the owner can read
+   it), or the web page's session cookie (`agent.ui_session`): 401 otherwise. A POST that
+   carries only the cookie also needs an `Origin`, the API's own: a browser sends it.
 4. A POST body must be `application/json` (415): no form or `text/plain` body gets through.
    A POST with no body at all (`curl -X POST`) carries nothing to mistake: it passes.
 
@@ -28,10 +30,11 @@ from typing import Final
 
 from certs import write_atomic
 
-__all__ = ["OPEN_PATHS", "TOKEN_FILE", "issue_token", "read_token", "refusal"]
+__all__ = ["OPEN_PATHS", "TOKEN_FILE", "holds_token", "issue_token", "read_token", "refusal"]
 
 TOKEN_FILE: Final = "local-api.token"
-OPEN_PATHS: Final = frozenset({"/healthz", "/metrics"})  # no token: probes and scrapers
+# No token: probes, scrapers, and the page's login (its one-time code is its credential).
+OPEN_PATHS: Final = frozenset({"/healthz", "/metrics", "/ui/login"})
 _LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -55,8 +58,10 @@ def refusal(
     has_body: bool,
     port: int,
     token: str,
+    session: bool = False,
 ) -> tuple[int, str] | None:
-    """(status, reason) when the request must not be served, None when it may be."""
+    """(status, reason) when the request must not be served, None when it may be;
+    `session`: the request holds a live session cookie of the web page."""
     hosts = {f"{name}:{port}" for name in _LOOPBACK_NAMES}
     host = headers.get("Host", "").lower()
     if host not in hosts:
@@ -64,15 +69,23 @@ def refusal(
     origin = headers.get("Origin")
     if origin is not None and origin.lower() not in {f"http://{h}" for h in hosts}:
         return 403, f"requests from the page at {origin!r} are refused"
-    if path not in OPEN_PATHS and not _holds(headers.get("Authorization", ""), token):
+    bearer = _holds(headers.get("Authorization", ""), token)
+    if path not in OPEN_PATHS and not bearer and not session:
         return 401, (
             "the local API needs `Authorization: Bearer <token>`, the token in "
             f"$NVPAIR_HOME/{TOKEN_FILE}"
         )
+    if method not in ("GET", "HEAD") and not bearer and session and origin is None:
+        return 403, "a state-changing call from the page needs its Origin"
     json_body = _media_type(headers.get("Content-Type", "")) == "application/json"
     if method == "POST" and has_body and not json_body:
         return 415, "a POST body must be application/json"
     return None
+
+
+def holds_token(headers: Mapping[str, str], token: str) -> bool:
+    """Whether the request carries the local API token (not merely a session)."""
+    return _holds(headers.get("Authorization", ""), token)
 
 
 def _holds(authorization: str, token: str) -> bool:

@@ -17,7 +17,7 @@ import base64
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,6 +29,8 @@ from workload_manager.tasks import describe
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 from .errors import InvalidCursor, StoreUnavailable
+from .jobs_query import Filters, open_filters
+from .jobs_query import where as filters_where
 from .writer import JobsWriter
 
 __all__ = ["BUSY_TIMEOUT_S", "MAX_PAGE", "JobsStore", "JobsWriter"]
@@ -142,6 +144,8 @@ class JobsStore:
         # One connection: two coroutines' transactions must not interleave on it (the
         # writer's batch and a prune would otherwise share one BEGIN ... COMMIT).
         self._one_transaction = asyncio.Lock()
+        # Every committed record, local and relayed, in commit order (the page's live feed).
+        self.on_commit: Callable[[list[Workload]], None] = lambda records: None
 
     @classmethod
     async def open(cls, path: Path) -> JobsStore:
@@ -162,6 +166,7 @@ class JobsStore:
                 # When this store last took a newer record of the job (epoch s): anti-entropy
                 # hands on only what settled here, not what the relay is still delivering.
                 await db.execute("ALTER TABLE jobs ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
+            await open_filters(db)  # the Jobs list's model and requester filters
             await db.commit()
             async with db.execute("SELECT origin, id FROM removed") as rows:
                 removed = {(str(origin), str(wid)) for origin, wid in await rows.fetchall()}
@@ -193,8 +198,10 @@ class JobsStore:
         gone = self._removed
         if removal_rows:  # a copy, kept only once committed: a refused batch leaves no trace
             gone = gone | {(origin, wid) for origin, wid, _ in removal_rows}
-        upsert_rows = [(*_row(r), now) for r in upserts if (r.originatedFrom, r.id) not in gone]
-        relayed_rows = [(*_row(r), now) for r in relayed if (r.originatedFrom, r.id) not in gone]
+        kept = [r for r in upserts if (r.originatedFrom, r.id) not in gone]
+        kept_relayed = [r for r in relayed if (r.originatedFrom, r.id) not in gone]
+        upsert_rows = [(*_row(r), now) for r in kept]
+        relayed_rows = [(*_row(r), now) for r in kept_relayed]
         redundant = 0
         async with self._refused_as_unavailable(), self._transaction():
             if removal_rows:
@@ -214,6 +221,7 @@ class JobsStore:
                 cursor = await self.db.executemany(_UPSERT, relayed_rows)
                 redundant = len(relayed_rows) - cursor.rowcount
         self._removed = gone
+        self.on_commit([*kept, *kept_relayed])
         return redundant
 
     @contextlib.asynccontextmanager
@@ -261,6 +269,8 @@ class JobsStore:
         node: str | None = None,
         limit: int = 1000,
         after: str | None = None,
+        model: str | None = None,
+        requester: str | None = None,
     ) -> tuple[list[Workload], str | None]:
         """A page of `jobs()` and the cursor of the next (None after the last page).
 
@@ -268,16 +278,12 @@ class JobsStore:
         order is total (newest first, then id, origin, run), so paging visits every job once
         even while jobs are added (those newer than the first page are not visited).
         """
-        clauses, args = [], []
+        clauses, args = filters_where(
+            Filters(state=state, node=node, model=model, requester=requester)
+        )
         if after is not None:
             clauses.append("(created_at, id, origin, run_id) < (?, ?, ?, ?)")
             args += list(_page_cursor(after))
-        if state is not None:
-            clauses.append("state = ?")
-            args.append(state)
-        if node is not None:
-            clauses.append("(scheduled_on = ? OR (scheduled_on IS NULL AND origin = ?))")
-            args += [node, node]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         limit = max(1, min(limit, MAX_PAGE))
         query = (

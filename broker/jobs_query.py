@@ -1,0 +1,77 @@
+"""The Jobs list's filters (state, node, model, requester) and its counts per state.
+
+`requester` is a virtual column computed from the stored record (`requesterId`), so the
+record and its upsert stay exactly as they are; it and `model` are indexed with `state`, so
+a filtered page or count reads the matching rows, not the table (`open_filters` adds the
+column and the indexes to a store from before them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import aiosqlite
+
+__all__ = ["Filters", "count_by_state", "open_filters", "where"]
+
+_INDEXES: Final = """
+CREATE INDEX IF NOT EXISTS jobs_model ON jobs (model, state);
+CREATE INDEX IF NOT EXISTS jobs_requester ON jobs (requester, state);
+"""
+
+
+class Filters:
+    """Which jobs a page or a count is of (None: any)."""
+
+    __slots__ = ("model", "node", "requester", "state")
+
+    def __init__(
+        self,
+        *,
+        state: str | None = None,
+        node: str | None = None,
+        model: str | None = None,
+        requester: str | None = None,
+    ) -> None:
+        self.state, self.node, self.model, self.requester = state, node, model, requester
+
+
+async def open_filters(db: aiosqlite.Connection) -> None:
+    """Add the `requester` column (virtual: nothing rewritten) and the filters' indexes."""
+    async with db.execute("PRAGMA table_xinfo(jobs)") as cursor:  # xinfo: generated ones too
+        columns = {row[1] for row in await cursor.fetchall()}
+    if "requester" not in columns:
+        await db.execute(
+            "ALTER TABLE jobs ADD COLUMN requester TEXT GENERATED ALWAYS AS "
+            "(json_extract(CAST(record AS TEXT), '$.requesterId')) VIRTUAL"
+        )
+    await db.executescript(_INDEXES)
+
+
+def where(filters: Filters) -> tuple[list[str], list[Any]]:
+    """The SQL conditions and their arguments for `filters`."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    if filters.state is not None:
+        clauses.append("state = ?")
+        args.append(filters.state)
+    if filters.node is not None:
+        clauses.append("(scheduled_on = ? OR (scheduled_on IS NULL AND origin = ?))")
+        args += [filters.node, filters.node]
+    if filters.model is not None:
+        clauses.append("model = ?")
+        args.append(filters.model)
+    if filters.requester is not None:
+        clauses.append("requester = ?")
+        args.append(filters.requester)
+    return clauses, args
+
+
+async def count_by_state(db: aiosqlite.Connection, filters: Filters) -> dict[str, int]:
+    """How many of the jobs `filters` select are in each state."""
+    clauses, args = where(filters)
+    sql = "SELECT state, count(*) FROM jobs"
+    if clauses:
+        sql += f" WHERE {' AND '.join(clauses)}"
+    async with db.execute(sql + " GROUP BY state", args) as cursor:
+        return {str(state): int(count) for state, count in await cursor.fetchall()}
