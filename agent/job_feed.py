@@ -75,7 +75,7 @@ class JobFeed:
         self.start_id = secrets.token_hex(6)  # another agent start: another id space
         self.seq = 0
         self._ring: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=ring)
-        self._queue = queue
+        self.queue_limit = queue
         self._streams = streams
         self._subscribers: set[Subscriber] = set()
         self.dropped = 0  # subscribers cut for not keeping up
@@ -101,9 +101,9 @@ class JobFeed:
         `TooManyStreams` past the bound. Synchronous, so nothing is published in between."""
         if len(self._subscribers) >= self._streams:
             raise TooManyStreams(f"{self._streams} streams are open already")
-        subscriber = Subscriber(self._queue)
+        subscriber = Subscriber(self.queue_limit)
         backlog = self.since(last_event_id) if last_event_id else []
-        if backlog is None or len(backlog) > self._queue:
+        if backlog is None or len(backlog) > self.queue_limit:
             subscriber.offer(self.reset_frame())
         else:
             for frame in backlog:
@@ -119,6 +119,11 @@ class JobFeed:
     def streams(self) -> int:
         """Streams open now."""
         return len(self._subscribers)
+
+    @property
+    def subscribers(self) -> frozenset[Subscriber]:
+        """The open streams' subscribers."""
+        return frozenset(self._subscribers)
 
     def since(self, last_event_id: str) -> list[bytes] | None:
         """The frames after `last_event_id`, or None when that point is not held."""

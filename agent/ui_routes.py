@@ -183,7 +183,7 @@ class UiServer:
                 subscriber.on_drop = transport.abort
             await answer.prepare(request)
             await answer.write(b"retry: 2000\n\n")
-            while not subscriber.dropped:
+            while not subscriber.dropped and not (transport is None or transport.is_closing()):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(KEEPALIVE_S):
                         await subscriber.wake.wait()
