@@ -46,6 +46,7 @@ class Subscriber:
         self.wake = asyncio.Event()
         self.dropped = False
         self.on_drop: Callable[[], None] = lambda: None
+        self.gone: Callable[[], bool] = lambda: False  # its client left (connection closed)
 
     def offer(self, frame: bytes) -> None:
         """Queue a frame; past the limit the subscriber is dropped and its queue emptied."""
@@ -99,6 +100,11 @@ class JobFeed:
     def subscribe(self, last_event_id: str | None) -> Subscriber:
         """A new stream, its queue already holding what follows `last_event_id` (or a reset);
         `TooManyStreams` past the bound. Synchronous, so nothing is published in between."""
+        for left in [s for s in self._subscribers if s.gone()]:
+            # A client that left is noticed at its stream's next write; a new one need not
+            # wait for that (a page reloaded a few times would otherwise fill every slot).
+            self._subscribers.discard(left)
+            left.wake.set()
         if len(self._subscribers) >= self._streams:
             raise TooManyStreams(f"{self._streams} streams are open already")
         subscriber = Subscriber(self.queue_limit)

@@ -181,6 +181,7 @@ class UiServer:
             transport = request.transport
             if transport is not None:  # a client too slow for its queue: cut at once
                 subscriber.on_drop = transport.abort
+                subscriber.gone = transport.is_closing
             await answer.prepare(request)
             await answer.write(b"retry: 2000\n\n")
             while not subscriber.dropped and not (transport is None or transport.is_closing()):

@@ -77,7 +77,10 @@ def test_streams_are_bounded() -> None:
     with pytest.raises(TooManyStreams):
         feed.subscribe(None)
     feed.unsubscribe(one)
-    feed.subscribe(None)  # the control: a slot freed is taken
+    left = feed.subscribe(None)  # the control: a slot freed is taken
+    left.gone = lambda: True  # its client closed the connection: its slot is free too
+    assert feed.subscribe(None) not in (one, left)
+    assert left.wake.is_set()
 
 
 def test_a_code_works_once_within_its_time() -> None:

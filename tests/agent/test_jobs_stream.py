@@ -74,6 +74,8 @@ async def open_stream(
     response = await client.get(agent.local_api.url + "/v1/jobs/stream", headers=headers)
     assert response.status == 200
     assert response.headers["Content-Type"] == "text/event-stream"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
     return Stream(response)  # subscribed before its headers were sent: it misses nothing
 
 
