@@ -19,13 +19,16 @@
 - `POST /v1/members/{node_id}/remove` -- `nvpair cluster remove`.
 - `GET /v1/explain?model=`, `GET /v1/ops`, `POST /v1/ops` -- the scheduler's ranking, and
   cordon / uncordon / drain operations.
+- The web page (`/ui/`, its login, `GET /v1/jobs/stream`, `/v1/jobs/counts`,
+  `/v1/usage/series`) and the security headers on every answer: `agent.ui_routes`.
 
 It reads and asks the node's parts only through `LocalPorts`.
 
 Only the loopback interface is bound, and that is no boundary by itself: every request
 passes `local_guard.refusal` first (its own Host and Origin, the token from
-`NVPAIR_HOME/local-api.token` on all but `/healthz` and `/metrics`, JSON bodies), refused
-with a JSON `{error}` and nothing done.
+`NVPAIR_HOME/local-api.token` or the page's session on all but `/healthz`, `/metrics` and
+`/ui/login`, JSON bodies), refused with a JSON `{error}` (HTML on the page's paths) and
+nothing done.
 """
 
 from __future__ import annotations
