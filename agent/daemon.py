@@ -48,7 +48,6 @@ from .facade import Facade, facade_address
 from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
 from .home import forget_state
-from .job_feed import JobFeed
 from .key_check import KeyCheck
 from .lifetime import Health, Tasks
 from .local_api import LocalApi, LocalPorts
@@ -105,7 +104,6 @@ class Agent:
         health.watch("jobs-store", writer.problem)
         usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
         health.watch("usage-store", lambda: usage.store.problem)
-        store.on_commit = (feed := JobFeed()).publish  # the web page's live Jobs list
 
         gpus = node_inventory(node_id, config.simulate_gpus)
 
@@ -269,7 +267,7 @@ class Agent:
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
                 routes=[*usage_routes(usage), *plane_routes(link)],
-                ui=UiPorts(feed, usage.store),
+                ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
             ),
             port=config.api_port,
             token=issue_token(config.home),  # fresh each start, on disk before it listens

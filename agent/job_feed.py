@@ -21,16 +21,11 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Final
 
-import msgspec
-
-from workload_manager.workload import Workload
-
 __all__ = ["MAX_STREAMS", "QUEUE", "RING", "JobFeed", "Subscriber", "TooManyStreams"]
 
 RING: Final = 10_000  # records held for reconnects (~400 bytes each)
 QUEUE: Final = 2_000  # frames waiting for one client at most
 MAX_STREAMS: Final = 16
-_encode: Final = msgspec.json.Encoder().encode
 
 
 class TooManyStreams(Exception):
@@ -85,8 +80,9 @@ class JobFeed:
         """The stream id of record number `seq`."""
         return f"{self.start_id}-{seq}"
 
-    def publish(self, records: Iterable[Workload]) -> None:
-        """A committed batch: number each record and hand it to every stream."""
+    def publish(self, records: Iterable[bytes]) -> None:
+        """A committed batch (each record's JSON, as stored): number each record and hand
+        it to every stream."""
         for record in records:
             self.seq += 1
             frame = self._frame(self.seq, record)
@@ -148,5 +144,5 @@ class JobFeed:
         """`event: reset` at the current point: reload, then follow from this id."""
         return f"id: {self.event_id(self.seq)}\nevent: reset\ndata: {{}}\n\n".encode()
 
-    def _frame(self, seq: int, record: Workload) -> bytes:
-        return b"id: %s\nevent: job\ndata: %s\n\n" % (self.event_id(seq).encode(), _encode(record))
+    def _frame(self, seq: int, record: bytes) -> bytes:
+        return b"id: %s\nevent: job\ndata: %s\n\n" % (self.event_id(seq).encode(), record)

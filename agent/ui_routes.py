@@ -78,6 +78,13 @@ class UiPorts:
     feed: JobFeed
     usage: UsageStore
 
+    @classmethod
+    def following(cls, store: JobsStore, usage: UsageStore) -> UiPorts:
+        """A feed of every record `store` commits from now on, and `usage`."""
+        feed = JobFeed()
+        store.on_commit = feed.publish
+        return cls(feed, usage)
+
 
 class UiServer:
     """The page's routes, sessions and headers, installed on the local API's app."""

@@ -72,13 +72,13 @@ CREATE TABLE IF NOT EXISTS removed (
 # out before the statement runs: a NOT EXISTS subquery here halves the insert rate.)
 _UPSERT: Final = """
 INSERT INTO jobs (origin, run_id, id, seq, state, model, engine, scheduled_on,
-                  created_at, completed_at, record, stored_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                  created_at, completed_at, record, requester, stored_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (origin, run_id, id) DO UPDATE SET
     seq = excluded.seq, state = excluded.state, model = excluded.model,
     engine = excluded.engine, scheduled_on = excluded.scheduled_on,
     created_at = excluded.created_at, completed_at = excluded.completed_at,
-    record = excluded.record, stored_at = excluded.stored_at
+    record = excluded.record, requester = excluded.requester, stored_at = excluded.stored_at
 WHERE excluded.seq > jobs.seq
 """
 
@@ -114,6 +114,7 @@ def _row(record: Workload) -> tuple[Any, ...]:
         record.createdAt,
         completed,
         _encode(record),
+        record.requesterId if isinstance(record.requesterId, str) else None,
     )
 
 
@@ -144,8 +145,8 @@ class JobsStore:
         # One connection: two coroutines' transactions must not interleave on it (the
         # writer's batch and a prune would otherwise share one BEGIN ... COMMIT).
         self._one_transaction = asyncio.Lock()
-        # Every committed record, local and relayed, in commit order (the page's live feed).
-        self.on_commit: Callable[[list[Workload]], None] = lambda records: None
+        # Every committed record's JSON, local and relayed, in commit order (the page's feed).
+        self.on_commit: Callable[[list[bytes]], None] = lambda records: None
 
     @classmethod
     async def open(cls, path: Path) -> JobsStore:
@@ -198,10 +199,8 @@ class JobsStore:
         gone = self._removed
         if removal_rows:  # a copy, kept only once committed: a refused batch leaves no trace
             gone = gone | {(origin, wid) for origin, wid, _ in removal_rows}
-        kept = [r for r in upserts if (r.originatedFrom, r.id) not in gone]
-        kept_relayed = [r for r in relayed if (r.originatedFrom, r.id) not in gone]
-        upsert_rows = [(*_row(r), now) for r in kept]
-        relayed_rows = [(*_row(r), now) for r in kept_relayed]
+        upsert_rows = [(*_row(r), now) for r in upserts if (r.originatedFrom, r.id) not in gone]
+        relayed_rows = [(*_row(r), now) for r in relayed if (r.originatedFrom, r.id) not in gone]
         redundant = 0
         async with self._refused_as_unavailable(), self._transaction():
             if removal_rows:
@@ -221,7 +220,7 @@ class JobsStore:
                 cursor = await self.db.executemany(_UPSERT, relayed_rows)
                 redundant = len(relayed_rows) - cursor.rowcount
         self._removed = gone
-        self.on_commit([*kept, *kept_relayed])
+        self.on_commit([row[10] for row in (*upsert_rows, *relayed_rows)])
         return redundant
 
     @contextlib.asynccontextmanager

@@ -1,9 +1,9 @@
 """The Jobs list's filters (state, node, model, requester) and its counts per state.
 
-`requester` is a virtual column computed from the stored record (`requesterId`), so the
-record and its upsert stay exactly as they are; it and `model` are indexed with `state`, so
-a filtered page or count reads the matching rows, not the table (`open_filters` adds the
-column and the indexes to a store from before them).
+`requester` is the record's `requesterId` in a column of its own (written by the upsert: a
+column computed from the record's JSON cost a JSON parse per write); it and `model` are
+indexed with `state`, so a filtered page or count reads the matching rows, not the table
+(`open_filters` adds the column, filled from the records, and the indexes to an older store).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ class Filters:
 
 
 async def open_filters(db: aiosqlite.Connection) -> None:
-    """Add the `requester` column (virtual: nothing rewritten) and the filters' indexes."""
-    async with db.execute("PRAGMA table_xinfo(jobs)") as cursor:  # xinfo: generated ones too
+    """Add the `requester` column (filled from the stored records) and the filters' indexes."""
+    async with db.execute("PRAGMA table_info(jobs)") as cursor:
         columns = {row[1] for row in await cursor.fetchall()}
     if "requester" not in columns:
+        await db.execute("ALTER TABLE jobs ADD COLUMN requester TEXT")
         await db.execute(
-            "ALTER TABLE jobs ADD COLUMN requester TEXT GENERATED ALWAYS AS "
-            "(json_extract(CAST(record AS TEXT), '$.requesterId')) VIRTUAL"
+            "UPDATE jobs SET requester = json_extract(CAST(record AS TEXT), '$.requesterId')"
         )
     await db.executescript(_INDEXES)
 

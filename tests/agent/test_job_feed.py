@@ -13,8 +13,9 @@ from tests.fixtures.records import workload_record
 from workload_manager.workload import Workload
 
 
-def record(wid: str, seq: int = 1) -> Workload:
-    return msgspec.convert(workload_record(wid, seq), Workload)
+def record(wid: str, seq: int = 1) -> bytes:
+    """A record's JSON, as the Jobs store commits it."""
+    return msgspec.json.encode(msgspec.convert(workload_record(wid, seq), Workload))
 
 
 def ids(frames: list[bytes]) -> list[str]:
