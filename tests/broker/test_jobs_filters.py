@@ -28,10 +28,8 @@ async def test_filters_and_counts_also_on_a_store_from_before_them(tmp_path: Pat
         job("4", "b", None),
     ]
     await store.write(jobs, [], now=0)
-    # As an older agent left it: no requester column, no indexes of the filters.
-    await store.db.executescript(
-        "DROP INDEX jobs_requester; DROP INDEX jobs_model; ALTER TABLE jobs DROP COLUMN requester"
-    )
+    # As an older agent left it: no requester column.
+    await store.db.execute("ALTER TABLE jobs DROP COLUMN requester")
     await store.db.commit()
     await store.close()
     store = await JobsStore.open(path)
