@@ -125,7 +125,7 @@ function update(card, d, replicas) {
       h('h3', {}, d.name),
       h('span', { class: 'counts-line' }, h('span', { class: 'ready' }, String(ready)), ' ready of ',
         h('span', { class: 'desired' }, String(d.replicas)), ' desired'),
-      h('span', { class: 'meta' }, `${d.engine} · ${d.source || ''} · ${d.gpus} GPU(s), TP ${d.tp} · v${d.version}`,
+      h('span', { class: 'meta' }, [d.engine, d.source, `${d.gpus} GPU(s), TP ${d.tp}`, `v${d.version}`].filter(Boolean).join(' · '),
         d.authority && d.authority !== 'managed' ? ` · ${d.authority}` : '', wants ? ` · ${wants}` : '')),
     h('p', { class: 'states' }, stateText, ` · updated ${fmtTime(d.updatedAt)}`),
     replicas.length ? replicaTable(replicas) : null,
