@@ -109,6 +109,7 @@ class SizeFigures:
     outbox_sent: int
     wire_bytes: int
     cpu_s: float
+    window_s: float  # first event entered to every member told (or the wait given up)
     spreads_ms: list[float]  # per event: origin to the last member's broker
     missing: int  # (event, member) pairs never told within the wait
     rss_mib: list[float]
@@ -128,7 +129,8 @@ class SizeFigures:
             f"((N-1)^2={(n - 1) ** 2}, accepted {self.first_seen / per:.1f}, "
             f"acked {self.outbox_sent / per:.1f}); "
             f"wire {self.wire_bytes / per:,.0f} B/event; "
-            f"cpu {1000 * self.cpu_s / per:.2f} s/1k events; "
+            f"cpu {1000 * self.cpu_s / per:.2f} s/1k events "
+            f"({self.cpu_s / max(self.window_s, 1e-9):.2f} cores over {self.window_s:.1f} s); "
             f"origin->last p50 {percentile(spreads, 0.5):.0f} ms "
             f"p99 {percentile(spreads, 0.99):.0f} ms max {max(spreads, default=math.nan):.0f} ms"
             f"{f' ({self.missing} never told)' if self.missing else ''}; "

@@ -248,6 +248,7 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
             origin.send(event_frame(origin.node_id, name))
         offered = total / max(time.monotonic() - start, 1e-9)
         await until_told(members, list(sent), SETTLE_S)
+        window_s = time.monotonic() - start
         ticks_after = [m.cpu_ticks() for m in members]
         wire_after = wire_bytes(read_ss(), ports)
         after = await asyncio.gather(*(m.request("manager:status") for m in members))
@@ -267,6 +268,7 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
             outbox_sent=outbox_sent_delta(before, after),
             wire_bytes=wire_delta(wire_before, wire_after),
             cpu_s=(sum(ticks_after) - sum(ticks_before)) / TICK_S,
+            window_s=window_s,
             spreads_ms=spreads,
             missing=missing,
             rss_mib=[m.rss_mib() for m in members],

@@ -1,0 +1,94 @@
+"""bench/scale.py: its arithmetic on known readings, and one short run at four members."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def figures() -> ModuleType:
+    # bench/ is a folder of scripts, not a package: its modules import each other by name.
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module("_scale_figures")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_percentile_is_nearest_rank(figures: ModuleType) -> None:
+    values = [float(v) for v in range(100, 0, -1)]  # unsorted on purpose
+    assert figures.percentile(values, 0.5) == 50.0
+    assert figures.percentile(values, 0.99) == 99.0
+    assert figures.percentile(values, 1.0) == 100.0
+    assert figures.percentile([7.0], 0.99) == 7.0
+    assert math.isnan(figures.percentile([], 0.5))
+
+
+def test_counter_deltas_sum_over_members(figures: ModuleType) -> None:
+    before = [
+        {"counters": {"received_remote": 10}, "broadcast": [{"sent": 3}, {"sent": 4}]},
+        {"counters": {"received_remote": 0}, "broadcast": []},
+    ]
+    after = [
+        {"counters": {"received_remote": 19}, "broadcast": [{"sent": 5}, {"sent": 9}]},
+        {"counters": {"received_remote": 6}, "broadcast": []},
+    ]
+    assert figures.counter_delta(before, after, "received_remote") == 15
+    assert figures.outbox_sent_delta(before, after) == 7
+
+
+def test_proc_readings(figures: ModuleType) -> None:
+    # A command name with spaces and parentheses; utime 1234 and stime 56 (fields 14, 15).
+    line = "4242 (python -m (x)) S 1 2 3 4 5 6 7 8 9 10 1234 56 0 0 20 0 3 0 100 0 0"
+    assert figures.cpu_ticks(line) == 1290
+    own = Path(f"/proc/{os.getpid()}/stat").read_text()
+    assert figures.cpu_ticks(own) >= 0
+    assert figures.rss_kib("Name:\tpython\nVmRSS:\t  53248 kB\n") == 53248
+    assert figures.rss_kib("Name:\tzombie\n") == 0
+
+
+def test_wire_bytes_from_ss_counts_only_our_ports(figures: ModuleType) -> None:
+    before = (
+        "0 0 127.0.0.1:21000 127.0.0.1:40000\n\t cubic bytes_sent:100 bytes_acked:101\n"
+        "0 0 127.0.0.1:40000 127.0.0.1:21000\n\t cubic bytes_sent:50 bytes_received:100\n"
+        "0 0 127.0.0.1:5432 127.0.0.1:41000\n\t cubic bytes_sent:999999\n"
+    )
+    after = (
+        "0 0 127.0.0.1:21000 127.0.0.1:40000\n\t cubic bytes_sent:300\n"
+        "0 0 127.0.0.1:40000 127.0.0.1:21000\n\t cubic bytes_sent:80\n"
+        "0 0 127.0.0.1:40001 127.0.0.1:21000\n\t cubic bytes_sent:20\n"  # a new connection
+        "0 0 127.0.0.1:5432 127.0.0.1:41000\n\t cubic bytes_sent:9999999\n"
+    )
+    ports = {21000}
+    first = figures.wire_bytes(before, ports)
+    assert first == {(21000, 40000): 100, (40000, 21000): 50}
+    assert figures.wire_delta(first, figures.wire_bytes(after, ports)) == 200 + 30 + 20
+
+
+def test_a_short_run_at_four_members_prints_its_line_and_ratio() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/scale.py", "--sizes", "4", "--seconds", "2", "--rate", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    line = re.search(r"^N=4: 20 events .*deliveries/event ([\d.]+) .*$", done.stdout, re.M)
+    assert line is not None, done.stdout
+    # Today's relay: the origin sends to 3 peers, each relays to the 2 others: up to 9.
+    assert 3 <= float(line.group(1)) <= 9
+    assert "never told" not in line.group(0)
+    assert re.search(r"^ratio: \d+\.\d\d$", done.stdout, re.M), done.stdout
