@@ -110,6 +110,7 @@ class SizeFigures:
     wire_bytes: int
     cpu_s: float
     window_s: float  # first event entered to every member told (or the wait given up)
+    idle_cores: float  # CPU of the members over a quiet spell before the window, in cores
     spreads_ms: list[float]  # per event: origin to the last member's broker
     missing: int  # (event, member) pairs never told within the wait
     rss_mib: list[float]
@@ -130,7 +131,8 @@ class SizeFigures:
             f"acked {self.outbox_sent / per:.1f}); "
             f"wire {self.wire_bytes / per:,.0f} B/event; "
             f"cpu {1000 * self.cpu_s / per:.2f} s/1k events "
-            f"({self.cpu_s / max(self.window_s, 1e-9):.2f} cores over {self.window_s:.1f} s); "
+            f"({self.cpu_s / max(self.window_s, 1e-9):.2f} cores over {self.window_s:.1f} s, "
+            f"idle before {self.idle_cores:.2f}); "
             f"origin->last p50 {percentile(spreads, 0.5):.0f} ms "
             f"p99 {percentile(spreads, 0.99):.0f} ms max {max(spreads, default=math.nan):.0f} ms"
             f"{f' ({self.missing} never told)' if self.missing else ''}; "

@@ -16,6 +16,8 @@ window closes when every member's broker has been told every event. Per N it pri
 - p50 / p99 / max from an event's entry at its origin to the last member's broker being told
   (`workloads:upsert` read on the manager's stdout: the manager reports no receipt time of
   its own, so the broker's side it stands in for is where receipt is observed);
+- the members' CPU, in cores, over `--idle-seconds` of quiet between the warm-up and the
+  window (what the mesh costs with no events);
 - RSS and open descriptors per manager at the end of the window.
 
 A final `ratio: X.XX` is deliveries per event at the largest N divided by N: about N today
@@ -26,6 +28,7 @@ Today's agents' heartbeat bytes are not measured here (they need full agents; se
 docs/scale.md).
 
     python bench/scale.py [--sizes 4,16,32,64] [--rate 20] [--seconds 10] [--origins 4]
+                          [--idle-seconds 3]
 """
 
 from __future__ import annotations
@@ -232,6 +235,10 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
         if not await until_told(members, warm, 120):
             raise RuntimeError(f"N={n}: the warm-up events did not reach every member in 120 s")
         ports = {m.port for m in members}
+        idle_from = [m.cpu_ticks() for m in members]
+        await asyncio.sleep(args.idle_seconds)
+        idle_cores = (sum(m.cpu_ticks() for m in members) - sum(idle_from)) / TICK_S
+        idle_cores /= max(args.idle_seconds, 1e-9)
         before = await asyncio.gather(*(m.request("manager:status") for m in members))
         ticks_before = [m.cpu_ticks() for m in members]
         wire_before = wire_bytes(read_ss(), ports)
@@ -269,6 +276,7 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
             wire_bytes=wire_delta(wire_before, wire_after),
             cpu_s=(sum(ticks_after) - sum(ticks_before)) / TICK_S,
             window_s=window_s,
+            idle_cores=idle_cores,
             spreads_ms=spreads,
             missing=missing,
             rss_mib=[m.rss_mib() for m in members],
@@ -284,6 +292,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="events/s offered in all")
     parser.add_argument("--seconds", type=float, default=10.0, help="per size")
     parser.add_argument("--origins", type=int, default=4, help="members events enter at")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="quiet spell measured before the window"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     figures = []

@@ -78,7 +78,18 @@ def test_wire_bytes_from_ss_counts_only_our_ports(figures: ModuleType) -> None:
 
 def test_a_short_run_at_four_members_prints_its_line_and_ratio() -> None:
     done = subprocess.run(
-        [sys.executable, "bench/scale.py", "--sizes", "4", "--seconds", "2", "--rate", "10"],
+        [
+            sys.executable,
+            "bench/scale.py",
+            "--sizes",
+            "4",
+            "--seconds",
+            "2",
+            "--rate",
+            "10",
+            "--idle-seconds",
+            "0.5",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
