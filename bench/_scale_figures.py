@@ -38,13 +38,14 @@ def counter_delta(
     )
 
 
-def outbox_sent_delta(
-    before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]
+def outbox_delta(
+    before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]], name: str = "sent"
 ) -> int:
-    """Sum over members and their peers of events acknowledged (`broadcast[].sent`)."""
+    """Sum over members and their peers of one outbox counter (`broadcast[].sent`: events
+    acknowledged; `retried`: batches that failed and go again)."""
 
     def total(statuses: Iterable[Mapping[str, Any]]) -> int:
-        return sum(int(peer["sent"]) for s in statuses for peer in s.get("broadcast", []))
+        return sum(int(peer[name]) for s in statuses for peer in s.get("broadcast", []))
 
     return total(after) - total(before)
 
@@ -107,6 +108,7 @@ class SizeFigures:
     deliveries: int
     first_seen: int
     outbox_sent: int
+    retried: int  # batches sent again after a failure (a timeout on a busy machine)
     wire_bytes: int
     cpu_s: float
     window_s: float  # first event entered to every member told (or the wait given up)
@@ -128,7 +130,7 @@ class SizeFigures:
             f"N={n}: {self.events} events at {self.offered_rate:.0f}/s; "
             f"deliveries/event {self.deliveries_per_event:.1f} "
             f"((N-1)^2={(n - 1) ** 2}, accepted {self.first_seen / per:.1f}, "
-            f"acked {self.outbox_sent / per:.1f}); "
+            f"acked {self.outbox_sent / per:.1f}, batches retried {self.retried}); "
             f"wire {self.wire_bytes / per:,.0f} B/event; "
             f"cpu {1000 * self.cpu_s / per:.2f} s/1k events "
             f"({self.cpu_s / max(self.window_s, 1e-9):.2f} cores over {self.window_s:.1f} s, "

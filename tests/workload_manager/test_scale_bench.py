@@ -45,7 +45,8 @@ def test_counter_deltas_sum_over_members(figures: ModuleType) -> None:
         {"counters": {"received_remote": 6}, "broadcast": []},
     ]
     assert figures.counter_delta(before, after, "received_remote") == 15
-    assert figures.outbox_sent_delta(before, after) == 7
+    assert figures.outbox_delta(before, after) == 7
+    assert figures.outbox_delta(before, before, "sent") == 0
 
 
 def test_proc_readings(figures: ModuleType) -> None:
