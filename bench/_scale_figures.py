@@ -111,7 +111,7 @@ class SizeFigures:
     retried: int  # batches sent again after a failure (a timeout on a busy machine)
     wire_bytes: int
     cpu_s: float
-    window_s: float  # first event entered to every member told (or the wait given up)
+    window_s: float  # first event entered to outboxes drained (or the wait given up)
     idle_cores: float  # CPU of the members over a quiet spell before the window, in cores
     spreads_ms: list[float]  # per event: origin to the last member's broker
     missing: int  # (event, member) pairs never told within the wait

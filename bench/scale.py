@@ -5,7 +5,8 @@ with its own identity from one cluster CA, all pinned and peers of each other (t
 mesh the agent sets up). This process plays every member's broker, minimally: it answers
 `workloads:snapshot` with an empty view and notes when each broker is told an upsert. Local
 events enter at `--origins` members in turn, `--rate` events/s in all, for `--seconds`; the
-window closes when every member's broker has been told every event. Per N it prints:
+window closes when every member's broker has been told every event and no outbox holds
+one (the duplicates relayed after the last first-seen count too). Per N it prints:
 
 - link deliveries per event: the managers' own `received_remote` counters summed over
   members (every event a manager got from a peer, first seen or duplicate), with the
@@ -216,6 +217,16 @@ async def until_told(members: list[Member], wids: list[bytes], within_s: float) 
     return False
 
 
+async def drained(members: list[Member], deadline: float) -> list[Any]:
+    """Every member's `manager:status` once no outbox holds an event (or at `deadline`)."""
+    while True:
+        statuses = await asyncio.gather(*(m.request("manager:status") for m in members))
+        queued = sum(int(p["queued"]) for s in statuses for p in s.get("broadcast", []))
+        if queued == 0 or time.monotonic() >= deadline:
+            return list(statuses)
+        await asyncio.sleep(0.2)
+
+
 def _own(member: Member, wids: list[bytes]) -> int:
     # An origin's broker entered its own events; its manager does not tell it them again.
     prefix = f"{member.name}-".encode()
@@ -255,10 +266,12 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
             origin.send(event_frame(origin.node_id, name))
         offered = total / max(time.monotonic() - start, 1e-9)
         await until_told(members, list(sent), SETTLE_S)
+        # Every broker told is not every relay done: the duplicates still queued for peers
+        # count too, so the readings wait for the outboxes to drain.
+        after = await drained(members, time.monotonic() + SETTLE_S)
         window_s = time.monotonic() - start
         ticks_after = [m.cpu_ticks() for m in members]
         wire_after = wire_bytes(read_ss(), ports)
-        after = await asyncio.gather(*(m.request("manager:status") for m in members))
         spreads: list[float] = []
         missing = 0
         for wid, (origin, at) in sent.items():
