@@ -100,7 +100,10 @@ def test_a_short_run_at_four_members_prints_its_line_and_ratio() -> None:
     assert done.returncode == 0, done.stderr
     line = re.search(r"^N=4: 20 events .*deliveries/event ([\d.]+) .*$", done.stdout, re.M)
     assert line is not None, done.stdout
-    # Today's relay: the origin sends to 3 peers, each relays to the 2 others: up to 9.
-    assert 3 <= float(line.group(1)) <= 9
+    # Today's relay: the origin sends to 3 peers, each relays to the 2 others: up to 9, and
+    # one more duplicate per batch a loaded machine timed out and sent again.
+    retried = re.search(r"batches retried (\d+)", line.group(0))
+    assert retried is not None, line.group(0)
+    assert 3 <= float(line.group(1)) <= 9 + int(retried.group(1))
     assert "never told" not in line.group(0)
     assert re.search(r"^ratio: \d+\.\d\d$", done.stdout, re.M), done.stdout
