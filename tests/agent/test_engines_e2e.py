@@ -216,6 +216,8 @@ async def test_a_restarted_agent_calls_its_adopted_engine_with_the_same_key(pair
     await a.stop()
     await a.start()  # the engine kept running; its key comes back from allocations.json
     await eventually(lambda: a.log_count("adopted pid") > 0, "a adopted its engine")
+    # Adopted is not yet ready: a probes the engine before it routes to it again.
+    await eventually(lambda: _ready(a, "cpu-mock", "a"), "a's adopted replica ready")
     answer = await pair.client(a).chat.completions.create(
         model="cpu-mock", messages=[{"role": "user", "content": "hi"}], max_tokens=1
     )
