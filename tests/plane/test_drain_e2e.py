@@ -4,9 +4,8 @@ in it, the drain POSTed as the admin, then the plane's `GET /v1/operations/{id}`
 target's `nvpair ops` both saying succeeded. The same agents' components and node-joined
 events are in the plane's views.
 
-It needs the desired-state channel (`GET /v1/desired`, plane/desired_api.py, fetched by
-agent/plane_down.py), which is another part of issue 16: until that is in the tree the
-module is skipped.
+The operation travels down the desired-state channel (`GET /v1/desired`, fetched by
+agent/plane_down.py) and its phases come back up in the target's sync batches.
 """
 
 from __future__ import annotations
@@ -18,15 +17,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-import plane
 from tests.agent.harness import eventually, make_node, start_cluster
 
 from .plane_process import ADMIN, PlaneProcess, point_at_plane
-
-pytestmark = pytest.mark.skipif(
-    not (Path(plane.__file__).parent / "desired_api.py").exists(),
-    reason="needs the desired-state channel (plane/desired_api.py) to carry operations down",
-)
 
 
 @pytest.fixture
