@@ -63,15 +63,25 @@ class World:
         """The east agent's next refresh: it holds the plane's routing table as it is now.
         With the channel in the tree, its own fetch (`GET /v1/plane` shows what it holds);
         without it, the document the channel keeps, written and read as the agent starts."""
-        table = msgspec.to_builtins(await self.table())
         if self.channel:
+            # The table as it is at each look, not as it was once: a replica's health probe
+            # that times out on a loaded machine turns it `starting` and back, and east's
+            # next fetch holds the table after that, not a copy read during it.
+            seen: dict[str, Any] = {}
 
             async def holds() -> bool:
-                desired = (await self.east.get("/v1/plane"))["desired"]
-                return desired is not None and desired["routes"] == table
+                seen["table"] = table = msgspec.to_builtins(await self.table())
+                ready = all(t["ready"] for route in table for t in route["targets"])
+                seen["east"] = plane = await self.east.get("/v1/plane")
+                desired = plane["desired"]
+                return ready and desired is not None and desired["routes"] == table
 
-            await eventually(holds, "east holds the plane's routing table")
+            try:
+                await eventually(holds, "east holds the plane's routing table, all ready")
+            except AssertionError as exc:  # what was seen last: the fetch's error, the two
+                raise AssertionError(f"{exc}; last seen: {seen}") from None
             return
+        table = msgspec.to_builtins(await self.table())
         self.generation += 1
         state = {"cluster": self.clusters["east"], "generation": self.generation, "routes": table}
         path = self.east.home / "plane-desired.json"
