@@ -15,6 +15,7 @@ in the same batch, to queue its view for us (docs/protocol.md, "Catch-up").
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -29,6 +30,7 @@ from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
+from .errors import ConfigurationError
 from .guard import PinnedConnector
 from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
 from .manager import Peer
@@ -38,7 +40,7 @@ from .server import EVENTS_PATH
 from .tasks import describe, reporting
 from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
 
-__all__ = ["Broadcaster", "encode_events"]
+__all__ = ["RELAY_MODES", "Broadcaster", "encode_events", "ring_successor"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,11 @@ VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot befo
 # instead of one request per event or two -- a TLS write and a wake-up each, on both sides.
 LINGER_S: Final = 0.025
 _SYNC_ID: Final = "sync"
+# How a first-seen remote event goes on (docs/protocol.md, "Relay"): to one ring successor
+# (about 2N link deliveries per event), or to every peer but its sender and origin ((N-1)²;
+# kept for comparison in bench/scale.py).
+RELAY_MODES: Final = ("ring", "flood")
+_CANNOT_SEND: Final = frozenset({"retrying", "no identity", "not pinned"})
 
 View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
 
@@ -68,6 +75,23 @@ def encode_events(events: list[Event], *, sync: bool = False) -> bytes:
     return encode_batch(calls)
 
 
+def ring_successor(
+    ring: list[str], own: str, exclude: tuple[str, ...], healthy: Callable[[str], bool]
+) -> str | None:
+    """The first of `ring` (sorted node ids, wrapping) after `own` that is not in `exclude`
+    and is `healthy` (its link is not failing); None when there is none. A peer passed over
+    while its link fails gets what it missed from the catch-up its sender makes when it
+    connects again (docs/protocol.md, "Relay")."""
+    if not ring:
+        return None
+    start = bisect.bisect_right(ring, own)
+    for step in range(len(ring)):
+        node_id = ring[(start + step) % len(ring)]
+        if node_id != own and node_id not in exclude and healthy(node_id):
+            return node_id
+    return None
+
+
 class Broadcaster:
     """Per-peer outboxes and sender tasks; `async with` owns their lifetime."""
 
@@ -80,6 +104,8 @@ class Broadcaster:
         max_batch: int = DEFAULT_MAX_BATCH,
         request_timeout_s: float = 10.0,
         draw: Callable[[], float] = random.random,
+        own_id: Callable[[], str | None] = lambda: None,
+        relay_mode: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.view = view
@@ -90,6 +116,13 @@ class Broadcaster:
         self.contexts = ClientContexts(cluster)
         self.view_ready = asyncio.Event()
         self._senders: dict[str, _Sender] = {}
+        self._ring: list[str] = []  # the peers' node ids, sorted: the relay's ring
+        self.own_id = own_id
+        self.relay_mode = relay_mode or os.environ.get("NVPAIR_WM_RELAY") or "ring"
+        if self.relay_mode not in RELAY_MODES:
+            raise ConfigurationError(
+                f"NVPAIR_WM_RELAY is {self.relay_mode!r}; one of {', '.join(RELAY_MODES)}"
+            )
         self._session: aiohttp.ClientSession | None = None
         self._tasks: asyncio.TaskGroup | None = None
 
@@ -142,13 +175,35 @@ class Broadcaster:
             elif existing.peer != peer:
                 existing.peer = peer  # moved: the next batch goes to the new address
                 existing.wake.set()
+        self._ring = sorted(self._senders)
 
     def enqueue(self, event: Event, exclude: tuple[str, ...]) -> None:
-        """Queue an event for every peer except those in `exclude`."""
+        """Queue an event: a local one (`exclude` empty) for every peer; a relayed one
+        (`exclude` = its sender and origin) for the next healthy member on the ring, or,
+        with `NVPAIR_WM_RELAY=flood`, for every peer but those in `exclude`."""
+        if exclude and self.relay_mode == "ring":
+            target = self.successor(exclude)
+            if target is not None:
+                target.outbox.add(event)
+                target.wake.set()
+            return
         for node_id, sender in self._senders.items():
             if node_id not in exclude:
                 sender.outbox.add(event)
                 sender.wake.set()
+
+    def successor(self, exclude: tuple[str, ...]) -> _Sender | None:
+        """The sender of the next healthy member on the ring (`ring_successor`)."""
+        senders = self._senders
+        node_id = ring_successor(
+            self._ring,
+            self.own_id() or "",
+            exclude,
+            lambda peer: (
+                senders[peer].outbox.failures == 0 and senders[peer].state not in _CANNOT_SEND
+            ),
+        )
+        return None if node_id is None else senders[node_id]
 
     def enqueue_view(self, node_id: str) -> int:
         """Queue this node's whole view for one peer (its `workloads:sync`)."""

@@ -119,6 +119,7 @@ class Member:
     _logs: asyncio.Task[None] | None = None
     _next_id: int = 0
     stderr: bytes = b""
+    env: dict[str, str] = field(default_factory=dict)  # more for the manager's environment
 
     @property
     def node_id(self) -> str:
@@ -141,7 +142,12 @@ class Member:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=16 * 1024 * 1024,
-            env={**os.environ, "NVPAIR_WM_BIND": "127.0.0.1", "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                "NVPAIR_WM_BIND": "127.0.0.1",
+                "PYTHONUNBUFFERED": "1",
+                **self.env,
+            },
         )
         self._reader = asyncio.create_task(self._read())
         self._logs = asyncio.create_task(self._drain_stderr())
