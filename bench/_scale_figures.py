@@ -103,6 +103,7 @@ class SizeFigures:
     """One line of the bench: the figures for one member count."""
 
     members: int
+    relay: str  # NVPAIR_WM_RELAY of the run: ring or flood
     events: int
     offered_rate: float
     deliveries: int
@@ -127,7 +128,7 @@ class SizeFigures:
         n, per = self.members, self.events or 1
         spreads = self.spreads_ms
         return (
-            f"N={n}: {self.events} events at {self.offered_rate:.0f}/s; "
+            f"N={n} {self.relay}: {self.events} events at {self.offered_rate:.0f}/s; "
             f"deliveries/event {self.deliveries_per_event:.1f} "
             f"((N-1)^2={(n - 1) ** 2}, accepted {self.first_seen / per:.1f}, "
             f"acked {self.outbox_sent / per:.1f}, batches retried {self.retried}); "
@@ -152,6 +153,12 @@ def _range(values: list[float], spec: str) -> str:
 
 
 def ratio(figures: list[SizeFigures]) -> float:
-    """Deliveries per event at the largest N, divided by N (about N-2 today; ~1 wanted)."""
+    """Flood's deliveries per event over ring's at the largest N both ran at (higher is
+    better); with one relay only, its deliveries per event over N."""
+    by = {(f.members, f.relay): f.deliveries_per_event for f in figures}
+    both = [n for n, relay in by if relay == "ring" and (n, "flood") in by]
+    if both:
+        n = max(both)
+        return by[(n, "flood")] / max(by[(n, "ring")], 1e-9)
     largest = max(figures, key=lambda f: f.members)
     return largest.deliveries_per_event / largest.members

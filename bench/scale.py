@@ -1,4 +1,4 @@
-"""Today's relay at 4..64 members: what one event costs the cluster, measured on loopback.
+"""The relay at 4..64 members: what one event costs the cluster, measured on loopback.
 
 For each N in `--sizes`, N real `python -m workload_manager` processes on 127.0.0.1, each
 with its own identity from one cluster CA, all pinned and peers of each other (the full
@@ -21,9 +21,13 @@ one (the duplicates relayed after the last first-seen count too). Per N it print
   window (what the mesh costs with no events);
 - RSS and open descriptors per manager at the end of the window.
 
-A final `ratio: X.XX` is deliveries per event at the largest N divided by N: about N today
-(every member relays a first-seen event to every other), 1 is the goal. There is no second
-relay to interleave with yet (STYLE.md); when there is, it runs beside this one.
+Each size runs each relay of `--relays` in turn (STYLE.md's interleaving): `flood`, the
+relay before issue 18 (every member relays a first-seen event to every peer but its sender
+and origin, about (N-1)² deliveries), and `ring`, today's (the origin sends to every peer, a
+member forwards a first-seen event to one ring successor, about 2(N-1)). A final
+`ratio: X.XX` is flood's deliveries per event over ring's at the largest N both ran at
+(subject over baseline, higher is better; with one relay only, its deliveries per event
+over N, about 2 for ring).
 
 Today's agents' heartbeat bytes are not measured here (they need full agents; see
 docs/scale.md).
@@ -105,8 +109,9 @@ def event_frame(origin: str, wid: str) -> bytes:
 class Member:
     """A manager process whose broker side this process plays."""
 
-    def __init__(self, name: str, cluster: ClusterDir, port: int) -> None:
+    def __init__(self, name: str, cluster: ClusterDir, port: int, relay: str = "ring") -> None:
         self.name = name  # prefixes the ids of the events entered here
+        self.relay = relay  # NVPAIR_WM_RELAY: ring (the relay now) or flood (the one before)
         self.cluster = cluster
         self.port = port
         self.arrivals: dict[bytes, float] = {}  # workload id -> when this broker was told
@@ -123,7 +128,7 @@ class Member:
             "--port", str(self.port), "--log-level", "warn",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, limit=16 * 1024 * 1024,
-            env={**os.environ, "NVPAIR_WM_BIND": "127.0.0.1"},
+            env={**os.environ, "NVPAIR_WM_BIND": "127.0.0.1", "NVPAIR_WM_RELAY": self.relay},
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
         await self.request("manager:status")  # answered once the channel is up
@@ -184,7 +189,7 @@ class Member:
             await self._reader
 
 
-def make_cluster(root: Path, count: int) -> list[Member]:
+def make_cluster(root: Path, count: int, relay: str = "ring") -> list[Member]:
     """One CA on m0, every member issued from it, every member pinned everywhere."""
     first = ClusterDir(root / "m0")
     first.init("scale", "m0", ["127.0.0.1"])
@@ -196,7 +201,9 @@ def make_cluster(root: Path, count: int) -> list[Member]:
         for cert in pems:
             pins.pin(cert)
     taken: set[int] = set()
-    return [Member(f"m{i}", ClusterDir(root / f"m{i}"), free_port(taken)) for i in range(count)]
+    return [
+        Member(f"m{i}", ClusterDir(root / f"m{i}"), free_port(taken), relay) for i in range(count)
+    ]
 
 
 def read_ss() -> str:
@@ -233,8 +240,8 @@ def _own(member: Member, wids: list[bytes]) -> int:
     return sum(w.startswith(prefix) for w in wids)
 
 
-async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
-    members = make_cluster(root, n)
+async def measure(args: argparse.Namespace, root: Path, n: int, relay: str = "ring") -> SizeFigures:
+    members = make_cluster(root, n, relay)
     await asyncio.gather(*(m.start() for m in members))
     try:
         await asyncio.gather(*(m.set_peers([p for p in members if p is not m]) for m in members))
@@ -281,6 +288,7 @@ async def measure(args: argparse.Namespace, root: Path, n: int) -> SizeFigures:
                 spreads.append((max(t for t in told if t is not None) - at) * 1000)
         return SizeFigures(
             members=n,
+            relay=relay,
             events=total,
             offered_rate=offered,
             deliveries=counter_delta(before, after, DELIVERIES),
@@ -309,14 +317,21 @@ def main() -> None:
     parser.add_argument(
         "--idle-seconds", type=float, default=3.0, help="quiet spell measured before the window"
     )
+    parser.add_argument(
+        "--relays",
+        default="flood,ring",
+        help="relays run per size, in turn (NVPAIR_WM_RELAY): flood (before), ring (now)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    relays = [r.strip() for r in args.relays.split(",") if r.strip()]
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            result = asyncio.run(measure(args, Path(tmp) / f"n{n}", n))
-            print(result.line(), flush=True)
-            figures.append(result)
+            for relay in relays:  # interleaved: both relays at each size, on the same machine
+                result = asyncio.run(measure(args, Path(tmp) / f"n{n}-{relay}", n, relay))
+                print(result.line(), flush=True)
+                figures.append(result)
     print(f"ratio: {ratio(figures):.2f}")
 
 

@@ -98,12 +98,35 @@ def test_a_short_run_at_four_members_prints_its_line_and_ratio() -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr
-    line = re.search(r"^N=4: 20 events .*deliveries/event ([\d.]+) .*$", done.stdout, re.M)
-    assert line is not None, done.stdout
-    # Today's relay: the origin sends to 3 peers, each relays to the 2 others: up to 9, and
-    # one more duplicate per batch a loaded machine timed out and sent again.
-    retried = re.search(r"batches retried (\d+)", line.group(0))
-    assert retried is not None, line.group(0)
-    assert 3 <= float(line.group(1)) <= 9 + int(retried.group(1))
-    assert "never told" not in line.group(0)
+    # Both relays at the one size, in turn. Flood: the origin sends to 3 peers, each relays
+    # to the 2 others, up to 9. Ring: the origin sends to 3 peers, each forwards to one
+    # successor, up to 6. Plus one duplicate per batch a loaded machine timed out and sent
+    # again.
+    for relay, most in (("flood", 9), ("ring", 6)):
+        line = re.search(
+            rf"^N=4 {relay}: 20 events .*deliveries/event ([\d.]+) .*$", done.stdout, re.M
+        )
+        assert line is not None, done.stdout
+        retried = re.search(r"batches retried (\d+)", line.group(0))
+        assert retried is not None, line.group(0)
+        assert 3 <= float(line.group(1)) <= most + int(retried.group(1)), line.group(0)
+        assert "never told" not in line.group(0)
     assert re.search(r"^ratio: \d+\.\d\d$", done.stdout, re.M), done.stdout
+
+
+def test_the_ratio_is_flood_over_ring_at_the_largest_size_both_ran(figures: ModuleType) -> None:
+    def size(n: int, relay: str, deliveries: int) -> object:
+        return figures.SizeFigures(
+            members=n, relay=relay, events=10, offered_rate=10.0, deliveries=deliveries,
+            first_seen=10 * n, outbox_sent=deliveries, retried=0, wire_bytes=0, cpu_s=0.0,
+            window_s=1.0, idle_cores=0.0, spreads_ms=[], missing=0, rss_mib=[], fds=[],
+        )  # fmt: skip
+
+    runs = [
+        size(4, "flood", 90),
+        size(4, "ring", 60),
+        size(16, "flood", 2250),
+        size(16, "ring", 300),
+    ]
+    assert figures.ratio(runs) == pytest.approx(2250 / 300)
+    assert figures.ratio([size(16, "ring", 300)]) == pytest.approx(30 / 16)
