@@ -18,7 +18,9 @@ The rules (seed 002, docs/protocol.md):
   applies the same rule whatever order events arrive in, so all of them converge on the same
   view (the trade-off, a reused id hidden for the retention, is in docs/protocol.md).
 - Local events go to the peers and are not echoed to the broker; first-seen remote events
-  go to the broker once and on to every peer except the sender and the origin.
+  go to the broker once and on to the peers, never the sender or the origin (which of the
+  others -- one ring successor, or all with NVPAIR_WM_RELAY=flood -- is the broadcaster's
+  choice: docs/protocol.md, "Relay").
 - A node's own jobs are its own: only it writes their events, and no honest peer sends them
   back to it (the relay excludes the origin, catch-up and anti-entropy leave them out). A
   peer's record or removal claiming `originatedFrom` == this node (`own_id`) is a forgery --
@@ -64,7 +66,8 @@ class DeliverToBroker(Struct, frozen=True, gc=False):
 
 
 class SendToPeers(Struct, frozen=True, gc=False):
-    """Send the event to every peer except the node ids in `exclude`."""
+    """Send the event on: a local one (`exclude` empty) to every peer; a relayed one to
+    the peers the broadcaster picks, never those in `exclude` (its sender and origin)."""
 
     event: Event
     exclude: tuple[str, ...]
