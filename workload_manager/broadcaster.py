@@ -51,6 +51,10 @@ VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot befo
 # event of that time in it (a job's submitted/started/completed often coalesced into one)
 # instead of one request per event or two -- a TLS write and a wake-up each, on both sides.
 LINGER_S: Final = 0.025
+# With many peers the origin's requests add up (a request per peer per linger): the gap
+# grows by this much per peer, so a member makes at most ~400 requests/s whatever N is
+# (25 ms up to 10 peers, ~160 ms at 63). Only back-to-back batches wait for it.
+LINGER_PER_PEER_S: Final = 0.0025
 _SYNC_ID: Final = "sync"
 # How a first-seen remote event goes on (docs/protocol.md, "Relay"): to one ring successor
 # (about 2N link deliveries per event), or to every peer but its sender and origin ((N-1)²;
@@ -117,6 +121,7 @@ class Broadcaster:
         self.view_ready = asyncio.Event()
         self._senders: dict[str, _Sender] = {}
         self._ring: list[str] = []  # the peers' node ids, sorted: the relay's ring
+        self.linger_s = LINGER_S  # the least gap between two batches to one peer
         self.own_id = own_id
         self.relay_mode = relay_mode or os.environ.get("NVPAIR_WM_RELAY") or "ring"
         if self.relay_mode not in RELAY_MODES:
@@ -176,6 +181,7 @@ class Broadcaster:
                 existing.peer = peer  # moved: the next batch goes to the new address
                 existing.wake.set()
         self._ring = sorted(self._senders)
+        self.linger_s = max(LINGER_S, LINGER_PER_PEER_S * len(self._senders))
 
     def enqueue(self, event: Event, exclude: tuple[str, ...]) -> None:
         """Queue an event: a local one (`exclude` empty) for every peer; a relayed one
@@ -301,7 +307,7 @@ class _Sender:
             if sync:
                 self.queue_view()
             elif self.outbox.depth < self.outbox.max_batch:
-                linger = self._last_batch_at + LINGER_S - now
+                linger = self._last_batch_at + self.owner.linger_s - now
                 if linger > 0:
                     await asyncio.sleep(linger)
                     continue  # from the top: the peer may have been unpinned meanwhile
