@@ -40,7 +40,7 @@ class FakeMembers:
         return b"[]"
 
     def sync_request(self) -> bytes:
-        return b"[]"
+        return b"sync"
 
     def holdings(self) -> dict[str, int]:
         return {}
@@ -108,3 +108,40 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
         assert members.heard == {}  # a push whose answer could not be merged is not heard
         assert "a bug in the client" in caplog.text
         assert "No space left on device" in caplog.text
+
+
+class Previous(FakeClient):
+    """A member of the previous version: it answers every push with its full push (no
+    holdings), whatever it was sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def push_records(self, node_id: str, body: bytes) -> Any:
+        self.bodies.append(body)
+        return RecordsPush()
+
+
+async def test_a_member_of_the_previous_version_gets_full_pushes_every_beat(
+    tmp_path: Any,
+) -> None:
+    members, client = FakeMembers(), Previous()
+    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
+    heartbeat = Heartbeat(
+        own=own,
+        members=cast(Members, members),
+        client=cast(NodeClient, client),
+        interval_s=0.01,
+        probe=False,
+    )
+    beating = asyncio.create_task(heartbeat.run())
+    try:
+        await eventually(lambda: len(client.bodies) >= 30, "many beats")
+    finally:
+        beating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beating
+    # A sync first to each; its answer had no holdings, so a full push each beat from then
+    # on, as the previous version does (the control, `Ok` above, stops after the syncs).
+    assert client.bodies[:3] == [b"sync"] * 3
+    assert set(client.bodies[3:]) == {b"[]"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import cast
@@ -46,7 +47,9 @@ async def _scenario(nodes: list[Node]) -> None:
         views = await _views(nodes)
         return all(set(v) == set(ids) and all(v.values()) for v in views)
 
+    formed = time.monotonic()
     await eventually(all_list_all, f"every member lists {SIZE} reachable", within_s=WITHIN_S)
+    print(f"all list {SIZE} reachable {time.monotonic() - formed:.1f} s after the last join")
 
     victim, rest = nodes[5], [n for i, n in enumerate(nodes) if i != 5]
     victim_id = ids[5]
@@ -54,6 +57,7 @@ async def _scenario(nodes: list[Node]) -> None:
     child = manager_pid(victim.proc.pid)
     victim.proc.kill()
     await victim.proc.wait()
+    killed = time.monotonic()
 
     async def all_see_it_gone() -> bool:
         views = await _views(rest)
@@ -64,5 +68,6 @@ async def _scenario(nodes: list[Node]) -> None:
     await eventually(
         all_see_it_gone, "every member lists the killed one unreachable", within_s=WITHIN_S
     )
+    print(f"the killed member unreachable everywhere {time.monotonic() - killed:.1f} s after")
     if child is not None:
         await eventually(lambda: process_gone(child), "its orphaned manager exits")
