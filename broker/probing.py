@@ -187,8 +187,9 @@ class Prober:
             if rumor.incarnation < peer.incarnation:
                 # Taken by a member that never heard its latest incarnation: not proof,
                 # but a hint -- it is the next one we probe ourselves.
-                if not rumor.alive and peer.state is State.ALIVE:
-                    self._round.append(rumor.nodeId)
+                hinted = self._round[-self.probes_per_beat :]
+                if not rumor.alive and peer.state is State.ALIVE and rumor.nodeId not in hinted:
+                    self._round.append(rumor.nodeId)  # once: the round stays bounded
                 continue
             if not rumor.alive and peer.state is not State.DEAD:
                 peer.incarnation = rumor.incarnation
