@@ -235,6 +235,7 @@ class Agent:
             on_digest=repair.answer_digest,
             on_exchange=repair.answer_exchange,
             api_keys=api_keys.all,
+            probes=heartbeat.probes,
         )
         link = plane_link(
             config.plane,

@@ -17,6 +17,8 @@ import msgspec
 from cryptography import x509
 
 from broker.membership import manager_peers, plan_push
+from broker.probing import Prober
+from broker.record_deltas import digest, holdings, lacking
 from broker.record_signing import RecordVerifier
 from broker.records import Membership, NodeRecord, RecordsPush, Removal
 from certs import ClusterDir, PinRefused
@@ -82,6 +84,8 @@ class Members:
         self.api_keys = api_keys
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
+        # Reachability of the members it watches (agent/probes.py); others by `heard_at`.
+        self.prober: Prober | None = None
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
         # Removals are durable: the tombstones under removed/ are loaded and pushed again, so
         # a member that was down during a removal learns it after any restart of the others.
@@ -117,7 +121,10 @@ class Members:
         return self.membership.record(node_id)
 
     def reachable(self, node_id: str, now: float) -> bool:
-        """Whether the member was heard from recently."""
+        """Whether the member is reachable: the probes' verdict (broker/probing.py) for the
+        members they watch, else whether it was heard from recently."""
+        if self.prober is not None and node_id in self.prober:
+            return self.prober.reachable(node_id)
         return self.membership.reachable(node_id, now)
 
     def peers(self) -> list[NodeRecord]:
@@ -127,7 +134,7 @@ class Members:
     def reachable_peers(self) -> list[str]:
         """The node ids of the other pinned members heard from recently."""
         now = self._clock()
-        return [r.nodeId for r in self.peers() if self.membership.reachable(r.nodeId, now)]
+        return [r.nodeId for r in self.peers() if self.reachable(r.nodeId, now)]
 
     def alive(self) -> int:
         """How many members are alive: this node and the others heard from recently."""
@@ -141,7 +148,7 @@ class Members:
         """Every member's record with its reachability (for the local API)."""
         now = self._clock()
         return [
-            {**msgspec.to_builtins(r), "reachable": self.membership.reachable(r.nodeId, now)}
+            {**msgspec.to_builtins(r), "reachable": self.reachable(r.nodeId, now)}
             for r in self.membership.records()
         ]
 
@@ -155,6 +162,42 @@ class Members:
             apiKeys=self.api_keys.all() if self.api_keys is not None else [],
         )
 
+    def holdings(self) -> dict[str, int]:
+        """Node id -> generation held (0 pinned without a record, -1 removed)."""
+        pinned = [m.node_id for m in self._cluster.pins.members() if m.removed is None]
+        return holdings(self.membership.records(), pinned, self.membership.removals())
+
+    def digest(self) -> str:
+        """The digest of what this node holds, which probes compare."""
+        return digest(
+            self.holdings(),
+            self.deployments.all() if self.deployments is not None else (),
+            self.api_keys.all() if self.api_keys is not None else (),
+        )
+
+    def sync_request(self) -> RecordsPush:
+        """A sync: our holdings, so the member answers with only what we lack."""
+        return RecordsPush(have=sorted(self.holdings().items()), digest=self.digest())
+
+    def delta_for(self, theirs: dict[str, int] | None, *, statements: bool) -> RecordsPush:
+        """What a member holding `theirs` lacks (None: not known, so our own record alone,
+        and every certificate); deployments and API keys when `statements`."""
+        mine = self.holdings()
+        if theirs is None:
+            newer, unknown, removed = {self.self_id}, set(mine), set(mine)
+        else:
+            newer, unknown, removed = lacking(mine, theirs)
+        pems = self._cluster.pins.pems_of(unknown) if unknown else []
+        return RecordsPush(
+            records=[r for r in self.membership.records() if r.nodeId in newer],
+            removals=[r for r in self.membership.removals() if r.nodeId in removed],
+            certificates=[pem.decode() for pem in pems],
+            deployments=self.deployments.all() if statements and self.deployments else [],
+            apiKeys=self.api_keys.all() if statements and self.api_keys else [],
+            digest=self.digest(),
+            delta=True,
+        )
+
     # -- changes ----------------------------------------------------------------------------
 
     def offer(self, records: Iterable[NodeRecord]) -> None:
@@ -166,11 +209,28 @@ class Members:
     def heard_from(self, node_id: str) -> None:
         """A direct contact: the member is reachable now."""
         self.membership.heard_from(node_id, self._clock())
+        if self.prober is not None:
+            self.prober.contact(node_id, None, self._clock())
 
     def on_push(self, push: RecordsPush, sender: str) -> RecordsPush:
-        """A member pushed its view (node API): merge it and answer with ours."""
+        """A member pushed its view (node API): merge it and answer -- a delta with our
+        digest, a sync with what it lacks and our holdings, a full push (a member of the
+        previous version) with our full push."""
         self.merge(push)
         self.heard_from(sender)
+        if push.delta:
+            return RecordsPush(digest=self.digest())
+        if push.have is not None:
+            answer = self.delta_for(dict(push.have), statements=True)
+            return RecordsPush(
+                records=answer.records,
+                removals=answer.removals,
+                certificates=answer.certificates,
+                deployments=answer.deployments,
+                apiKeys=answer.apiKeys,
+                digest=answer.digest,
+                have=sorted(self.holdings().items()),
+            )
         return self.push_body()
 
     def merge(self, push: RecordsPush) -> None:

@@ -15,6 +15,7 @@ pinned caller (403 otherwise).
   of this node, a forced drain's cancellations.
 - `POST /v1/repair/digest`, `/v1/repair/exchange` (pinned) -- anti-entropy rounds
   (`broker.anti_entropy`): a digest in, the differing keys out; records both ways.
+- `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`broker.probing`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from aiohttp import web
 
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.api_keys import ApiKey
+from broker.probing import Ping, PingReq
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import (
     ClusterDir,
@@ -43,6 +45,7 @@ from workload_manager.sites import PerSourceRate, handler_bounds, start_site
 
 from .lifetime import SHUTDOWN_S
 from .openai_routes import ROUTES, read_body
+from .probes import Probes
 
 __all__ = ["JoinAnswer", "NodeApi"]
 
@@ -66,6 +69,8 @@ _cordon_decoder: Final = msgspec.json.Decoder(_Cordon)
 _digest_decoder: Final = msgspec.json.Decoder(Digest)
 _exchange_decoder: Final = msgspec.json.Decoder(Exchange)
 _cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
+_ping_decoder: Final = msgspec.json.Decoder(Ping)
+_ping_req_decoder: Final = msgspec.json.Decoder(PingReq)
 _JSON: Final = "application/json"
 # msgspec gives up on JSON nested past Python's recursion limit (100,000 `{"a":`, even in a
 # field it skips) with a RecursionError, not a DecodeError: bad input all the same, a 400.
@@ -101,7 +106,9 @@ class NodeApi:
         on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
         on_exchange: Callable[[Exchange], Awaitable[ExchangeAnswer]] | None = None,
         api_keys: Callable[[], list[ApiKey]] = list,
+        probes: Probes | None = None,
     ) -> None:
+        self.probes = probes
         self.api_keys = api_keys
         self.on_digest = on_digest
         self.on_exchange = on_exchange
@@ -129,6 +136,8 @@ class NodeApi:
         app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
         app.router.add_post("/v1/repair/digest", pinned(cluster.pins)(self._repair_digest))
         app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
+        app.router.add_post("/v1/members/ping", pinned(cluster.pins)(self._ping))
+        app.router.add_post("/v1/members/ping-req", pinned(cluster.pins)(self._ping_req))
         # handler_cancellation: when the placing member's connection goes (its client hung
         # up, a forced drain cancelled it), the forwarded request here is cancelled too, and
         # with it the engine's generation -- no GPU time spent on an answer nobody reads.
@@ -233,6 +242,17 @@ class NodeApi:
     async def _repair_exchange(self, request: web.Request) -> web.Response:
         return await _repair(request, _exchange_decoder, self.on_exchange)
 
+    async def _ping(self, request: web.Request) -> web.Response:
+        probes = self.probes
+        answer = (
+            None if probes is None else (lambda p: _now(probes.on_ping(p, peer_node_id(request))))
+        )
+        return await _repair(request, _ping_decoder, answer)
+
+    async def _ping_req(self, request: web.Request) -> web.Response:
+        answer = None if self.probes is None else self.probes.on_ping_req
+        return await _repair(request, _ping_req_decoder, answer)
+
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
@@ -242,6 +262,10 @@ class NodeApi:
             raise web.HTTPBadRequest(text=f"not a records push: {exc}\n") from None
         answer = self.on_push(push, peer_node_id(request))
         return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
+
+
+async def _now(value: object) -> object:
+    return value
 
 
 async def _repair(

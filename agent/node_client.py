@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
+from broker.probing import Ping, PingReq, PingReqAnswer
 from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from workload_manager.guard import PinnedConnector
@@ -33,6 +34,8 @@ _JSON: Final = {"Content-Type": "application/json"}
 _NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
 _differences: Final = msgspec.json.Decoder(Differences)
 _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
+_ping: Final = msgspec.json.Decoder(Ping)
+_ping_req: Final = msgspec.json.Decoder(PingReqAnswer)
 
 
 class NodeClient:
@@ -112,6 +115,18 @@ class NodeClient:
     async def push_records(self, node_id: str, push: RecordsPush) -> RecordsPush:
         """Send our records; the member answers with its own (one round trip each way)."""
         answer: RecordsPush = await self._call(node_id, "/v1/records", push, push_decoder)
+        return answer
+
+    async def ping(self, node_id: str, ping: Ping) -> Ping:
+        """A probe (broker/probing.py): our digest and rumors there, the member's back."""
+        answer: Ping = await self._call(node_id, "/v1/members/ping", ping, _ping)
+        return answer
+
+    async def ping_req(self, node_id: str, target: str) -> PingReqAnswer:
+        """Ask a member to probe `target` for us (an indirect probe)."""
+        answer: PingReqAnswer = await self._call(
+            node_id, "/v1/members/ping-req", PingReq(target=target), _ping_req
+        )
         return answer
 
     async def repair_digest(self, node_id: str, digest: Digest) -> Differences:

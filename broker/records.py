@@ -2,8 +2,9 @@
 
 Every member publishes a `NodeRecord` about itself: name, addresses and ports, versions,
 cordon state, GPUs and topology domains, engines, `updatedAt` and a `generation` that only
-rises. Members push their own record to every peer on change and as a heartbeat, and relay
-the records they hold, so a member that one link cannot reach still learns of the others.
+rises. Members push their own record to every peer when it changes (and every 30 s), and
+exchange only what the other lacks when their digests differ (`record_deltas`), so a
+member that one link cannot reach still learns of the others.
 
 `Membership` decides: a record is taken when its generation is higher than the one held and
 no tombstone names its node; a member not heard from (directly or through a fresher record)
@@ -115,6 +116,13 @@ class RecordsPush(Struct, kw_only=True, frozen=True):
     ] = []
     deployments: Annotated[list[Deployment], Meta(max_length=MAX_DEPLOYMENTS)] = []
     apiKeys: Annotated[list[ApiKey], Meta(max_length=MAX_KEYS)] = []  # signed, as deployments
+    # Deltas (docs/protocol.md, "Membership"); a member of the previous version ignores
+    # these fields, sends a full push and answers one with its full push.
+    digest: Annotated[str, Meta(max_length=64)] = ""  # the sender's holdings digest
+    # A sync: the sender's holdings (node id, generation | 0 pinned | -1 removed); it is
+    # answered with only what it lacks, and the answerer's own holdings.
+    have: Annotated[list[tuple[_Name, int]], Meta(max_length=4096)] | None = None
+    delta: bool = False  # only what changed: answered with the digest alone
 
 
 push_decoder: Final = msgspec.json.Decoder(RecordsPush)

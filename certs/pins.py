@@ -21,7 +21,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -207,6 +207,15 @@ class PinStore:
             (self.trusted / f"{m.node_id}.pem").read_bytes()
             for m in self.members()
             if m.removed is None
+        ]
+
+    def pems_of(self, node_ids: Iterable[str]) -> list[bytes]:
+        """The PEM of those of `node_ids` that are current members (a records delta)."""
+        wanted = set(node_ids)
+        return [
+            (self.trusted / f"{m.node_id}.pem").read_bytes()
+            for m in self.members()
+            if m.removed is None and m.node_id in wanted
         ]
 
     # -- the cache ----------------------------------------------------------------------------

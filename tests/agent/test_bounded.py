@@ -95,25 +95,33 @@ async def _generation_of(seer: Node, node_id: str) -> Any:
 async def test_half_open_connections_starve_nothing_and_are_closed(pair: list[Node]) -> None:
     a, b = pair
     b_id = await b.node_id()
+
+    async def a_has_b() -> bool:
+        return await _generation_of(a, b_id) is not None
+
+    await eventually(a_has_b, "a has b's record")  # the control
     before = await _generation_of(a, b_id)
-    assert before is not None  # the control: a has b's record
     writers: list[asyncio.StreamWriter] = []
     try:
-        await _held_and_closed(a, b_id, before, writers)
+        await _held_and_closed(a, b, b_id, before, writers)
     finally:
         for writer in writers:
             writer.close()
 
 
 async def _held_and_closed(
-    a: Node, b_id: str, before: int, writers: list[asyncio.StreamWriter]
+    a: Node, b: Node, b_id: str, before: int, writers: list[asyncio.StreamWriter]
 ) -> None:
     held = await _hold(a.ports["facade"], SLOW_BODY, writers, count=100)  # busy: not evicted
     held += await _hold(a.ports["facade"], PARTIAL_REQUEST, writers)
     held += await _hold(a.ports["node"], PARTIAL_HELLO, writers)
 
     # While they are held: b's record still reaches a (a push over mTLS to a's node API,
-    # from the same address as the stranger), and a's local API answers.
+    # from the same address as the stranger), and a's local API answers. A record is pushed
+    # when it changes: b cordons itself.
+    code, _, err = await b.cli("node", "cordon", b_id)
+    assert code == 0, err
+
     async def b_pushed() -> bool:
         return bool((await _generation_of(a, b_id) or 0) > before)
 

@@ -1,4 +1,5 @@
-"""The heartbeat's pushes: one member's failure, of any kind, fails that push only."""
+"""The heartbeat's exchanges: one member's failure, of any kind, fails that exchange only,
+and is tried again next beat; one that succeeded is not repeated while nothing changes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from agent.heartbeat import Heartbeat, OwnRecord
 from agent.members import Members
 from agent.node_client import NodeClient
 from broker.inventory import GpuInventory
+from broker.records import RecordsPush
 from tests.fixtures.waiting import eventually
 
 
@@ -37,6 +39,18 @@ class FakeMembers:
     def push_body(self) -> bytes:
         return b"[]"
 
+    def sync_request(self) -> bytes:
+        return b"sync"
+
+    def holdings(self) -> dict[str, int]:
+        return {}
+
+    def digest(self) -> str:
+        return "d"
+
+    def delta_for(self, known: Any, *, statements: bool) -> Any:
+        return RecordsPush()
+
     def merge(self, answer: Any) -> None:
         if answer == "from nod_b":
             raise OSError(28, "No space left on device")
@@ -55,8 +69,8 @@ class FakeClient:
 
 
 class Ok(FakeClient):
-    async def push_records(self, node_id: str, body: bytes) -> str:
-        return "fine"
+    async def push_records(self, node_id: str, body: bytes) -> Any:
+        return RecordsPush(have=[], digest="d")
 
 
 @pytest.mark.parametrize("client", [FakeClient(), Ok()], ids=["failing", "control"])
@@ -70,11 +84,15 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
         members=cast(Members, members),
         client=cast(NodeClient, client),
         interval_s=0.01,
+        probe=False,
     )
     beating = asyncio.create_task(heartbeat.run())
     try:
-        # Several beats' worth of pushes to every peer: the heartbeat outlives every failure.
-        await eventually(lambda: heartbeat.pushes_failed + heartbeat.pushes_ok >= 30, "many pushes")
+        # Failed exchanges are tried again each beat: the heartbeat outlives every failure.
+        if isinstance(client, Ok):
+            await eventually(lambda: len(members.heard) == 3, "every member synced")
+        else:
+            await eventually(lambda: heartbeat.pushes_failed >= 30, "many tries")
         assert not beating.done()
     finally:
         beating.cancel()
@@ -83,8 +101,47 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
     if isinstance(client, Ok):
         assert heartbeat.pushes_failed == 0
         assert set(members.heard) == {"nod_a", "nod_b", "nod_c"}
+        # Nothing changed since: no exchange was repeated (reachability is the probes').
+        assert heartbeat.pushes_ok == 3
     else:
         assert heartbeat.pushes_ok == 0
         assert members.heard == {}  # a push whose answer could not be merged is not heard
         assert "a bug in the client" in caplog.text
         assert "No space left on device" in caplog.text
+
+
+class Previous(FakeClient):
+    """A member of the previous version: it answers every push with its full push (no
+    holdings), whatever it was sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def push_records(self, node_id: str, body: bytes) -> Any:
+        self.bodies.append(body)
+        return RecordsPush()
+
+
+async def test_a_member_of_the_previous_version_gets_full_pushes_every_beat(
+    tmp_path: Any,
+) -> None:
+    members, client = FakeMembers(), Previous()
+    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
+    heartbeat = Heartbeat(
+        own=own,
+        members=cast(Members, members),
+        client=cast(NodeClient, client),
+        interval_s=0.01,
+        probe=False,
+    )
+    beating = asyncio.create_task(heartbeat.run())
+    try:
+        await eventually(lambda: len(client.bodies) >= 30, "many beats")
+    finally:
+        beating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beating
+    # A sync first to each; its answer had no holdings, so a full push each beat from then
+    # on, as the previous version does (the control, `Ok` above, stops after the syncs).
+    assert client.bodies[:3] == [b"sync"] * 3
+    assert set(client.bodies[3:]) == {b"[]"}
