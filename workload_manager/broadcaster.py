@@ -31,6 +31,7 @@ from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 
 from .guard import PinnedConnector
 from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
+from .keepalive import connector_options
 from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
 from .relay import Event
@@ -100,8 +101,7 @@ class Broadcaster:
         self._session = aiohttp.ClientSession(
             connector=PinnedConnector(
                 self.cluster.pins,
-                limit=0,
-                enable_cleanup_closed=True,
+                **connector_options(),
                 local_addr=(dial_from, 0) if dial_from else None,
             ),
             timeout=self.timeout,
