@@ -72,8 +72,9 @@ async def test_an_idle_sender_keeps_its_one_connection(pair: list[Member]) -> No
     await a.enter("w2", 1)
     await b.enter("w2", 1)
     await eventually(
-        lambda: any(r["id"] == "w2" for r in a.upserts())
-        and any(r["id"] == "w2" for r in b.upserts()),
+        lambda: (
+            any(r["id"] == "w2" for r in a.upserts()) and any(r["id"] == "w2" for r in b.upserts())
+        ),
         "the events after the quiet spell told",
     )
     # The same connections carried them: no reconnect, no second connection.
