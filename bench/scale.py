@@ -33,7 +33,7 @@ Today's agents' heartbeat bytes are not measured here (they need full agents; se
 docs/scale.md).
 
     python bench/scale.py [--sizes 4,16,32,64] [--rate 20] [--seconds 10] [--origins 4]
-                          [--idle-seconds 3]
+                          [--idle-seconds 3] [--sample-seconds 30] [--hold-seconds 0]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _idle_watch import watch
 from _scale_figures import (
     DELIVERIES,
     FIRST_SEEN,
@@ -253,10 +254,7 @@ async def measure(args: argparse.Namespace, root: Path, n: int, relay: str = "ri
         if not await until_told(members, warm, 120):
             raise RuntimeError(f"N={n}: the warm-up events did not reach every member in 120 s")
         ports = {m.port for m in members}
-        idle_from = [m.cpu_ticks() for m in members]
-        await asyncio.sleep(args.idle_seconds)
-        idle_cores = (sum(m.cpu_ticks() for m in members) - sum(idle_from)) / TICK_S
-        idle_cores /= max(args.idle_seconds, 1e-9)
+        idle_cores, _ = await watch(members, args.idle_seconds, args.sample_seconds, read_ss)
         before = await asyncio.gather(*(m.request("manager:status") for m in members))
         ticks_before = [m.cpu_ticks() for m in members]
         wire_before = wire_bytes(read_ss(), ports)
@@ -279,6 +277,8 @@ async def measure(args: argparse.Namespace, root: Path, n: int, relay: str = "ri
         window_s = time.monotonic() - start
         ticks_after = [m.cpu_ticks() for m in members]
         wire_after = wire_bytes(read_ss(), ports)
+        if args.hold_seconds > 0:  # the readings over time after the window (item 4)
+            await watch(members, args.hold_seconds, args.sample_seconds, read_ss, label="hold")
         spreads: list[float] = []
         missing = 0
         for wid, (origin, at) in sent.items():
@@ -321,6 +321,12 @@ def main() -> None:
         "--relays",
         default="flood,ring",
         help="relays run per size, in turn (NVPAIR_WM_RELAY): flood (before), ring (now)",
+    )
+    parser.add_argument(
+        "--sample-seconds", type=float, default=30.0, help="idle and hold readings this often"
+    )
+    parser.add_argument(
+        "--hold-seconds", type=float, default=0.0, help="quiet spell sampled after the window"
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]

@@ -33,6 +33,7 @@ from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from .errors import ConfigurationError
 from .guard import PinnedConnector
 from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
+from .keepalive import connector_options
 from .manager import Peer
 from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
 from .relay import Event
@@ -138,8 +139,7 @@ class Broadcaster:
         self._session = aiohttp.ClientSession(
             connector=PinnedConnector(
                 self.cluster.pins,
-                limit=0,
-                enable_cleanup_closed=True,
+                **connector_options(),
                 local_addr=(dial_from, 0) if dial_from else None,
             ),
             timeout=self.timeout,

@@ -26,6 +26,7 @@ from certs import ClusterDir, ServerContexts
 from .errors import CannotListen, PortInUse
 from .guard import peer_node_id, pinned
 from .jsonrpc import INVALID_PARAMS, RpcError, encode_error
+from .keepalive import server_keepalive_s
 from .manager import Manager
 from .sites import handler_bounds, start_site
 
@@ -61,7 +62,9 @@ class InterNodeServer:
         self.broker_ready = broker_ready
         app = web.Application(client_max_size=max_body)
         app.router.add_post(EVENTS_PATH, pinned(cluster.pins)(self._events))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
+        # Members' idle connections outlive their clients' keep-alive (keepalive.py).
+        bounds = {**handler_bounds(), "keepalive_timeout": server_keepalive_s()}
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **bounds)
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0).

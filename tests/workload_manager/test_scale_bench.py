@@ -130,3 +130,28 @@ def test_the_ratio_is_flood_over_ring_at_the_largest_size_both_ran(figures: Modu
     ]
     assert figures.ratio(runs) == pytest.approx(2250 / 300)
     assert figures.ratio([size(16, "ring", 300)]) == pytest.approx(30 / 16)
+
+
+def test_idle_samples_count_member_connections_once_and_print_flat_readings() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        watch = importlib.import_module("_idle_watch")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    ss = (
+        "0 0 127.0.0.1:21000 127.0.0.1:40000\n\t cubic bytes_sent:1\n"  # a's end, b's client
+        "0 0 127.0.0.1:40000 127.0.0.1:21000\n\t cubic bytes_sent:1\n"  # b's client end
+        "0 0 127.0.0.1:40001 127.0.0.1:21001\n\t cubic bytes_sent:1\n"  # a's client end
+        "0 0 127.0.0.1:21001 127.0.0.1:40001\n\t cubic bytes_sent:1\n"
+        "0 0 127.0.0.1:5432 127.0.0.1:41000\n\t cubic bytes_sent:1\n"  # not a member's
+    )
+    assert watch.connections(ss, {21000, 21001}) == 2
+    sample = watch.IdleSample(
+        members=2, at_s=30.0, span_s=30.0, cpu_s=0.6, rss_mib=[50.0, 52.0], fds=[9, 9],
+        connections=2,
+    )  # fmt: skip
+    assert sample.cores == pytest.approx(0.02)
+    assert sample.line("hold") == (
+        "  N=2 hold +30s: cpu 0.020 cores over 30 s; rss/manager 50..52 (median 50) MiB; "
+        "fds/manager 9..9 (median 9); connections 2 (1.0/manager)"
+    )
