@@ -28,6 +28,7 @@ __all__ = [
     "JobKey",
     "Node",
     "eventually",
+    "join",
     "make_node",
     "start_cluster",
     "start_engine",
@@ -211,23 +212,29 @@ async def start_cluster(nodes: list[Node]) -> AsyncIterator[list[Node]]:
         assert code == 0, err
         await a.start()
         for joiner in joiners:
-            code, token, err = await a.cli("cluster", "invite")
-            assert code == 0, err
-            code, out, err = await joiner.cli(
-                "cluster",
-                "join",
-                f"127.0.0.1:{a.ports['node']}",
-                token.strip(),
-                "--name",
-                joiner.name,
-            )
-            assert code == 0, err
-            assert "joined as nod_" in out
+            await join(a, joiner)
             await joiner.start()
         yield nodes
     finally:
         for node in nodes:
             await node.stop()
+
+
+async def join(admitter: Node, joiner: Node) -> None:
+    """An invite from `admitter` (running), and `joiner` joins with it over the network (not
+    started)."""
+    code, token, err = await admitter.cli("cluster", "invite")
+    assert code == 0, err
+    code, out, err = await joiner.cli(
+        "cluster",
+        "join",
+        f"127.0.0.1:{admitter.ports['node']}",
+        token.strip(),
+        "--name",
+        joiner.name,
+    )
+    assert code == 0, err
+    assert "joined as nod_" in out
 
 
 @dataclass
