@@ -29,11 +29,13 @@ member forwards a first-seen event to one ring successor, about 2(N-1)). A final
 (subject over baseline, higher is better; with one relay only, its deliveries per event
 over N, about 2 for ring).
 
-Today's agents' heartbeat bytes are not measured here (they need full agents; see
-docs/scale.md).
+With `--agents 4,16`, before `ratio:`, the full agents' membership at those counts
+(formation, heartbeat bytes per member per beat, a new member, a killed one):
+bench/_scale_agents.py, which runs by itself too.
 
     python bench/scale.py [--sizes 4,16,32,64] [--rate 20] [--seconds 10] [--origins 4]
                           [--idle-seconds 3] [--sample-seconds 30] [--hold-seconds 0]
+                          [--agents 0]
 """
 
 from __future__ import annotations
@@ -328,6 +330,7 @@ def main() -> None:
     parser.add_argument(
         "--hold-seconds", type=float, default=0.0, help="quiet spell sampled after the window"
     )
+    parser.add_argument("--agents", default="0", help="full agents too (bench/_scale_agents.py)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     relays = [r.strip() for r in args.relays.split(",") if r.strip()]
@@ -338,6 +341,10 @@ def main() -> None:
                 result = asyncio.run(measure(args, Path(tmp) / f"n{n}-{relay}", n, relay))
                 print(result.line(), flush=True)
                 figures.append(result)
+    if args.agents != "0":  # the full-agent part: membership at these agent counts
+        from _scale_agents import report as agents_report
+
+        agents_report(args.agents)
     print(f"ratio: {ratio(figures):.2f}")
 
 
