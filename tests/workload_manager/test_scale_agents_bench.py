@@ -78,8 +78,8 @@ def test_a_short_run_at_three_agents_prints_every_line() -> None:
     num = r"(\d[\d,]*(?:\.\d+)?)"
     expected = [
         rf"^agents N=3: formed: every member lists 3 reachable {num} s after the last joiner$",
-        rf"^agents N=3: heartbeat: {num} B per member per beat with nothing changing "
-        rf"\({num} B on the node ports over 3 beats of 0\.5 s\)$",
+        rf"^agents N=3: heartbeat: {num} B per member per beat with nothing changing, "
+        rf"median beat {num} B \({num} B on the node ports over 3 beats of 0\.5 s\)$",
         rf"^agents N=3: new member: up {num} s after its invite; its record at all 4 {num} s "
         rf"after it was up, reachable at all {num} s after$",
         rf"^agents N=3: killed \(kill -9\): unreachable at all 3 others {num} s after$",
