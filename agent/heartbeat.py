@@ -173,6 +173,14 @@ class Heartbeat:
                     if node_id not in self._known or node_id in self._old | self._resync:
                         job = self._sync(node_id)
                     elif changed or forced:
+                        # A newer record of a member the peer already knows reaches it from
+                        # that member itself: a delta carries what changed here, and members
+                        # (and certificates) new to the peer. A peer that still lacks one
+                        # answers with a digest that differs; the next exchange is a sync.
+                        known = self._known[node_id]
+                        for other, generation in self._members.holdings().items():
+                            if known.get(other, -1) >= 0 and other != self._members.self_id:
+                                known[other] = max(known[other], generation)
                         job = self._delta(node_id, statements=forced)
                     else:
                         continue

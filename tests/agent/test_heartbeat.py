@@ -145,3 +145,56 @@ async def test_a_member_of_the_previous_version_gets_full_pushes_every_beat(
     # on, as the previous version does (the control, `Ok` above, stops after the syncs).
     assert client.bodies[:3] == [b"sync"] * 3
     assert set(client.bodies[3:]) == {b"[]"}
+
+
+class Holding(FakeMembers):
+    """Holds nod_x's record at generation 9 and a new member nod_new's; records what the
+    heartbeat counts each peer as holding when it makes a delta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_id = "nod_self"
+        self.deltas: list[dict[str, int]] = []
+
+    def peers(self) -> list[Peer]:
+        return [Peer("nod_a")]
+
+    def holdings(self) -> dict[str, int]:
+        return {"nod_self": 3, "nod_x": 9, "nod_new": 1}
+
+    def delta_for(self, known: Any, *, statements: bool) -> Any:
+        self.deltas.append(dict(known))
+        return RecordsPush()
+
+
+class Synced(FakeClient):
+    async def push_records(self, node_id: str, body: Any) -> Any:
+        return RecordsPush(have=[("nod_self", 1), ("nod_x", 5)], digest="d")
+
+
+async def test_a_delta_leaves_out_newer_records_of_members_the_peer_knows(tmp_path: Any) -> None:
+    # nod_a held nod_x at 5 when they synced; nod_x's later records reach nod_a from nod_x
+    # itself, so a delta made here counts nod_a as holding nod_x at the generation held
+    # here (9), and carries only what is new to it: this node's record and nod_new.
+    members, client = Holding(), Synced()
+    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
+    heartbeat = Heartbeat(
+        own=own,
+        members=cast(Members, members),
+        client=cast(NodeClient, client),
+        interval_s=0.01,
+        probe=False,
+    )
+    beating = asyncio.create_task(heartbeat.run())
+    try:
+        await eventually(lambda: len(members.deltas) >= 1, "the sync (what nod_a lacks)")
+        own.cordoned = True  # a change of this node's own record: a delta to every peer
+        await eventually(lambda: len(members.deltas) >= 2, "the change's delta")
+    finally:
+        beating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await beating
+    made = members.deltas[-1]
+    assert made["nod_x"] == 9  # not sent again: nod_a gets it from nod_x
+    assert "nod_new" not in made  # new to nod_a: sent, with its certificate
+    assert made["nod_self"] < 3  # this node's own change: sent
