@@ -36,7 +36,7 @@ __all__ = ["Heartbeat", "OwnRecord"]
 log = logging.getLogger(__name__)
 
 GPU_REFRESH_BEATS: Final = 5  # GPUs are read again every fifth heartbeat (10 s by default)
-REFRESH_S: Final = 30.0  # an unchanged record is renewed this often, so it never looks stale
+REFRESH_S: Final = 300.0  # an unchanged record is renewed this often (reachability is the probes')
 
 
 class OwnRecord:
