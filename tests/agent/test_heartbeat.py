@@ -4,6 +4,8 @@ and is tried again next beat; one that succeeded is not repeated while nothing c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
@@ -110,6 +112,26 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
         assert "No space left on device" in caplog.text
 
 
+@contextlib.asynccontextmanager
+async def beating(members: FakeMembers, client: FakeClient, home: Any) -> AsyncIterator[OwnRecord]:
+    """A heartbeat of `nod_self` every 10 ms (no probes) over the fakes, for the block."""
+    own = OwnRecord(AgentConfig(home=home), "nod_self", GpuInventory(), list)
+    heartbeat = Heartbeat(
+        own=own,
+        members=cast(Members, members),
+        client=cast(NodeClient, client),
+        interval_s=0.01,
+        probe=False,
+    )
+    task = asyncio.create_task(heartbeat.run())
+    try:
+        yield own
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 class Previous(FakeClient):
     """A member of the previous version: it answers every push with its full push (no
     holdings), whatever it was sent."""
@@ -126,21 +148,8 @@ async def test_a_member_of_the_previous_version_gets_full_pushes_every_beat(
     tmp_path: Any,
 ) -> None:
     members, client = FakeMembers(), Previous()
-    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
-    heartbeat = Heartbeat(
-        own=own,
-        members=cast(Members, members),
-        client=cast(NodeClient, client),
-        interval_s=0.01,
-        probe=False,
-    )
-    beating = asyncio.create_task(heartbeat.run())
-    try:
+    async with beating(members, client, tmp_path):
         await eventually(lambda: len(client.bodies) >= 30, "many beats")
-    finally:
-        beating.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await beating
     # A sync first to each; its answer had no holdings, so a full push each beat from then
     # on, as the previous version does (the control, `Ok` above, stops after the syncs).
     assert client.bodies[:3] == [b"sync"] * 3
@@ -177,23 +186,10 @@ async def test_a_delta_leaves_out_newer_records_of_members_the_peer_knows(tmp_pa
     # itself, so a delta made here counts nod_a as holding nod_x at the generation held
     # here (9), and carries only what is new to it: this node's record and nod_new.
     members, client = Holding(), Synced()
-    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
-    heartbeat = Heartbeat(
-        own=own,
-        members=cast(Members, members),
-        client=cast(NodeClient, client),
-        interval_s=0.01,
-        probe=False,
-    )
-    beating = asyncio.create_task(heartbeat.run())
-    try:
+    async with beating(members, client, tmp_path) as own:
         await eventually(lambda: len(members.deltas) >= 1, "the sync (what nod_a lacks)")
         own.cordoned = True  # a change of this node's own record: a delta to every peer
         await eventually(lambda: len(members.deltas) >= 2, "the change's delta")
-    finally:
-        beating.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await beating
     made = members.deltas[-1]
     assert made["nod_x"] == 9  # not sent again: nod_a gets it from nod_x
     assert "nod_new" not in made  # new to nod_a: sent, with its certificate
