@@ -13,8 +13,23 @@ engine) binds the same way, so every listener has the same bounds (issue 12, ite
   so handshakes in progress are capped like the rest;
 - at most `max_connections` connections on the listener and `max_per_source` from one
   address. A connection over a cap first evicts the oldest idle connection (one that has not
-  sent a whole request: a half-open one, or a kept-alive one between requests, which aiohttp's
-  own keep-alive would close the same way); only when every one is busy is it refused.
+  sent a whole request: a half-open one, one still in its handshake, one closing, or a
+  kept-alive one between requests, which aiohttp's own keep-alive would close the same way);
+  only when every one is busy is it refused. An evicted connection is aborted, not closed
+  gracefully: a TLS close waits for the peer's close_notify, and a stranger that never reads
+  would hold the descriptor for the whole shutdown timeout after the book had let it go --
+  the way 1,100 completed handshakes from one address once exhausted the descriptors. A
+  connection counts until its transport is gone, so the caps are the descriptors held.
+- a connection whose client presented a certificate of the cluster's CA (a member) is never
+  evicted by a newcomer, and does not count against its address's cap: strangers at a
+  member's address cannot push the member out. aiohttp's keep-alive closes it when idle.
+- on a TLS listener, before any TLS work: at most `handshakes` handshakes in progress and
+  `handshakes_per_source` from one address (over either, the oldest handshake in progress is
+  evicted -- a member's takes milliseconds, a stranger's partial ClientHello is the oldest);
+  and an address no member has connected from gets `stranger_handshakes_per_s` new
+  handshakes a second (a burst of four times that), all such addresses together four times
+  that: a handshake costs milliseconds of CPU on the event loop that also serves the local
+  API, so strangers, from however many addresses, get a bounded share of it.
 
 The caps also fit the process's open-files limit: a listener holds at most a quarter of
 what is left after `FD_RESERVE` descriptors (stores, logs, pipes, the connections this
@@ -26,7 +41,7 @@ so the caps are rarely the limit's on a host that allows more.
 
 The bounds come from the environment (tests set small ones): NVPAIR_IDLE_TIMEOUT_S,
 NVPAIR_BODY_TIMEOUT_S, NVPAIR_TLS_HANDSHAKE_TIMEOUT_S, NVPAIR_MAX_CONNECTIONS,
-NVPAIR_MAX_CONNECTIONS_PER_SOURCE.
+NVPAIR_MAX_CONNECTIONS_PER_SOURCE, NVPAIR_STRANGER_HANDSHAKES_PER_S.
 Port 0 asks the kernel for a free port, which tests use.
 """
 
@@ -39,7 +54,7 @@ import resource
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,6 +69,8 @@ log = logging.getLogger(__name__)
 FD_RESERVE: Final = 256  # descriptors kept back from the listeners
 FD_LISTENERS: Final = 4  # the most listeners one process serves (the agent: three)
 FD_CAP: Final = 1 << 20  # what raise_open_files_limit asks for at most
+SHUTDOWN_S: Final = 2.0  # the most a TLS close waits for the peer's close_notify
+STALE_S: Final = 1.0  # a TLS handshake in progress this long may be evicted for a newcomer
 
 
 def raise_open_files_limit() -> int:
@@ -86,6 +103,9 @@ class Bounds:
     handshake_s: float = 10.0
     max_connections: int = 1024
     max_per_source: int = 128
+    handshakes: int = 64
+    handshakes_per_source: int = 8
+    stranger_handshakes_per_s: float = 16.0
 
     @classmethod
     def from_env(cls) -> Bounds:
@@ -100,6 +120,9 @@ class Bounds:
             handshake_s=float(env.get("NVPAIR_TLS_HANDSHAKE_TIMEOUT_S", cls.handshake_s)),
             max_connections=most,
             max_per_source=min(per_source, most),
+            stranger_handshakes_per_s=float(
+                env.get("NVPAIR_STRANGER_HANDSHAKES_PER_S", cls.stranger_handshakes_per_s)
+            ),
         )
 
 
@@ -207,49 +230,113 @@ def _waiting(handler: RequestHandler) -> bool:
 
 
 class _Book:
-    """The open connections of one listener, per source address, oldest first."""
+    """The open connections of one listener: every one until its transport is gone, the
+    strangers' per source address, those in their TLS handshake, oldest first."""
 
     def __init__(self, bounds: Bounds) -> None:
         self.bounds = bounds
         self.all: OrderedDict[_Bounded, None] = OrderedDict()
-        self.by_source: dict[str, OrderedDict[_Bounded, None]] = {}
+        self.by_source: dict[str, OrderedDict[_Bounded, None]] = {}  # all but members'
+        self.handshaking: OrderedDict[_Bounded, None] = OrderedDict()
+        self.handshaking_from: dict[str, OrderedDict[_Bounded, None]] = {}
         self.refused = 0
         self._refusals = PerSourceRate(per_s=0.1, burst=1)  # one log line per 10 s
+        # Addresses a member has connected from (a certificate of the CA): their handshakes
+        # are not rationed. Bounded: the oldest go first past `PerSourceRate.MAX_KEYS`.
+        self.member_sources: OrderedDict[str, None] = OrderedDict()
+        rate = bounds.stranger_handshakes_per_s
+        self._stranger_rate = PerSourceRate(per_s=rate, burst=max(1, int(4 * rate)))
+        self._strangers_rate = PerSourceRate(per_s=4 * rate, burst=max(1, int(16 * rate)))
 
-    def admit(self, conn: _Bounded) -> bool:
+    def admit(self, conn: _Bounded, tls: bool) -> bool:
         """Make room for `conn` (evicting an idle connection over a cap); False: refused."""
-        mine = self.by_source.setdefault(conn.source, OrderedDict())
+        if tls and not self._admit_handshake(conn):
+            return self._refuse(conn.source, "too many TLS handshakes")
+        mine = self.by_source.get(conn.source, OrderedDict())
         for pool, cap in (
             (mine, self.bounds.max_per_source),
             (self.all, self.bounds.max_connections),
         ):
             if len(pool) >= cap and not _evict(pool):
-                self.refused += 1
-                if self._refusals.allow("log"):
-                    log.warning(
-                        "refusing connections from %s: every connection is busy (%d refused)",
-                        conn.source,
-                        self.refused,
-                    )
-                if not mine:
-                    del self.by_source[conn.source]
-                return False
+                return self._refuse(conn.source, "every connection is busy")
+        self.by_source[conn.source] = mine
         mine[conn] = None
         self.all[conn] = None
+        if tls:
+            self.handshaking[conn] = None
+            self.handshaking_from.setdefault(conn.source, OrderedDict())[conn] = None
         return True
 
+    def _admit_handshake(self, conn: _Bounded) -> bool:
+        # A member's address is not rationed (a stranger sharing it competes with it on the
+        # loop, within the listener's handshake cap); any other address is.
+        source = conn.source
+        if source in self.member_sources:
+            self.member_sources.move_to_end(source)
+        elif not (self._stranger_rate.allow(source) and self._strangers_rate.allow("*")):
+            return False
+        else:
+            mine = self.handshaking_from.get(source)
+            if (
+                mine is not None
+                and len(mine) >= self.bounds.handshakes_per_source
+                and not _evict_stale(mine)
+            ):
+                return False
+        return len(self.handshaking) < self.bounds.handshakes or _evict_stale(self.handshaking)
+
+    def _refuse(self, source: str, why: str) -> bool:
+        self.refused += 1
+        if self._refusals.allow("log"):
+            log.warning("refusing connections from %s: %s (%d refused)", source, why, self.refused)
+        return False
+
+    def secured(self, conn: _Bounded, member: bool) -> None:
+        """`conn`'s handshake is done; a member's connection leaves its address's pool."""
+        self._handshake_done(conn)
+        if member:
+            self._leave_source(conn)
+            self.member_sources[conn.source] = None
+            self.member_sources.move_to_end(conn.source)
+            while len(self.member_sources) > PerSourceRate.MAX_KEYS:
+                self.member_sources.popitem(last=False)
+
     def forget(self, conn: _Bounded) -> None:
+        """`conn`'s descriptor is gone (or about to be: aborted)."""
         self.all.pop(conn, None)
+        self._leave_source(conn)
+        self._handshake_done(conn)
+
+    def _leave_source(self, conn: _Bounded) -> None:
         mine = self.by_source.get(conn.source)
         if mine is not None:
             mine.pop(conn, None)
             if not mine:
                 del self.by_source[conn.source]
 
+    def _handshake_done(self, conn: _Bounded) -> None:
+        self.handshaking.pop(conn, None)
+        mine = self.handshaking_from.get(conn.source)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self.handshaking_from[conn.source]
+
+
+def _evict_stale(handshaking: Mapping[_Bounded, None]) -> bool:
+    # The oldest handshake in progress makes room only once it has taken over `STALE_S`:
+    # a handshake takes milliseconds, a stranger's partial ClientHello holds on. A newer one
+    # is never evicted for a newcomer, which could be the same flood's next connection.
+    oldest = next(iter(handshaking))
+    if time.monotonic() - oldest.started < STALE_S:
+        return False
+    oldest.evict()
+    return True
+
 
 def _evict(pool: OrderedDict[_Bounded, None]) -> bool:
     for conn in pool:
-        if conn.idle:
+        if conn.idle and not conn.member:
             conn.evict()
             return True
     return False
@@ -270,11 +357,13 @@ class _Bounded(asyncio.Protocol):
         self.book = book
         self.source = ""
         self.admitted = False
+        self.member = False  # its client presented a certificate of the cluster's CA
+        self.started = time.monotonic()
         self._tls = tls
         self._handshake_s = handshake_s
         self._raw: asyncio.Transport | None = None  # while its TLS handshake runs
+        self._transport: asyncio.Transport | None = None  # the handler's, once connected
         self._handshake: asyncio.Task[None] | None = None
-        self._connected = False  # the handler has its transport
         # What TLS delivered between the handshake's end and `_connect` (a client speaks
         # as soon as its side is done), handed to the handler then. Bounded by `_EARLY`.
         self._early: list[bytes] = []
@@ -283,14 +372,18 @@ class _Bounded(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        """Whether no whole request has arrived: in its handshake, or waiting for headers."""
-        return self._raw is not None or (self._connected and _waiting(self.handler))
+        """Whether no whole request is being served: in its handshake, closing, or waiting
+        for headers."""
+        if self._raw is not None:
+            return True
+        transport = self._transport
+        return transport is not None and (transport.is_closing() or _waiting(self.handler))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)  # a stream server's
         peer = transport.get_extra_info("peername")
         self.source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self.admitted = self.book.admit(self)
+        self.admitted = self.book.admit(self, self._tls is not None)
         if not self.admitted:
             transport.abort()
         elif self._tls is None:
@@ -307,7 +400,14 @@ class _Bounded(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             secure = await loop.start_tls(
-                raw, self, self._tls, server_side=True, ssl_handshake_timeout=self._handshake_s
+                raw,
+                self,
+                self._tls,
+                server_side=True,
+                ssl_handshake_timeout=self._handshake_s,
+                # A graceful close waits this long for the peer's close_notify, holding the
+                # descriptor (and its place in the book) meanwhile.
+                ssl_shutdown_timeout=min(self._handshake_s, SHUTDOWN_S),
             )
         except Exception as exc:  # a failed, timed-out or evicted handshake: nothing to serve
             log.debug("TLS handshake from %s failed: %r", self.source, exc)
@@ -318,6 +418,8 @@ class _Bounded(asyncio.Protocol):
             self.book.forget(self)
             raw.abort()
             return
+        self.member = bool(secure.get_extra_info("peercert"))  # verified against the CA
+        self.book.secured(self, self.member)
         self._connect(secure)
 
     def _connect(self, transport: asyncio.Transport) -> None:
@@ -325,7 +427,7 @@ class _Bounded(asyncio.Protocol):
             self.book.forget(self)
             transport.abort()
             return
-        self._connected = True
+        self._transport = transport
         self.handler.connection_made(transport)
         early, self._early = self._early, []
         for data in early:
@@ -334,20 +436,21 @@ class _Bounded(asyncio.Protocol):
             self.handler.eof_received()
 
     def evict(self) -> None:
+        """Abort it now: its descriptor is released on the loop's next turn."""
         self.book.forget(self)
         if self._raw is not None:
             self._raw.abort()  # the handshake fails; `_secure` ends
-        else:
-            self.handler.force_close()
+        elif self._transport is not None:
+            self._transport.abort()  # the handler hears connection_lost
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.book.forget(self)
-        if self._connected:
+        if self._transport is not None:
             self.handler.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._connected:
+        if self._transport is not None:
             self.handler.data_received(data)
         elif self.admitted and sum(map(len, self._early)) + len(data) <= _EARLY:
             self._early.append(data)
@@ -355,17 +458,17 @@ class _Bounded(asyncio.Protocol):
             self._early_eof = self._overflow = True
 
     def eof_received(self) -> None:
-        if self._connected:
+        if self._transport is not None:
             self.handler.eof_received()
         else:
             self._early_eof = True
 
     def pause_writing(self) -> None:
-        if self._connected:
+        if self._transport is not None:
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._connected:
+        if self._transport is not None:
             self.handler.resume_writing()
 
 
