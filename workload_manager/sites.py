@@ -103,8 +103,8 @@ class Bounds:
     handshake_s: float = 10.0
     max_connections: int = 1024
     max_per_source: int = 128
-    handshakes: int = 64
-    handshakes_per_source: int = 8
+    handshakes: int = 128
+    handshakes_per_source: int = 32
     stranger_handshakes_per_s: float = 16.0
 
     @classmethod
