@@ -11,6 +11,7 @@ side of the handshakes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -85,6 +86,26 @@ class Probe:
         return worst
 
 
+PING = (
+    b"POST /v1/members/ping HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\n\r\n{}"
+)
+PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(16)
+
+
+async def _ping_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One ping on a kept connection; the answer's status line."""
+    writer.write(PING)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await asyncio.wait_for(reader.readexactly(length), TIMEOUT)
+    return head.split(b"\r\n", 1)[0]
+
+
 async def _flood_while_probing(a: Node, probe: Probe, sources: list[str]) -> tuple[str, float]:
     flood = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.fixtures.handshake_flood",
@@ -119,3 +140,37 @@ async def test_a_handshake_flood_stalls_neither_members_nor_the_local_api(
     print(f"{line.strip()}: worst call {worst:.3f} s under the flood, {control:.3f} s without")
     assert worst < max(BAR_S, 5 * control), (line, worst, control)
     assert await a.healthy()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_members_kept_connection_outlives_strangers_at_its_address(
+    pair: list[Node],
+) -> None:
+    a, b = pair
+    a_id = await a.node_id()
+    context = ClientContexts(ClusterDir(b.home / "cluster")).current()
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", a.ports["node"], ssl=context, server_hostname=server_hostname_for(a_id)
+    )
+    strangers: list[asyncio.StreamWriter] = []
+    readers: list[asyncio.StreamReader] = []
+    try:
+        assert await _ping_on(reader, writer) == b"HTTP/1.1 200 OK"  # the control
+        # Strangers at the member's address (127.0.0.1), past its per-source cap (128):
+        # each newcomer over it closes the oldest idle stranger, never the member's.
+        for _ in range(3):
+            opened = await asyncio.gather(
+                *(asyncio.open_connection("127.0.0.1", a.ports["node"]) for _ in range(100))
+            )
+            for stranger_reader, stranger in opened:
+                stranger.write(PARTIAL_HELLO)
+                strangers.append(stranger)
+                readers.append(stranger_reader)
+        # The server has taken them: the first strangers were closed to make room.
+        with contextlib.suppress(ConnectionResetError):
+            await asyncio.wait_for(readers[0].read(), TIMEOUT)
+        assert await _ping_on(reader, writer) == b"HTTP/1.1 200 OK"
+    finally:
+        writer.close()
+        for stranger in strangers:
+            stranger.transport.abort()
