@@ -233,8 +233,9 @@ class _Book:
     """The open connections of one listener: every one until its transport is gone, the
     strangers' per source address, those in their TLS handshake, oldest first."""
 
-    def __init__(self, bounds: Bounds) -> None:
+    def __init__(self, bounds: Bounds, clock: Callable[[], float] = time.monotonic) -> None:
         self.bounds = bounds
+        self.clock = clock
         self.all: OrderedDict[_Bounded, None] = OrderedDict()
         self.by_source: dict[str, OrderedDict[_Bounded, None]] = {}  # all but members'
         self.handshaking: OrderedDict[_Bounded, None] = OrderedDict()
@@ -273,17 +274,30 @@ class _Book:
         source = conn.source
         if source in self.member_sources:
             self.member_sources.move_to_end(source)
-        elif not (self._stranger_rate.allow(source) and self._strangers_rate.allow("*")):
+        elif not (
+            self._stranger_rate.allow(source, now := self.clock())
+            and self._strangers_rate.allow("*", now)
+        ):
             return False
         else:
             mine = self.handshaking_from.get(source)
             if (
                 mine is not None
                 and len(mine) >= self.bounds.handshakes_per_source
-                and not _evict_stale(mine)
+                and not self._evict_stale(mine)
             ):
                 return False
-        return len(self.handshaking) < self.bounds.handshakes or _evict_stale(self.handshaking)
+        return len(self.handshaking) < self.bounds.handshakes or self._evict_stale(self.handshaking)
+
+    def _evict_stale(self, handshaking: Mapping[_Bounded, None]) -> bool:
+        # The oldest handshake in progress makes room only once it has taken over `STALE_S`:
+        # a handshake takes milliseconds, a stranger's partial ClientHello holds on. A newer
+        # one is never evicted for a newcomer, which could be the same flood's next one.
+        oldest = next(iter(handshaking))
+        if self.clock() - oldest.started < STALE_S:
+            return False
+        oldest.evict()
+        return True
 
     def _refuse(self, source: str, why: str) -> bool:
         self.refused += 1
@@ -323,17 +337,6 @@ class _Book:
                 del self.handshaking_from[conn.source]
 
 
-def _evict_stale(handshaking: Mapping[_Bounded, None]) -> bool:
-    # The oldest handshake in progress makes room only once it has taken over `STALE_S`:
-    # a handshake takes milliseconds, a stranger's partial ClientHello holds on. A newer one
-    # is never evicted for a newcomer, which could be the same flood's next connection.
-    oldest = next(iter(handshaking))
-    if time.monotonic() - oldest.started < STALE_S:
-        return False
-    oldest.evict()
-    return True
-
-
 def _evict(pool: OrderedDict[_Bounded, None]) -> bool:
     for conn in pool:
         if conn.idle and not conn.member:
@@ -358,7 +361,7 @@ class _Bounded(asyncio.Protocol):
         self.source = ""
         self.admitted = False
         self.member = False  # its client presented a certificate of the cluster's CA
-        self.started = time.monotonic()
+        self.started = book.clock()
         self._tls = tls
         self._handshake_s = handshake_s
         self._raw: asyncio.Transport | None = None  # while its TLS handshake runs
