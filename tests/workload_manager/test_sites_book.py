@@ -1,6 +1,6 @@
 """The listener's book (workload_manager/sites.py) in memory, with a fake clock: who is
 admitted, who is closed to make room, and what is never closed for a newcomer (issue 25,
-item 1). The real sockets are tests/agent/test_handshake_flood.py's."""
+item 1). The real sockets are tests/reliability/test_handshake_flood.py's."""
 
 from __future__ import annotations
 

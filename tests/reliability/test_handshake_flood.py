@@ -22,8 +22,7 @@ import pytest
 import pytest_asyncio
 
 from certs import ClientContexts, ClusterDir, server_hostname_for
-
-from .harness import TIMEOUT, Node, make_node, start_cluster
+from tests.agent.harness import TIMEOUT, Node, make_node, start_cluster
 
 FLOOD = 1100
 OPEN_FILES = 1024
@@ -75,7 +74,7 @@ class Probe:
             assert await self.a.healthy()
         return time.monotonic() - started
 
-    async def worst(self, until: asyncio.Future[object] | None, rounds: int = 10) -> float:
+    async def worst(self, until: asyncio.Future[bytes] | None, rounds: int = 10) -> float:
         """The slowest call of either kind, calling every tenth of a second until `until`
         is done (at least `rounds` times when it is None)."""
         worst, done = 0.0, 0
