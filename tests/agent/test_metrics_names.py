@@ -1,11 +1,14 @@
-"""`/metrics` against the Grafana dashboard and docs/metrics.md (issue 17, item 7).
+"""`/metrics` against the Grafana dashboard and docs/metrics.md (issue 17, item 7; issue 25).
 
 Two real agents with simulated GPUs and a deployment of the mock engine; requests through
 `a`'s facade with the real `openai` client, one streamed. `a`'s `/metrics` parses with
 prometheus_client's parser, holds every name the dashboard's expressions use and every
 name docs/metrics.md lists (and the page lists every name it exports), and its histograms
-count the requests made. Label values a client sends but the cluster does not know count
-as `other` (unit tests of the bounded labels).
+count the requests made. Before the first request, every series of the deployment's model
+is there at zero; a key's come with it and go when it is revoked, the model's when it is
+undeployed (the module's tests run in order: the last ones change the cluster). Label
+values a client sends but the cluster does not know count as `other`, and the series made
+ahead are bounded (unit tests).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.metric_labels import OTHER, FirstSeen, bounded
 from agent.serving_metrics import ServingMetrics
 from agent.usage import Meter
-from agent.usage_book import UsageMetrics
+from agent.usage_metrics import NO_KEY, OUTCOMES, UsageMetrics
 from broker.deployments import Deployment
 from workload_manager.workload import Workload, WorkloadState
 
@@ -88,6 +91,29 @@ def value(families: dict[str, Any], sample: str, **labels: str) -> float:
     return 0.0
 
 
+def found(families: dict[str, Any], sample: str, **labels: str) -> list[float]:
+    """The values of every sample named `sample` whose labels include `labels`."""
+    return [
+        float(s.value)
+        for family in families.values()
+        for s in family.samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def zero_series(families: dict[str, Any], model: str, key: str) -> list[list[float]]:
+    """The request, token, latency and TTFT series of `model` and `key` (one list each)."""
+    return [
+        *(found(families, "nvpair_requests_total", model=model, key=key, outcome=o.value)
+          for o in OUTCOMES),
+        *(found(families, "nvpair_tokens_total", model=model, key=key, kind=kind)
+          for kind in ("prompt", "completion")),
+        found(families, "nvpair_request_duration_seconds_count", model=model),
+        found(families, "nvpair_time_to_first_token_seconds_count", model=model),
+        found(families, "nvpair_request_duration_seconds_bucket", model=model, le="+Inf"),
+    ]  # fmt: skip
+
+
 def exported(family: Any) -> str:
     """The name a family is documented and queried under (a counter's with `_total`)."""
     return f"{family.name}_total" if family.type == "counter" else str(family.name)
@@ -102,6 +128,19 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[N
         ready = functools.partial(ready_everywhere, started, "chat", 1)
         await eventually(ready, "chat ready on a and b", within_s=60)
         yield started
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_every_series_of_a_known_model_is_zero_before_its_first_request(
+    pair: list[Node],
+) -> None:
+    # The deployment is known on both members (b learnt it from a's push); no request yet.
+    # A series born at the first scrape after a burst would make rate() miss the burst.
+    for node in pair:
+        families, _ = await scrape(node)
+        assert zero_series(families, "chat", NO_KEY) == [[0.0]] * 8, node.name
+        # A request placed nowhere (no capacity, waited too long) counts under `other`.
+        assert found(families, "nvpair_requests_total", model=OTHER, outcome="failed") == [0]
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -215,3 +254,90 @@ def test_the_dashboard_imports_with_a_prometheus_input() -> None:
     titles = " ".join(p["title"] for p in panels).lower()
     for wanted in ("latency", "first token", "tokens/s per model", "per key", "wait line"):
         assert wanted in titles
+
+
+def test_series_made_ahead_follow_what_the_member_knows_within_a_bound() -> None:
+    models = {"m1", "m2", "m3"}
+    scopes: dict[str, frozenset[str] | None] = {"k1": None, "k2": frozenset({"m2"})}
+    usage = UsageMetrics(zero_pairs=5)
+    usage.follow(lambda: (models, scopes))
+
+    def pairs() -> set[tuple[str, str]]:
+        (family,) = usage.requests.collect()
+        outcomes: dict[tuple[str, str], set[str]] = {}
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                outcomes.setdefault((s.labels["model"], s.labels["key"]), set()).add(
+                    s.labels["outcome"]
+                )
+        assert all(o == {"completed", "failed", "cancelled"} for o in outcomes.values())
+        return set(outcomes)
+
+    def timed() -> set[str]:
+        (family,) = usage.duration.collect()
+        return {s.labels["model"] for s in family.samples}
+
+    # Models in order, `other` last; a scoped key only with its models. The fifth pair
+    # fills the bound: ("other", "k2") starts with its first request instead.
+    assert pairs() == {("m1", "k1"), ("m2", "k1"), ("m2", "k2"), ("m3", "k1"), (OTHER, "k1")}
+    assert timed() == {"m1", "m2", "m3", OTHER}
+    # k1 revoked, m3 gone: their series go; the places they freed take what is known.
+    scopes.pop("k1")
+    models.discard("m3")
+    usage.sync()
+    assert pairs() == {("m2", "k2"), (OTHER, "k2")}
+    assert timed() == {"m1", "m2", OTHER}
+    # A job that ends after its key went (it was in flight) counts, until the next sync.
+    meter = Meter()
+    meter.finish()
+    usage.count(_job("m1", placed=True, requester="k1"), meter)
+    assert ("m1", "k1") in pairs()
+    usage.sync()
+    assert ("m1", "k1") not in pairs()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_keys_series_come_with_it_and_go_when_it_is_revoked(pair: list[Node]) -> None:
+    a, b = pair  # after the requests above: from here on the facade needs a key
+    code, text = await post(a, "/v1/keys", {"name": "team-a"})
+    assert code == 201, text
+    code, text = await post(a, "/v1/keys", {"name": "scoped", "models": ["elsewhere"]})
+    assert code == 201, text
+    families, _ = await scrape(a)
+    assert zero_series(families, "chat", "team-a")[:5] == [[0.0]] * 5  # requests, tokens
+    assert found(families, "nvpair_requests_total", model="chat", key="scoped") == []
+    assert found(families, "nvpair_requests_total", model=OTHER, key="scoped") == [0] * 3
+    # Every request needs a key now: nothing is `none` any more.
+    assert found(families, "nvpair_requests_total", key=NO_KEY) == []
+
+    async def on_b(present: bool) -> bool:  # b learns the keys with a's push
+        families, _ = await scrape(b)
+        return bool(found(families, "nvpair_tokens_total", key="team-a")) == present
+
+    await eventually(lambda: on_b(True), "team-a's series on b")
+    code, text = await post(a, "/v1/keys/team-a/revoke", {})
+    assert code == 200, text
+    families, _ = await scrape(a)
+    assert found(families, "nvpair_requests_total", key="team-a") == []
+    assert found(families, "nvpair_tokens_total", key="team-a") == []
+    await eventually(lambda: on_b(False), "team-a's series gone from b")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_undeployed_models_series_go(pair: list[Node]) -> None:
+    a = pair[0]  # the last test of the module: the deployment goes
+
+    async def chat_series(node: Node) -> int:
+        families, _ = await scrape(node)
+        return sum(
+            1 for f in families.values() for s in f.samples if s.labels.get("model") == "chat"
+        )
+
+    assert await chat_series(a) > 0
+    code, text = await post(a, "/v1/deployments/chat/undeploy", {})
+    assert code == 200, text
+
+    async def gone() -> bool:
+        return all([await chat_series(node) == 0 for node in pair])
+
+    await eventually(gone, "chat's series gone from a and b")
