@@ -26,12 +26,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from workload_manager.workload import Workload, WorkloadState
 
+from .metric_aliases import deprecated_gauge
 from .metric_labels import MAX_LABELS, OTHER, FirstSeen
 from .usage import Meter
 from .usage_store import UsageStore
@@ -222,8 +223,10 @@ class UsageMetrics(Collector):
             )
             pending.add_metric([], self.store.pending)
             yield pending
-            dropped = GaugeMetricFamily(
-                "nvpair_usage_rows_dropped", "Usage rows dropped: the buffer was full"
+            dropped = CounterMetricFamily(
+                "nvpair_usage_rows_dropped",
+                "Usage rows dropped since the agent started: the buffer was full",
             )
             dropped.add_metric([], self.store.dropped)
             yield dropped
+            yield deprecated_gauge("nvpair_usage_rows_dropped", [([], self.store.dropped)])

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.metric_aliases import DEPRECATED
 from agent.metric_labels import OTHER, FirstSeen, bounded
 from agent.serving_metrics import ServingMetrics
 from agent.usage import Meter
@@ -62,24 +65,31 @@ def dashboard_names() -> set[str]:
     return found
 
 
-def documented() -> tuple[set[str], set[str]]:
-    """The names in docs/metrics.md's tables: (always exported, only with a plane)."""
-    always: set[str] = set()
-    plane: set[str] = set()
-    into = always
+def doc_rows() -> dict[str, tuple[str, str, bool]]:
+    """docs/metrics.md's table rows: name -> (type, meaning, only with a plane)."""
+    rows: dict[str, tuple[str, str, bool]] = {}
+    plane = False
     for line in DOC.read_text().splitlines():
         if line.startswith("## "):
-            into = plane if "plane" in line.lower() else always
+            plane = "plane" in line.lower()
         elif line.startswith("| `nvpair_"):
-            into.add(line.split("`")[1])
-    return always, plane
+            cells = [cell.strip() for cell in line.split("|")]
+            rows[cells[1].strip("`")] = (cells[2], cells[4], plane)
+    return rows
+
+
+def documented() -> tuple[set[str], set[str]]:
+    """The names in docs/metrics.md's tables: (always exported, only with a plane)."""
+    rows = doc_rows()
+    return {n for n, r in rows.items() if not r[2]}, {n for n, r in rows.items() if r[2]}
 
 
 async def scrape(node: Node) -> tuple[dict[str, Any], str]:
     async with aiohttp.ClientSession() as session, session.get(node.api + "/metrics") as r:
         assert r.status == 200
         text = await r.text()
-    return {f.name: f for f in text_string_to_metric_families(text)}, text
+    # By the name queried: a counter and its deprecated gauge share a family name.
+    return {exported(f): f for f in text_string_to_metric_families(text)}, text
 
 
 def value(families: dict[str, Any], sample: str, **labels: str) -> float:
@@ -190,6 +200,62 @@ async def test_metrics_hold_the_dashboards_and_the_docs_names(pair: list[Node]) 
     created = {f"{n.removesuffix('_total')}_created" for n in always}
     ours = {n for n in names if n.startswith("nvpair_")} - created
     assert ours - always - plane == set()  # and every exported name is documented
+    rows = doc_rows()
+    for name in always:  # with its type: every count a counter, queried with rate()
+        assert families[name].type == rows[name][0], name
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_counts_are_counters_with_help_of_their_own(pair: list[Node]) -> None:
+    families, text = await scrape(pair[0])
+    ours = {n: f for n, f in families.items() if n.startswith("nvpair_")}
+    # Each family says what it is, not a template filled in with its name (a `_created`
+    # timestamp has its counter's or histogram's, from prometheus_client).
+    helps = [f.documentation for n, f in ours.items() if not n.endswith("_created")]
+    assert all(helps)
+    assert len(set(helps)) == len(helps)
+    # Every gauge that counted before is kept, deprecated, beside its counter.
+    rows = doc_rows()
+    for old, (_meaning, instead, _labels) in DEPRECATED.items():
+        assert "**Deprecated**" in rows[old][1], old
+        assert instead in rows[old][1], old
+        if old.startswith("nvpair_plane_"):
+            continue  # only exported with a plane
+        assert ours[old].type == "gauge"
+        assert ours[instead.split("{")[0]].type == "counter"
+        assert f"use {instead}" in ours[old].documentation
+    assert {"nvpair_manager_restarts_total", "nvpair_anti_entropy_rounds_total"} <= set(ours)
+    assert "# TYPE nvpair_anti_entropy_records_in_total counter" in text.splitlines()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_managers_counts_do_not_fall_when_it_restarts(pair: list[Node]) -> None:
+    a, b = pair
+    b_id = await b.node_id()
+    counts = {  # sample name -> labels: each counted by the workload manager child
+        "nvpair_relay_events_received_total": {"source": "local"},
+        "nvpair_relay_events_accepted_total": {},
+        "nvpair_broadcast_events_sent_total": {"peer": b_id},
+        "nvpair_broadcast_batches_sent_total": {"peer": b_id},
+    }
+    families, _ = await scrape(a)
+    before = {name: found(families, name, **labels) for name, labels in counts.items()}
+    assert all(v and v[0] > 0 for v in before.values()), before  # the requests above
+    manager = (await a.get("/healthz"))["manager"]
+    os.kill(manager["pid"], signal.SIGKILL)
+
+    async def restarted() -> bool:  # the new child answers, and knows its peer b
+        families, _ = await scrape(a)
+        return found(families, "nvpair_manager_restarts_total") == [1] and bool(
+            found(families, "nvpair_broadcast_queue_depth", peer=b_id)
+        )
+
+    await eventually(restarted, "a's workload manager restarted and answering")
+    families, _ = await scrape(a)
+    after = {name: found(families, name, **labels) for name, labels in counts.items()}
+    for name, value_before in before.items():
+        assert len(after[name]) == 1, (name, after)
+        assert after[name][0] >= value_before[0], (name, before, after)
 
 
 def _job(model: str, *, placed: bool, requester: str | None = None) -> Workload:
