@@ -44,17 +44,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "nvpair.json"
 DOC = ROOT / "docs" / "metrics.md"
 NAME = re.compile(r"\bnvpair_[a-z0-9_]+")
+RATED = re.compile(r"\b(?:rate|irate|increase)\(\s*(nvpair_[a-z0-9_]+)")
 
 
-def dashboard_names() -> set[str]:
-    """Every metric name in the dashboard's `expr` fields."""
-    found: set[str] = set()
+def dashboard_exprs() -> list[str]:
+    """Every `expr` of the dashboard's panels."""
+    found: list[str] = []
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if key == "expr" and isinstance(value, str):
-                    found.update(NAME.findall(value))
+                    found.append(value)
                 else:
                     walk(value)
         elif isinstance(node, list):
@@ -63,6 +64,11 @@ def dashboard_names() -> set[str]:
 
     walk(json.loads(DASHBOARD.read_text()))
     return found
+
+
+def dashboard_names() -> set[str]:
+    """Every metric name in the dashboard's `expr` fields."""
+    return {name for expr in dashboard_exprs() for name in NAME.findall(expr)}
 
 
 def doc_rows() -> dict[str, tuple[str, str, bool]]:
@@ -305,6 +311,17 @@ def test_unknown_model_names_count_as_other() -> None:
     }
 
 
+def test_the_dashboard_takes_rates_of_counters_and_reads_gauges_as_they_are() -> None:
+    rows = doc_rows()
+    for expr in dashboard_exprs():
+        rated = set(RATED.findall(expr))
+        for name in NAME.findall(expr):
+            assert name not in DEPRECATED, (name, expr)  # the counters, not the old gauges
+            kind = rows[name.removesuffix("_bucket")][0]  # a histogram's buckets count
+            counts = kind == "counter" or name.endswith("_bucket")
+            assert (name in rated) == counts, (name, kind, expr)
+
+
 def test_the_dashboard_imports_with_a_prometheus_input() -> None:
     board = json.loads(DASHBOARD.read_text())
     assert board["schemaVersion"] >= 39
@@ -318,7 +335,8 @@ def test_the_dashboard_imports_with_a_prometheus_input() -> None:
             for left, right in ("()", "{}", "[]"):
                 assert expr.count(left) == expr.count(right), expr  # a typo breaks a panel
     titles = " ".join(p["title"] for p in panels).lower()
-    for wanted in ("latency", "first token", "tokens/s per model", "per key", "wait line"):
+    wanted_titles = ("latency", "first token", "tokens/s per model", "per key", "wait line")
+    for wanted in (*wanted_titles, "manager restarts", "anti-entropy"):
         assert wanted in titles
 
 
