@@ -64,6 +64,7 @@ from .ui_routes import UiPorts
 from .upkeep import LoadPoller, Pruner, gpu_reader
 from .usage_api import usage_routes
 from .usage_book import UsageBook
+from .usage_metrics import known_to
 from .view import ReplicaViews, SchedulingView
 
 __all__ = ["Agent"]
@@ -116,13 +117,19 @@ class Agent:
             extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
         )
         health.watch("workload-manager", supervisor.problem)
-        # A deployment declared here or learnt from a member: in the next push at once.
+
+        def known_changed() -> None:
+            # A deployment or key declared here or learnt from a member: in the next push at
+            # once, and its series in /metrics at zero before its first request.
+            heartbeat.push_now()
+            usage.metrics.sync()
+
         deployments = Deployments(
             config.home,
             sign=lambda d: sign_statement(d, identity.key, identity.cert),
-            on_change=lambda: heartbeat.push_now(),
+            on_change=known_changed,
         )
-        api_keys = ApiKeys.signed_by(identity, config.home, lambda: heartbeat.push_now())
+        api_keys = ApiKeys.signed_by(identity, config.home, known_changed)
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -132,6 +139,7 @@ class Agent:
             sign=lambda removal: sign_removal(removal, identity.key, identity.cert),
             deployments=deployments,
             api_keys=api_keys,
+            on_records=usage.metrics.sync,  # an engine's model came or went
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -170,6 +178,7 @@ class Agent:
             remote_load=lambda: load.remote,
         )
         keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
+        usage.metrics.follow(known_to(deployments, view, keys))
         facade_host, facade_why = facade_address(config.facade_bind, bind, keys.in_use())
         self.facade = facade = Facade(
             node_id=node_id,

@@ -68,6 +68,22 @@ class KeyCheck:
         self._by_hash = {k.keyHash: k for k in live}
         self._by_name = {k.name: k for k in live}
 
+    def scopes(self) -> dict[str, frozenset[str] | None]:
+        """The names a request can carry as its requester now, each with the models it may
+        use (None: any): every usable cluster key and every static key (`/metrics` keeps a
+        series for each). Empty while no key is needed."""
+        self._index()
+        now_ms = int(self._clock() * 1000)
+        scopes = {
+            name: frozenset(key.models) or None
+            for name, key in self._by_name.items()
+            if key.usable(now_ms)
+        }
+        for name in self._static.values():  # a static key shares its cluster key's scope
+            key = self._by_name.get(name)
+            scopes[name] = None if key is None else frozenset(key.models) or None
+        return scopes
+
     def requester(self, authorization: str) -> str | bool | None:
         """The key's name for an `Authorization` header; None when no key is needed, False
         when the key is missing, unknown, revoked or expired."""

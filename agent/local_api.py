@@ -282,10 +282,14 @@ class LocalApi:
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        supervisor = self.ports.manager
         manager: dict[str, Any] = {}
+        generation: int | None = supervisor.restarts  # which child answers (carried_counts)
         with contextlib.suppress(TimeoutError, BrokerError):
-            manager = await self.ports.manager.request("manager:status")
-        self.collector.snapshot = (manager, await self.ports.store.count_by_state())
+            manager = await supervisor.request("manager:status")
+        if not manager or supervisor.restarts != generation:
+            generation = None  # no answer, or maybe the previous child's: not taken
+        self.collector.take(manager, generation, await self.ports.store.count_by_state())
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
     async def _explain(self, request: web.Request) -> web.Response:

@@ -73,6 +73,7 @@ class Members:
         sign: Callable[[Removal], Removal],
         deployments: Deployments | None = None,
         api_keys: ApiKeys | None = None,
+        on_records: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.self_id = self_id
@@ -82,6 +83,7 @@ class Members:
         self._sign = sign  # a removal as this node's signed statement
         self.deployments = deployments
         self.api_keys = api_keys
+        self._on_records = on_records  # after records were offered or merged
         self._clock = clock
         self.membership = Membership(self_id, unreachable_after_s=unreachable_after_s)
         # Reachability of the members it watches (agent/probes.py); others by `heard_at`.
@@ -205,6 +207,7 @@ class Members:
         now = self._clock()
         for record in records:
             self.membership.offer(record, now)
+        self._on_records()
 
     def heard_from(self, node_id: str) -> None:
         """A direct contact: the member is reachable now."""

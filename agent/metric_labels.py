@@ -2,12 +2,14 @@
 
 A model, deployment or key label takes only names the cluster knows -- a live deployment,
 an engine's model, a configured key, a model some request was placed for -- and at most
-`MAX_LABELS` distinct ones; anything else is `other`.
+`MAX_LABELS` distinct ones; anything else is `other`. A name the cluster no longer knows
+gives its place up (`FirstSeen.retain`), so a cluster that renames its deployments over
+months does not end up counting everything as `other`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Final
 
 __all__ = ["MAX_LABELS", "OTHER", "FirstSeen", "bounded"]
@@ -37,3 +39,9 @@ class FirstSeen:
             return OTHER
         self._seen.add(value)
         return value
+
+    def retain(self, keep: Container[str]) -> Collection[str]:
+        """Forget every value not in `keep`, freeing its place; the values forgotten."""
+        gone = {value for value in self._seen if value not in keep}
+        self._seen -= gone
+        return gone

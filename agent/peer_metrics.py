@@ -4,6 +4,7 @@ The workload manager child counts as it relays (`workload_manager.relay.RelayCou
 and as each peer's outbox sends (`workload_manager.outbox.OutboxCounters`, and the payloads
 heard from each peer); `manager:status` carries them and the local API asks for it just
 before a scrape, so the relay's hot path does no more than the counts it already keeps.
+The counts are carried across restarts of the child before they get here (`carried_counts`).
 The `peer` label is a member's node id: bounded by the membership.
 """
 
@@ -35,7 +36,8 @@ _DROPPED: Final = (
 
 
 def peer_metrics(manager: Mapping[str, Any]) -> Iterator[Metric]:
-    """The per-peer counters and gauges, and the relay's totals by source and by reason."""
+    """The per-peer counters and gauges, and the relay's totals: by source, accepted, and
+    dropped by reason."""
     peers = manager.get("broadcast", [])
     for name, help_text, field in _PER_PEER:
         counter = CounterMetricFamily(name, help_text, labels=["peer"])
@@ -57,6 +59,11 @@ def peer_metrics(manager: Mapping[str, Any]) -> Iterator[Metric]:
     received.add_metric(["local"], relay.get("received_local", 0))
     received.add_metric(["remote"], relay.get("received_remote", 0))
     yield received
+    accepted = CounterMetricFamily(
+        "nvpair_relay_events_accepted", "Workload events the relay took as new (first seen)"
+    )
+    accepted.add_metric([], relay.get("accepted", 0))
+    yield accepted
     dropped = CounterMetricFamily(
         "nvpair_relay_events_dropped", "Workload events the relay dropped", labels=["reason"]
     )

@@ -1,16 +1,18 @@
-"""The agent's Prometheus gauges read at scrape time: the Jobs writer's backlog
+"""The agent's Prometheus metrics read at scrape time: the Jobs writer's backlog
 (`nvpair_jobs_writer_pending`), which the soak (tests/reliability/test_soak.py) samples to
-show that no backlog grows."""
+show that no backlog grows; the anti-entropy's counts, counters each with its own HELP."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import AgentMetrics
+from agent.metrics import REPAIRS, AgentMetrics
+from agent.repair import RepairCounters
 from broker.inventory import GpuInventory
 from broker.jobs import JobsStore, JobsWriter
 from tests.fixtures.records import workload
@@ -59,3 +61,20 @@ async def test_the_jobs_writers_pending_rows_are_a_gauge(tmp_path: Path) -> None
             assert scrape(registry, "nvpair_jobs_writer_pending") == 0
     finally:
         await store.close()
+
+
+def test_every_anti_entropy_count_is_a_counter_with_its_own_help() -> None:
+    assert set(REPAIRS) == {f.name for f in dataclasses.fields(RepairCounters)}
+    registry = CollectorRegistry()
+    registry.register(
+        AgentMetrics(lambda: GpuInventory(), lambda: 2, repairs=lambda: {"rounds": 7})
+    )
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    counters = {f.name: f for f in families if f.type == "counter"}
+    for name in REPAIRS:
+        assert f"nvpair_anti_entropy_{name}" in counters, name
+    assert scrape(registry, "nvpair_anti_entropy_rounds_total") == 7
+    assert scrape(registry, "nvpair_anti_entropy_rounds") == 7  # deprecated, one release
+    assert scrape(registry, "nvpair_manager_restarts_total") == 2
+    helps = [counters[f"nvpair_anti_entropy_{name}"].documentation for name in REPAIRS]
+    assert len(set(helps)) == len(REPAIRS)

@@ -90,7 +90,7 @@ async def test_anti_entropy_from_a_peer_cannot_write_the_receivers_jobs(pair: li
     a_id, b_id = await a.node_id(), await b.node_id()
     await a.enter("mine-ae", 1, a_id)  # a's own job, which b will try to remove
     await eventually(lambda: _lists(a, "mine-ae"), "a lists its own job")
-    refused = await a.metric("nvpair_anti_entropy_own_origin")
+    refused = await a.metric("nvpair_anti_entropy_own_origin_total")
     a_record = node_record(a_id, node_port=a.ports["node"])
     client = NodeClient(ClusterDir(b.home / "cluster"), lambda n: a_record if n == a_id else None)
     decode = msgspec.json.Decoder(Workload).decode
@@ -110,7 +110,7 @@ async def test_anti_entropy_from_a_peer_cannot_write_the_receivers_jobs(pair: li
     assert "mine-ae" in listed
     assert "forged-ae" not in listed
     assert not stored(a, "forged-ae")
-    assert await a.metric("nvpair_anti_entropy_own_origin") == refused + 2
+    assert await a.metric("nvpair_anti_entropy_own_origin_total") == refused + 2
 
 
 async def _lists(node: Node, wid: str) -> bool:

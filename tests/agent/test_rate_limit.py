@@ -126,6 +126,26 @@ def test_revoked_and_static_keys(tmp_path: Path) -> None:
     assert alone.requester("") is False
 
 
+def test_the_requesters_a_request_can_carry_with_their_models(tmp_path: Path) -> None:
+    # What /metrics keeps a series for (agent.usage_metrics): usable keys and static keys.
+    wall = Clock(1_700_000_000.0)
+    keys = _keys(tmp_path, wall)
+    check = KeyCheck({"ops": "sk-static-123"}, keys, clock=wall)
+    assert check.scopes() == {"ops": None}
+    keys.create(KeyRequest(name="team-a", models=["m1"]))
+    keys.create(KeyRequest(name="team-b"))
+    keys.create(KeyRequest(name="brief", expiresInS=60))
+    assert check.scopes() == {
+        "ops": None,
+        "team-a": frozenset({"m1"}),
+        "team-b": None,
+        "brief": None,
+    }
+    keys.revoke("team-a")
+    wall.at += 61
+    assert check.scopes() == {"ops": None, "team-b": None}  # revoked, expired: gone
+
+
 def test_an_unreadable_keys_file_keeps_the_facade_closed(tmp_path: Path) -> None:
     (tmp_path / "api-keys.json").write_text("[{not json")
     keys = ApiKeys(tmp_path, sign=lambda k: k)
