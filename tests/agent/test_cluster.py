@@ -117,7 +117,7 @@ async def test_metrics_parse_with_prometheus_own_parser(cluster: list[Node]) -> 
     async with aiohttp.ClientSession() as session, session.get(a.api + "/metrics") as response:
         text = await response.text()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert {"nvpair_jobs", "nvpair_relay_duplicates", "nvpair_gpu_memory_total_bytes"} <= set(
+    assert {"nvpair_jobs", "nvpair_relay_events_dropped", "nvpair_gpu_memory_total_bytes"} <= set(
         families
     )
     gpu_memory = [s.value for s in families["nvpair_gpu_memory_total_bytes"].samples]
@@ -253,11 +253,11 @@ async def test_removing_a_member(cluster: list[Node]) -> None:
     assert c_id not in {n["nodeId"] for n in await a.get("/v1/nodes")}
     # c's jobs no longer reach a or b: c's workload manager tries a and is refused, while a
     # job entered on b after it (the control) does arrive.
-    refused_before = await c.metric("nvpair_broadcast_retried", peer=a_id)
+    refused_before = await c.metric("nvpair_broadcast_batches_failed_total", peer=a_id)
     await c.enter("removed-9", 1, c_id)
 
     async def c_was_refused() -> bool:
-        return await c.metric("nvpair_broadcast_retried", peer=a_id) > refused_before
+        return await c.metric("nvpair_broadcast_batches_failed_total", peer=a_id) > refused_before
 
     await eventually(c_was_refused, "c's manager tries to send its job to a and is refused")
     await b.enter("removed-control", 1, b_id)

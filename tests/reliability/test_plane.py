@@ -179,5 +179,7 @@ async def scenario(
     # Nothing counted twice: the rollups the merge keeps agree with the rows.
     states = Counter(state for _, state in listed.values())
     assert await plane.jobs_by_state(cluster) == dict(states)
-    synced = await asyncio.gather(*(m.node.metric("nvpair_plane_synced_jobs") for m in members))
+    synced = await asyncio.gather(
+        *(m.node.metric("nvpair_plane_synced_jobs_total") for m in members)
+    )
     assert sum(synced) >= len(listed)

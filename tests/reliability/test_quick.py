@@ -93,7 +93,7 @@ async def test_only_anti_entropy_repairs_a_member_whose_incoming_events_were_los
         assert manager_link.counters.accepted == through
         assert manager_link.counters.refused > 0
         assert {m.name: await m.manager_restarts() for m in members} == restarts
-        assert await cut.node.metric("nvpair_anti_entropy_records_in") > 0
+        assert await cut.node.metric("nvpair_anti_entropy_records_in_total") > 0
         print(
             client.figures.line(
                 f"{cut.name}'s incoming events dropped for {dropped_for:.0f}s of load, "

@@ -99,8 +99,8 @@ async def _drained(members: list[Member]) -> bool:
 async def _repair_counts(member: Member) -> str:
     # What anti-entropy repaired on this member, and what its relay delivered that the
     # store already held (a repair that raced the broadcast shows as both).
-    taken = await member.node.metric("nvpair_anti_entropy_records_in")
-    redundant = await member.node.metric("nvpair_relay_redundant_deliveries")
+    taken = await member.node.metric("nvpair_anti_entropy_records_in_total")
+    redundant = await member.node.metric("nvpair_relay_redundant_deliveries_total")
     return f"{member.name} {taken:.0f}/{redundant:.0f}"
 
 
