@@ -36,14 +36,13 @@ from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .api_keys import ApiKeys
-from .config import PORTS, AgentConfig
+from .config import AgentConfig, port_in_use
 from .deploy_api import DeployPorts
 from .deployments import Deployments
 from .engine_auth import EngineAuth
 from .engine_load import LoadScraper
 from .engine_proc import EngineSupervisor
 from .engines import Engines
-from .errors import PortInUse
 from .facade import Facade, facade_address
 from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
@@ -291,7 +290,7 @@ class Agent:
         try:
             await supervisor.start()
         except ManagerPortInUse:
-            raise _port_in_use("manager_port", config.manager_port) from None
+            raise port_in_use("manager_port", config.manager_port) from None
         await engines.probe()  # engines in the first record, before requests are placed
         await control.start()  # what a previous agent left running, adopted or stopped
         stack.push_async_callback(control.aclose)
@@ -387,14 +386,10 @@ class Agent:
         self._stack.callback(forget_state, state)
 
 
-def _port_in_use(setting: str, port: int) -> PortInUse:
-    return PortInUse(port, PORTS[setting], "--" + setting.replace("_", "-"))
-
-
 async def _bind(setting: str, port: int, start: Awaitable[Any]) -> None:
     try:
         await start
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise _port_in_use(setting, port) from None
+            raise port_in_use(setting, port) from None
         raise
