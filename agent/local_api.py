@@ -13,9 +13,10 @@
 - `GET /v1/nodes` -- every member's record with `reachable`.
 - `GET /v1/members` -- the pins: node id, name, pin, added, removed, removedBy.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
-- `POST /v1/jobs/events` -- enter a local lifecycle event (`{method, params: {workloadInfo}}`);
-  the facade does this in-process, this route is for operators and tests. The 202 comes
-  once the record is committed in this node's Jobs store (503 when it cannot be in time).
+- `POST /v1/jobs/events` -- enter a lifecycle event of this node's own (`{method, params:
+  {workloadInfo}}`; another node's is a 400); the facade does this in-process, this route is
+  for operators and tests. The 202 comes once the record is committed in this node's Jobs
+  store (503 when it cannot be in time).
 - `POST /v1/members/{node_id}/remove` -- `nvpair cluster remove`.
 - `GET /v1/explain?model=`, `GET /v1/ops`, `POST /v1/ops` -- the scheduler's ranking, and
   cordon / uncordon / drain operations.
@@ -72,6 +73,7 @@ _STATES: Final = STATES
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _event_decoder: Final = msgspec.json.Decoder(dict[str, Any])
 _params_decoder: Final = msgspec.json.Decoder(LifecycleParams)
+_ELSEWHERE: Final = "originatedFrom {!r} is not this node: only a node speaks for its own jobs\n"
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,8 @@ class LocalApi:
         if mismatch:
             raise web.HTTPBadRequest(text=mismatch + "\n")
         record = params.workloadInfo
+        if record.originatedFrom != self.ports.node_id:
+            raise web.HTTPBadRequest(text=_ELSEWHERE.format(record.originatedFrom))
         self.ports.submit(method, record)
         # A 202 is durable: answered once the batch holding this record has committed to
         # this node's store (issue 11), within the writer's flush bound.
