@@ -185,6 +185,11 @@ class AgentConfig:
         return self.home / "jobs.db"
 
     @property
+    def runs_file(self) -> Path:
+        """The run book: the runs this node put its name to (`agent.run_book`)."""
+        return self.home / "runs"
+
+    @property
     def state_file(self) -> Path:
         """Where the running agent records its local API address for the CLI."""
         return self.home / "agent.json"

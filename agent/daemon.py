@@ -58,6 +58,7 @@ from .operations import Operations
 from .plane_link import PlaneParts, plane_link, plane_routes
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
+from .run_book import open_run_book
 from .serving_metrics import serving_metrics
 from .ui_routes import UiPorts
 from .upkeep import LoadPoller, Pruner, gpu_reader
@@ -191,6 +192,7 @@ class Agent:
             wait=config.wait,
             on_usage=usage.record,
         )
+        runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         tasks = Tasks(health)
         self.operations = operations = Operations(
             self_id=node_id,
@@ -220,6 +222,7 @@ class Agent:
             interval_s=config.anti_entropy_s,
             relay=lambda record: supervisor.send_event(METHOD_FOR_STATE[record.state], record),
             relay_removal=supervisor.send_removal,
+            own_run=runs.holds,  # only rows of its own runs are asked back
         )
         node_api = NodeApi(
             self.cluster,
@@ -263,6 +266,7 @@ class Agent:
                 submit=self.submit,
                 remove_job=self.remove_job,
                 remove_member=remove_member,
+                record_run=runs.remember,
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),

@@ -1,5 +1,7 @@
 """Jobs in another member's name (issue 25, item 2), on two real agents that repair every
-half second: a's owner cannot enter an event in b's name (400, and it reaches nobody)."""
+half second: a's owner cannot enter an event in b's name (400, and it reaches nobody); a
+row in b's name that b never made, held by a, is never taken by b; and a b that lost its
+`jobs.db` altogether still gets its own rows back -- those of the runs it recorded."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from broker.jobs import JobsStore, JobsWriter
 from tests.agent.harness import Engine, Node, eventually, make_node, start_cluster, start_engine
-from tests.fixtures.records import lifecycle_event, workload_record
+from tests.fixtures.records import lifecycle_event, workload, workload_record
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -75,6 +78,11 @@ def forget(node: Node, *wids: str) -> None:
         raw.execute(f"DELETE FROM jobs WHERE id IN ({','.join('?' * len(wids))})", wids)
 
 
+async def rounds(node: Node) -> float:
+    """Anti-entropy rounds this node started (with one peer: all of them with the other)."""
+    return await node.metric("nvpair_anti_entropy_rounds")
+
+
 async def test_an_event_in_another_members_name_is_refused_and_reaches_nobody(
     pair: list[Node],
 ) -> None:
@@ -101,3 +109,73 @@ async def test_an_event_in_another_members_name_is_refused_and_reaches_nobody(
     for node in pair:
         assert await listed(node, "in-bs-name") is None, node.name
         assert not stored(node, "in-bs-name"), node.name
+
+
+async def test_a_row_in_bs_name_that_b_never_made_is_not_taken(pair: list[Node]) -> None:
+    a, b = pair
+    a_id, b_id = await a.node_id(), await b.node_id()
+    declined = await b.metric("nvpair_anti_entropy_unproven_own")
+    # a's store holds a row in b's name under a run b never made, written behind a's back
+    # (as a member's store would hold one it was handed or made up), and a row of a's own
+    # written the same way: the control, which only anti-entropy carries to b.
+    store = await JobsStore.open(a.home / "jobs.db")
+    try:
+        async with JobsWriter(store) as writer:
+            writer.upsert(workload("made-up", 1, origin=b_id, run="never-b", created_at=now_ms()))
+            writer.upsert(
+                workload("control-ae", 1, origin=a_id, run="a-behind", created_at=now_ms())
+            )
+            await writer.flush()
+    finally:
+        await store.close()
+    await eventually(
+        lambda: lists(b, "control-ae"), "a's row reaches b by anti-entropy", within_s=30
+    )
+    # Two more rounds of b's own: each would ask a for the row in b's name, were it wanted.
+    after = await rounds(b)
+    await eventually(lambda: _rounds_past(b, after + 2), "b starts two more rounds with a")
+    assert await listed(b, "made-up") is None
+    assert not stored(b, "made-up")
+    assert await listed(a, "made-up") is not None  # a still offers it: b declined
+    assert await b.metric("nvpair_anti_entropy_unproven_own") > declined
+
+
+async def test_a_member_whose_jobs_db_is_lost_gets_its_own_rows_back(pair: list[Node]) -> None:
+    a, b = pair
+    b_id = await b.node_id()
+    # b's own jobs of both kinds: one its facade ran (the facade's run), one its owner entered.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://127.0.0.1:{b.ports['facade']}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+    [ran] = [j for j in await b.jobs() if j["originatedFrom"] == b_id and j["model"] == MODEL]
+    entered = workload_record("entered-at-b", 3, origin=b_id, run="b-ops-2", created_at=now_ms())
+    assert await post_event(b, entered) == (202, "")
+    want = {ran["id"]: (ran["runId"], "completed"), "entered-at-b": ("b-ops-2", "completed")}
+    await eventually(lambda: _holds(a, b_id, want), "a holds b's two jobs, completed")
+    # b loses its store altogether: stopped, jobs.db and its WAL deleted, started again (a
+    # new facade run; the old one is known only from the run book).
+    await b.stop()
+    for path in b.home.iterdir():
+        if path.name.startswith("jobs.db"):
+            path.unlink()
+    assert not (b.home / "jobs.db").exists()  # the control: b really lost them
+    await b.start()
+    await eventually(lambda: _holds(b, b_id, want), "b gets its own rows back", within_s=30)
+
+
+async def _rounds_past(node: Node, count: float) -> bool:
+    return await rounds(node) >= count
+
+
+async def _holds(node: Node, origin: str, want: dict[str, tuple[str, str]]) -> bool:
+    jobs = {
+        j["id"]: (j["runId"], j["state"])
+        for j in await node.jobs()
+        if j["originatedFrom"] == origin
+    }
+    return all(jobs.get(wid) == held for wid, held in want.items())
