@@ -54,6 +54,7 @@ from msgspec import Meta, Struct
 from .advertise import parse_advertise
 from .engine_auth import EngineCredentials, EngineTable, credentials_by_url
 from .engine_config import EnginesTable, LaunchSettings, launch_settings
+from .errors import PortInUse
 from .gpus import known_device_class, parse_simulation
 from .home import shared_file_problem, shared_home_problem
 from .templates import TemplateError
@@ -67,6 +68,7 @@ __all__ = [
     "load_config",
     "nvpair_home",
     "parse_advertise",
+    "port_in_use",
 ]
 
 ENGINE_KINDS: Final = ("vllm", "sglang", "llamacpp", "ollama", "openai")
@@ -183,6 +185,11 @@ class AgentConfig:
         return self.home / "jobs.db"
 
     @property
+    def runs_file(self) -> Path:
+        """The run book: the runs this node put its name to (`agent.run_book`)."""
+        return self.home / "runs"
+
+    @property
     def state_file(self) -> Path:
         """Where the running agent records its local API address for the CLI."""
         return self.home / "agent.json"
@@ -200,6 +207,11 @@ PORTS: Final = {
     "api_port": "local API",
     "facade_port": "facade",
 }
+
+
+def port_in_use(setting: str, port: int) -> PortInUse:
+    """The error for a port setting (`node_port`, ...) whose port is taken, naming its flag."""
+    return PortInUse(port, PORTS[setting], "--" + setting.replace("_", "-"))
 
 
 def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:

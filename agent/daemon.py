@@ -36,14 +36,13 @@ from certs import ClusterDir, write_atomic
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 from .api_keys import ApiKeys
-from .config import PORTS, AgentConfig
+from .config import AgentConfig, port_in_use
 from .deploy_api import DeployPorts
 from .deployments import Deployments
 from .engine_auth import EngineAuth
 from .engine_load import LoadScraper
 from .engine_proc import EngineSupervisor
 from .engines import Engines
-from .errors import PortInUse
 from .facade import Facade, facade_address
 from .gpus import node_inventory
 from .heartbeat import Heartbeat, OwnRecord
@@ -59,6 +58,7 @@ from .operations import Operations
 from .plane_link import PlaneParts, plane_link, plane_routes
 from .repair import AntiEntropy
 from .replicas import ReplicaControl
+from .run_book import open_run_book
 from .serving_metrics import serving_metrics
 from .ui_routes import UiPorts
 from .upkeep import LoadPoller, Pruner, gpu_reader
@@ -201,6 +201,7 @@ class Agent:
             wait=config.wait,
             on_usage=usage.record,
         )
+        runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         tasks = Tasks(health)
         self.operations = operations = Operations(
             self_id=node_id,
@@ -230,6 +231,7 @@ class Agent:
             interval_s=config.anti_entropy_s,
             relay=lambda record: supervisor.send_event(METHOD_FOR_STATE[record.state], record),
             relay_removal=supervisor.send_removal,
+            own_run=runs.holds,  # only rows of its own runs are asked back
         )
         node_api = NodeApi(
             self.cluster,
@@ -273,6 +275,7 @@ class Agent:
                 submit=self.submit,
                 remove_job=self.remove_job,
                 remove_member=remove_member,
+                record_run=runs.remember,
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
@@ -300,7 +303,7 @@ class Agent:
         try:
             await supervisor.start()
         except ManagerPortInUse:
-            raise _port_in_use("manager_port", config.manager_port) from None
+            raise port_in_use("manager_port", config.manager_port) from None
         await engines.probe()  # engines in the first record, before requests are placed
         await control.start()  # what a previous agent left running, adopted or stopped
         stack.push_async_callback(control.aclose)
@@ -396,14 +399,10 @@ class Agent:
         self._stack.callback(forget_state, state)
 
 
-def _port_in_use(setting: str, port: int) -> PortInUse:
-    return PortInUse(port, PORTS[setting], "--" + setting.replace("_", "-"))
-
-
 async def _bind(setting: str, port: int, start: Awaitable[Any]) -> None:
     try:
         await start
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise _port_in_use(setting, port) from None
+            raise port_in_use(setting, port) from None
         raise

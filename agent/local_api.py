@@ -13,9 +13,10 @@
 - `GET /v1/nodes` -- every member's record with `reachable`.
 - `GET /v1/members` -- the pins: node id, name, pin, added, removed, removedBy.
 - `GET /metrics` -- Prometheus text format (prometheus-client).
-- `POST /v1/jobs/events` -- enter a local lifecycle event (`{method, params: {workloadInfo}}`);
-  the facade does this in-process, this route is for operators and tests. The 202 comes
-  once the record is committed in this node's Jobs store (503 when it cannot be in time).
+- `POST /v1/jobs/events` -- enter a lifecycle event of this node's own (`{method, params:
+  {workloadInfo}}`; another node's is a 400); the facade does this in-process, this route is
+  for operators and tests. The 202 comes once the record is committed in this node's Jobs
+  store and its run is in the run book (`agent.run_book`; 503 when either cannot be in time).
 - `POST /v1/members/{node_id}/remove` -- `nvpair cluster remove`.
 - `GET /v1/explain?model=`, `GET /v1/ops`, `POST /v1/ops` -- the scheduler's ranking, and
   cordon / uncordon / drain operations.
@@ -63,6 +64,7 @@ from .lifetime import SHUTDOWN_S, Health
 from .members import Members, remover
 from .metrics import STATES, AgentMetrics
 from .operations import OperationRefused, Operations
+from .run_book import RunNotRecorded
 from .ui_routes import UiPorts, UiServer
 from .view import SchedulingView
 
@@ -72,6 +74,7 @@ _STATES: Final = STATES
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _event_decoder: Final = msgspec.json.Decoder(dict[str, Any])
 _params_decoder: Final = msgspec.json.Decoder(LifecycleParams)
+_ELSEWHERE: Final = "originatedFrom {!r} is not this node: only a node speaks for its own jobs\n"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class LocalPorts:
     submit: Callable[[str, Any], None]
     remove_job: Callable[[WorkloadRemoval], Awaitable[None]]  # returns once committed here
     remove_member: Callable[[str], None]
+    record_run: Callable[[str], Awaitable[None]]  # into the run book (`RunNotRecorded`)
     plane: Callable[[], dict[str, Any] | None] = lambda: None
     repairs: Callable[[], dict[str, int]] = dict
     deployments: DeployPorts | None = None  # the deployment routes' parts
@@ -340,6 +344,8 @@ class LocalApi:
         if mismatch:
             raise web.HTTPBadRequest(text=mismatch + "\n")
         record = params.workloadInfo
+        if record.originatedFrom != self.ports.node_id:
+            raise web.HTTPBadRequest(text=_ELSEWHERE.format(record.originatedFrom))
         self.ports.submit(method, record)
         # A 202 is durable: answered once the batch holding this record has committed to
         # this node's store (issue 11), within the writer's flush bound.
@@ -348,7 +354,10 @@ class LocalApi:
         self._acks.add(ack)
         try:
             await ack
-        except StoreUnavailable as exc:
+            # After the commit, so a store that refuses writes says why first; before the
+            # 202, so a row of this run that the store loses later is one it can ask back.
+            await self.ports.record_run(record.runId)
+        except (StoreUnavailable, RunNotRecorded) as exc:
             raise _unavailable(exc) from None
         except asyncio.CancelledError:
             if not ack.cancelled() or _this_task_cancelled():
@@ -385,8 +394,8 @@ def _not_ours(wid: str, origins: list[str]) -> str:
     )
 
 
-def _unavailable(exc: StoreUnavailable) -> web.HTTPServiceUnavailable:
-    # The store is not taking writes: what was handed in is kept and retried; ask again.
+def _unavailable(exc: StoreUnavailable | RunNotRecorded) -> web.HTTPServiceUnavailable:
+    # The store (or the run book) is not taking writes: what was handed in is kept; ask again.
     return web.HTTPServiceUnavailable(text=f"{exc}\n", headers={"Retry-After": "1"})
 
 

@@ -10,8 +10,11 @@ A node's own jobs are its own (docs/security.md): a round never hands a member i
 asks a member to change one of ours, and what a member sends claiming to originate here -- a
 record or a removal -- is dropped and counted (`own_origin`), never stored or relayed. The
 one exception is a row of our own that our store lost altogether (a disk that dropped its last
-commits, a row deleted behind the agent's back): we ask for it back ourselves, as the
-initiator, and take it only for a key we asked for and do not hold.
+commits, a row deleted behind the agent's back, `jobs.db` deleted): we ask for it back
+ourselves, as the initiator, and take it only for a key we asked for and do not hold -- and we
+ask only for keys of a run we can show is ours (`own_run`: the run book, `agent.run_book`).
+A row a member holds in our name under any other run is one we never made: not asked for,
+counted (`unproven_own`, `nvpair_anti_entropy_unproven_own_total`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from broker.anti_entropy import (
     Digest,
     Exchange,
     ExchangeAnswer,
+    JobKey,
     bucket_of,
     differing,
     digest,
@@ -76,6 +80,7 @@ class RepairCounters:
     records_in: int = 0
     records_out: int = 0
     own_origin: int = 0  # records and removals a member sent claiming this node's origin
+    unproven_own: int = 0  # rows a member holds in this node's name, of a run it never made
 
 
 class AntiEntropy:
@@ -94,6 +99,7 @@ class AntiEntropy:
         interval_s: float = INTERVAL_S,
         relay: Callable[[Workload], None] = lambda record: None,
         relay_removal: Callable[[WorkloadRemoval], None] = lambda removal: None,
+        own_run: Callable[[str], bool] = lambda run_id: False,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -108,6 +114,8 @@ class AntiEntropy:
         # not one it hands our broker again) and passes it on to any peer still without it.
         self._relay = relay
         self._relay_removal = relay_removal
+        # Whether a runId is one of ours (the run book): only such rows are asked back.
+        self._own_run = own_run
         self._retention_s = retention_h * 3600
         self._interval_s = interval_s
         self._clock = clock
@@ -162,13 +170,13 @@ class AntiEntropy:
         )
         # Neither side's own jobs go to it: it is their only writer -- except a row of its
         # own that its store lost altogether (a disk that dropped its last commits, a row
-        # deleted behind its back), which it asks back for itself, never to change one it has.
+        # deleted behind its back), which it asks back for itself, never to change one it has,
+        # and only of a run it can show it made (a member may hold one it made up).
         own = self._node_id
         their_keys = [key for key in plan.give if key[0] != peer]
         give = await records_for(self._store, their_keys, stored_before=self._settled())
         removals = [_removal(pair) for pair in plan.give_removals if pair[0] != peer]
-        held = {(o, r, i) for o, r, i, _ in rows if o == own}
-        want = [key for key in plan.want if key[0] != own or key not in held]
+        want = self._wanted(plan.want, {(o, r, i) for o, r, i, _ in rows if o == own})
         answer = await self._exchange_at(peer, Exchange(records=give, removals=removals, want=want))
         for pair in plan.take_removals:
             if pair[0] != own:
@@ -187,6 +195,27 @@ class AntiEntropy:
         if moved:
             log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
         return moved
+
+    def _wanted(self, keys: list[JobKey], held: set[JobKey]) -> list[JobKey]:
+        # Another node's keys, all; ours only when lost here and of a run of ours.
+        own, own_run = self._node_id, self._own_run
+        want: list[JobKey] = []
+        unproven = 0
+        for key in keys:
+            if key[0] != own:
+                want.append(key)
+            elif key in held:
+                continue  # never a change to a row of ours we hold
+            elif own_run(key[1]):
+                want.append(key)
+            else:
+                unproven += 1
+        if unproven:
+            self.counters.unproven_own += unproven
+            log.debug(
+                "did not ask back %d row(s) in this node's name of runs it never made", unproven
+            )
+        return want
 
     def _not_own(self, events: list[_Event]) -> list[_Event]:
         # A member's record or removal claiming to originate here is a forgery: dropped.

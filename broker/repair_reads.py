@@ -1,4 +1,5 @@
-"""What anti-entropy reads from the Jobs store: keys and seqs, recent removals, records.
+"""What anti-entropy reads from the Jobs store: keys and seqs, recent removals, records, and
+the runs of one origin's rows (what a new run book starts with, `agent.run_book`).
 
 Finished jobs about to be pruned and removals about to expire are left out of what is
 compared, on both sides alike (a finished job's age comes from its own `completedAt`), so a
@@ -17,7 +18,7 @@ from workload_manager.workload import Workload, WorkloadState
 from .anti_entropy import JobKey
 from .jobs import JobsStore
 
-__all__ = ["compared_keys", "compared_removals", "data_version", "records_for"]
+__all__ = ["compared_keys", "compared_removals", "data_version", "records_for", "runs_of"]
 
 _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 _decode: Final = msgspec.json.Decoder(Workload).decode
@@ -62,6 +63,14 @@ async def records_for(
         async with store.db.execute(f"SELECT record FROM jobs WHERE {where}", args) as cursor:
             found += [_decode(row[0]) for row in await cursor.fetchall()]
     return found
+
+
+async def runs_of(store: JobsStore, origin: str) -> list[str]:
+    """The distinct `runId`s of the jobs `origin` originated that the store holds."""
+    async with store.db.execute(
+        "SELECT DISTINCT run_id FROM jobs WHERE origin = ? ORDER BY run_id", (origin,)
+    ) as cursor:
+        return [str(row[0]) for row in await cursor.fetchall()]
 
 
 async def data_version(store: JobsStore) -> int:

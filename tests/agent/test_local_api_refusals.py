@@ -47,6 +47,12 @@ async def agent(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Agent
             "/v1/jobs/events",
             {"method": "workload:submitted", "params": {"workloadInfo": {**RECORD, "seq": 2**63}}},
         ),
+        # Another node's job: only a node speaks for its own jobs (issue 25, item 2).
+        (
+            "POST",
+            "/v1/jobs/events",
+            {"method": "workload:submitted", "params": {"workloadInfo": RECORD}},
+        ),
         ("POST", "/v1/ops", b"[]"),
         ("POST", "/v1/ops", {"kind": "reboot", "target": "x"}),
         ("POST", "/v1/ops", {"kind": "drain", "target": "nod_nobody"}),

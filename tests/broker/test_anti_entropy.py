@@ -7,7 +7,7 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,13 @@ def workload(wid: str, seq: int, **fields: Any) -> Any:
 
 class Side:
     def __init__(
-        self, store: JobsStore, writer: JobsWriter, node_id: str, *, ahead_s: float = 60.0
+        self,
+        store: JobsStore,
+        writer: JobsWriter,
+        node_id: str,
+        *,
+        ahead_s: float = 60.0,
+        own_runs: Collection[str] = ("r",),  # the fixtures' run: each side made its own rows
     ) -> None:
         self.store, self.writer = store, writer
         self.peer: AntiEntropy | None = None
@@ -109,6 +115,7 @@ class Side:
             retention_h=168,
             clock=lambda: time.time() + self.ahead_s,
             node_id=node_id,
+            own_run=lambda run_id: run_id in own_runs,
         )
 
     async def _digest(self, node: str, d: Digest) -> Differences:
@@ -160,6 +167,32 @@ async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
         # Nothing differs any more: the next round, either way, moves nothing.
         assert await a.repair.round_with("nod_b") == 0
         assert await b.repair.round_with("nod_a") == 0
+
+
+async def test_a_node_asks_back_only_the_lost_rows_of_its_own_runs(tmp_path: Path) -> None:
+    # b's store lost a row of its own; a holds that row, and one in b's name of a run b never
+    # made (a member planted it: only a node speaks for its own jobs). b's round takes the
+    # first back and leaves the second where it is.
+    async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
+        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
+        a.peer, b.peer = b.repair, a.repair
+        mine = workload("lost", 2, origin="nod_b")
+        wa.upsert(mine)
+        wb.upsert(mine)
+        wa.upsert(workload("planted", 1, origin="nod_b", run="never-b"))
+        await wa.flush()
+        await wb.flush()
+        with sqlite3.connect(tmp_path / "b.db") as raw:
+            raw.execute("DELETE FROM jobs WHERE id = 'lost'")
+        assert await b.repair.round_with("nod_a") == 1
+        view = await b.view()
+        assert view.get(("nod_b", "lost")) == 2
+        assert ("nod_b", "planted") not in view
+        assert b.repair.counters.unproven_own == 1
+        # Nor in the next round: the difference stays, and b leaves it.
+        assert await b.repair.round_with("nod_a") == 0
+        assert ("nod_b", "planted") not in await b.view()
+        assert b.repair.counters.unproven_own == 2
 
 
 async def test_a_record_is_handed_on_only_once_it_has_settled(tmp_path: Path) -> None:
