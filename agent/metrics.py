@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from broker.inventory import GpuInventory
 
 from .carried_counts import CarriedCounts, carried_status
-from .metric_aliases import deprecated_gauge
+from .metric_aliases import DEPRECATED, deprecated_gauge
 from .peer_metrics import peer_metrics
 
 __all__ = ["REPAIRS", "STATES", "AgentMetrics"]
@@ -162,8 +162,10 @@ class AgentMetrics(Collector):
 
 
 def _counted(name: str, help_text: str, value: float) -> Iterator[Metric]:
-    """A count as the counter `name_total`, and as its older gauge `name` (deprecated)."""
+    """A count as the counter `name_total`, and as its older gauge `name` where it had one
+    (deprecated)."""
     counter = CounterMetricFamily(name, help_text)
     counter.add_metric([], value)
     yield counter
-    yield deprecated_gauge(name, [([], value)])
+    if name in DEPRECATED:  # a count new since the gauges were retired has no gauge
+        yield deprecated_gauge(name, [([], value)])
