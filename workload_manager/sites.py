@@ -53,6 +53,7 @@ import os
 import resource
 import ssl
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +63,14 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["Bounds", "PerSourceRate", "handler_bounds", "raise_open_files_limit", "start_site"]
+__all__ = [
+    "Bounds",
+    "PerSourceRate",
+    "handler_bounds",
+    "quiet_accept_errors",
+    "raise_open_files_limit",
+    "start_site",
+]
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +153,46 @@ async def start_site(
     EADDRINUSE) from the bind, with the runner left set up for the caller's `cleanup()`.
     """
     bounds = Bounds.from_env()
+    quiet_accept_errors(asyncio.get_running_loop())
     runner.app.middlewares.append(_body_deadline(bounds.body_s))  # frozen by setup()
     await runner.setup()
     site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=bounds)
     await site.start()
     return site.port  # the bound port once started (the kernel's choice for port 0)
+
+
+_OUT_OF_RESOURCE: Final = "socket.accept() out of system resource"
+_quieted: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log asyncio's "out of system resource" on `accept()` (EMFILE and the like) at most
+    once every 10 s, with how many were not logged; every other error as before.
+
+    Out of descriptors, asyncio's accept loop reports the error once per connection waiting
+    in the backlog, each with a traceback, and schedules as many retries: 90,000 lines in
+    half a minute under a stranger's flood, before the caps fit the descriptors."""
+    if loop in _quieted:
+        return
+    _quieted.add(loop)
+    previous = loop.get_exception_handler()
+    lines = PerSourceRate(per_s=0.1, burst=1)
+    unlogged = 0
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        nonlocal unlogged
+        if context.get("message") == _OUT_OF_RESOURCE:
+            if not lines.allow("accept"):
+                unlogged += 1
+                return
+            context = {**context, "message": f"{_OUT_OF_RESOURCE} ({unlogged} more not logged)"}
+            unlogged = 0
+        if previous is None:
+            loop.default_exception_handler(context)
+        else:
+            previous(loop, context)
+
+    loop.set_exception_handler(handle)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

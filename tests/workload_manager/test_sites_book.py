@@ -4,10 +4,15 @@ item 1). The real sockets are tests/reliability/test_handshake_flood.py's."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
 from typing import Any, cast
 
+import pytest
+
 from tests.fixtures.clock import FakeClock
-from workload_manager.sites import STALE_S, Bounds, _Book, _Bounded
+from workload_manager.sites import STALE_S, Bounds, _Book, _Bounded, quiet_accept_errors
 
 BOUNDS = Bounds(
     max_connections=20,
@@ -128,3 +133,28 @@ def test_a_connection_counts_until_its_descriptor_is_gone(fake_clock: FakeClock)
     assert not admit(book, "10.0.0.1", tls=False)[1]
     book.forget(cast(_Bounded, conns[0]))  # its transport reported connection_lost
     assert admit(book, "10.0.0.1", tls=False)[1]
+
+
+async def test_out_of_descriptors_is_logged_once_in_a_while(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    try:
+        quiet_accept_errors(loop)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            for _ in range(1000):  # asyncio's accept loop, out of descriptors
+                loop.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(errno.EMFILE, "Too many open files"),
+                    }
+                )
+            loop.call_exception_handler({"message": "something else"})  # the control
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages == [
+            "socket.accept() out of system resource (0 more not logged)",
+            "something else",
+        ]
+    finally:
+        loop.set_exception_handler(previous)
