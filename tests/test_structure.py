@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agent", "broker", "workload_manager", "scheduler", "certs", "plane")
-MAX_LINES = 400
+MAX_LINES = 600  # a bound on size; the split a module needs is by job, not by lines
 
 
 @dataclass(frozen=True)
@@ -148,14 +148,18 @@ def test_the_cycle_finder_sees_lazy_and_type_checking_imports(tmp_path: Path) ->
     assert import_cycles(tmp_path, ["pkg"]) == []
 
 
-def test_no_module_over_400_lines() -> None:
-    too_long = []
+def test_every_module_states_its_job_and_none_is_over_600_lines() -> None:
+    too_long, unstated = [], []
     for folder in (*PACKAGES, "tests", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            lines = len(path.read_text().splitlines())
+            text = path.read_text()
+            lines = len(text.splitlines())
             if lines > MAX_LINES:
                 too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+            if text.strip() and not ast.get_docstring(ast.parse(text)):
+                unstated.append(str(path.relative_to(ROOT)))
     assert not too_long, f"modules over {MAX_LINES} lines:\n" + "\n".join(too_long)
+    assert not unstated, "modules with no docstring saying their job:\n" + "\n".join(unstated)
 
 
 def _loaded_after(statement: str, roots: tuple[str, ...]) -> str:

@@ -16,7 +16,7 @@ import aiohttp
 
 from tests.workload_manager.cluster_harness import engine_ports
 
-from .harness import Node, make_node, start_cluster
+from .harness import Node, eventually, make_node, start_cluster
 
 __all__ = [
     "alive",
@@ -48,10 +48,23 @@ async def engine_cluster(
         (node.home / "nvpair.toml").chmod(0o600)  # API keys in it must be the owner's alone
     try:
         async for started in start_cluster(nodes):
+            # Placement spreads replicas over the members a member knows when it places
+            # them: a deployment made before b's record reached a lands on a alone (and
+            # stays there: nothing moves a placed replica). Tests deploy into a formed cluster.
+            await eventually(lambda: formed(nodes), "every member lists every member reachable")
             yield started
     finally:
         for node in nodes:
             kill_engines(node.home)
+
+
+async def formed(nodes: list[Node]) -> bool:
+    """Whether every member lists every member, each reachable."""
+    for node in nodes:
+        listed = await node.get("/v1/nodes")
+        if len(listed) != len(nodes) or not all(n["reachable"] for n in listed):
+            return False
+    return True
 
 
 def engine_pids(home: Path) -> dict[str, int]:
