@@ -35,10 +35,10 @@ import msgspec
 
 from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
 
+from .engine_ports import PortPool
 from .engine_proc_files import KEEP_STOPPED, ProcRecord, ReplicaFiles, prune_stopped, replica_dirs
 from .engine_proc_os import (
     Exit,
-    PortPool,
     ProcessId,
     exit_of,
     is_alive,
