@@ -16,13 +16,18 @@ or a reboot is never signalled.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Exit",
@@ -32,10 +37,12 @@ __all__ = [
     "replica_marks",
     "signal_group",
     "spawn",
+    "terminate",
     "unrecorded_processes",
 ]
 
 _PROC: Final = Path("/proc")
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, for the kernel to take the process down
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +132,26 @@ def signal_group(process: ProcessId, signum: int) -> None:
         return  # the pid is someone else's now; their group is not ours to signal
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
+
+
+async def terminate(process: ProcessId, grace_s: float, poll_s: float) -> None:
+    """SIGTERM the engine's process group, SIGKILL after `grace_s`; returns once the leader
+    is gone (then SIGKILL again: whatever it left behind in its group)."""
+    signal_group(process, signal.SIGTERM)
+    if not await _gone_within(process, grace_s, poll_s):
+        log.warning("pid %d ignored SIGTERM for %.1fs; killing it", process.pid, grace_s)
+        signal_group(process, signal.SIGKILL)
+        await _gone_within(process, KILL_WAIT_S, poll_s)
+    signal_group(process, signal.SIGKILL)
+
+
+async def _gone_within(process: ProcessId, seconds: float, poll_s: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while exit_of(process) is None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(min(poll_s, 0.05))  # polling /proc: a group has no exit event
+    return True
 
 
 def replica_marks(home: Path, replica_id: str) -> dict[str, str]:

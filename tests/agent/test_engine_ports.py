@@ -1,5 +1,7 @@
 """An engine's port (issue 25, item 4): whose process listens on it, read from /proc (the
-parsers on sample text, the reading on real sockets), and the pool that hands ports out."""
+parsers on sample text, the reading on real sockets), and a supervisor that never takes
+another process's answers for its engine's -- it moves the replica to a free port instead
+-- nor an engine serving another model for the replica's."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import ipaddress
 import os
 import random
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,12 @@ from agent.engine_ports import (
     parse_listeners,
     socket_inode,
 )
+from agent.engine_proc import ReplicaState
 from agent.engine_proc_state import NoFreePort
+from agent.engine_ready import Ready, Waiting, describe_taken, serving_verdict
+from tests.agent.engine_harness import Harness, open_harness, serves, state_of
+from tests.agent.harness import start_engine
+from tests.fixtures.waiting import eventually
 from tests.workload_manager.cluster_harness import free_port
 
 # /proc/net/tcp as Linux writes it (little-endian words): a listener on 127.0.0.1:18005,
@@ -89,6 +97,20 @@ def test_a_port_is_the_engines_only_when_nothing_else_listens_there() -> None:
     assert not judge(listeners, 18007, {1}).engines  # nobody listens: not the engine's
 
 
+def test_the_reasons_name_the_holder_and_the_model() -> None:
+    held = describe_taken(PortCheck(18005, foreign=(7,)), [(4242, "python3")])
+    assert (
+        held
+        == "port 18005 is held by another process (pid 4242 python3), not this replica's engine"
+    )
+    assert "(of another user)" in describe_taken(PortCheck(18005, foreign=(7,)), [])
+    assert serving_verdict("chat", 200, ["other", "chat"]) == Ready()
+    assert serving_verdict("chat", 200, ["other"]) == Waiting(
+        "it serves ['other'], not 'chat' (GET /v1/models)"
+    )
+    assert serving_verdict("chat", 401, []) == Waiting("GET /v1/models answered 401")
+
+
 def test_a_real_listener_is_told_apart_by_process_group() -> None:
     port = free_port()
     with socket.socket() as listener:
@@ -123,3 +145,79 @@ def test_agents_moving_off_one_port_at_once_part() -> None:
     pools = [PortPool(low, low + 49, random.Random(seed)) for seed in range(3)]
     assert {pool.take("r") for pool in pools} == {low}
     assert len({pool.move("r") for pool in pools}) == 3
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with open_harness(tmp_path) as opened:
+        yield opened
+
+
+def watched(harness: Harness) -> tuple[list[tuple[ReplicaState, int]], dict[str, object]]:
+    """Options for a supervisor that records (state, port) at every change of its replica."""
+    seen: list[tuple[ReplicaState, int]] = []
+
+    def changed() -> None:
+        for status in harness.supervisors[-1].replicas():
+            seen.append((status.state, status.port))
+
+    return seen, {"on_change": changed}
+
+
+async def test_another_process_answering_on_the_port_is_never_taken_for_the_engine(
+    harness: Harness,
+) -> None:
+    seen, options = watched(harness)
+    supervisor = harness.supervisor(**options)
+    spec = harness.spec("f", "late")  # binds only once `loaded` exists, as vLLM after loading
+    supervisor.launch(spec)
+    current = state_of(supervisor, spec)
+    await eventually(lambda: current().pid is not None, "the engine runs, loading")
+    port = current().port
+    # Another mock engine takes the port meanwhile, serving the very model (the later
+    # --port wins): an engine left from before, another agent's.
+    foreign = await start_engine(spec.served, "--port", str(port))
+    try:
+        await eventually(lambda: current().port != port, "the replica leaves the taken port")
+        why = current().last_error or ""
+        assert f"port {port} is held by another process (pid {foreign.proc.pid} " in why, why
+        assert f"moved to port {current().port}" in why
+        assert current().reason == why  # its node record's `error`, on every member
+        (harness.home / "loaded").touch()
+        await eventually(lambda: current().state is ReplicaState.READY, "ready on its new port")
+        assert current().reason == ""
+        assert (ReplicaState.READY, port) not in seen
+        assert await serves(f"http://127.0.0.1:{port}", spec.served)  # the other one, still
+        assert current().restarts == 0  # a move is not a crash
+    finally:
+        await foreign.stop()
+
+
+async def test_a_port_taken_before_the_engine_binds_it_is_left_for_a_free_one(
+    harness: Harness,
+) -> None:
+    seen, options = watched(harness)
+    supervisor = harness.supervisor(**options)
+    spec = harness.spec("t", "fake")
+    port = supervisor.launch(spec).port
+    with socket.socket() as squatter:  # another program binds it before the engine starts
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        current = state_of(supervisor, spec)
+        await eventually(lambda: current().state is ReplicaState.READY, "ready elsewhere")
+    assert current().port != port
+    assert f"port {port} is in use" in (current().last_error or "")
+    assert (ReplicaState.READY, port) not in seen
+
+
+async def test_an_engine_serving_another_model_is_never_ready(harness: Harness) -> None:
+    supervisor = harness.supervisor()
+    spec = harness.spec("i", "impostor")  # its template names {served}; it serves "other"
+    supervisor.launch(spec)
+    current = state_of(supervisor, spec)
+    await eventually(lambda: current().state is not ReplicaState.STARTING, "it is judged")
+    assert current().state is ReplicaState.FAILED
+    assert current().last_error == (
+        "not ready within 3s (GET /health): it serves ['other'], not 'model-i' (GET /v1/models)"
+    )
