@@ -343,7 +343,7 @@ class Agent:
         launch = config.launch
 
         def changed() -> None:  # an engine moved: a round soon, and the record at once
-            control.poke()
+            control.engines_changed()
             push()
 
         engine_supervisor = EngineSupervisor(

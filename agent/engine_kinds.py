@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import aiohttp
 
-__all__ = ["Probed", "probe", "ready_path"]
+__all__ = ["Probed", "model_ids", "probe", "ready_path"]
 
 _READY: Final = {"ollama": "/api/version"}
 _REFUSED: Final = frozenset({401, 403})
@@ -52,11 +52,11 @@ async def probe(session: aiohttp.ClientSession, url: str, kind: str) -> Probed:
             for m in _items(running, "models")
             if m.get("model") or m.get("name")
         ]
-        return Probed(up=True, models=_ids(listed), loaded=loaded[:MAX_LISTED])
+        return Probed(up=True, models=model_ids(listed), loaded=loaded[:MAX_LISTED])
     status, listed = await _get(session, base + "/v1/models")
     if status in _REFUSED:
         return Probed(up=False, refused=status)
-    return Probed(up=True, models=_ids(listed))
+    return Probed(up=True, models=model_ids(listed))
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
@@ -71,5 +71,6 @@ def _items(body: Any, key: str) -> list[dict[str, Any]]:
     return [m for m in items[:MAX_LISTED] if isinstance(m, dict)] if isinstance(items, list) else []
 
 
-def _ids(listed: Any) -> list[str]:
+def model_ids(listed: Any) -> list[str]:
+    """The model ids in a `GET /v1/models` answer (`{"data": [{"id": ...}]}`), decoded."""
     return [str(m["id"]) for m in _items(listed, "data") if "id" in m][:MAX_LISTED]

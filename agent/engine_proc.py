@@ -3,7 +3,10 @@
 `launch(spec)` renders the replica's template, picks a port, spawns the engine with
 `CUDA_VISIBLE_DEVICES` set to its GPUs' UUIDs in its own session with its output in
 `$NVPAIR_HOME/replicas/<replica>/engine.log`, and waits until its readiness path answers 200
-(`starting -> ready`). An engine that exits after it was ready is restarted with the
+from the engine's own socket (`engine_ready.py`: `starting -> ready`). A port another process
+took -- before the start, or answering there meanwhile, or so the engine could not bind it
+-- is left for another free one, and the replica starts again there (`starting`, its
+status saying why). An engine that exits after it was ready is restarted with the
 workload manager's backoff (`broker.restarts`); five exits within a minute is a crash loop,
 and the replica is `failed` with its log's last lines, not restarted forever. One that never
 becomes ready, or exits before it ever was, is `failed` at once: a wrong model path or flag
@@ -26,34 +29,37 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import aiohttp
 import msgspec
 
 from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
 
+from .engine_ports import PortPool, port_free
 from .engine_proc_files import KEEP_STOPPED, ProcRecord, ReplicaFiles, prune_stopped, replica_dirs
 from .engine_proc_os import (
     Exit,
-    PortPool,
     ProcessId,
     exit_of,
     is_alive,
     replica_marks,
     signal_group,
     spawn,
+    terminate,
     unrecorded_processes,
 )
 from .engine_proc_state import (
+    NoFreePort,
+    ReplicaRun,
     ReplicaState,
     ReplicaStatus,
     TooManyReplicas,
     UnknownTemplate,
     check_transition,
 )
+from .engine_ready import PortTaken, ReadinessProbe, Ready
 from .templates import BUILTIN_TEMPLATES, LaunchSpec, LaunchTemplate, check_replica_id, render
 
 __all__ = ["EngineSupervisor", "LaunchSpec", "ReplicaState", "ReplicaStatus"]
@@ -63,31 +69,15 @@ log = logging.getLogger(__name__)
 MAX_REPLICAS: Final = 64  # per node: more GPUs than any node has
 MAX_RESTARTS: Final = 100  # over a replica's life, even when each crash is a minute apart
 POLL_S: Final = 0.2
-KILL_WAIT_S: Final = 10.0  # after SIGKILL, for the kernel to take the process down
-PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=2)
+MAX_MOVES: Final = 10  # ports in a row found taken before it is ready: something else is wrong
 
 _S = ReplicaState
-
-
-@dataclass(eq=False)
-class _Replica:
-    spec: LaunchSpec  # its port filled in
-    template: LaunchTemplate
-    files: ReplicaFiles
-    policy: RestartPolicy
-    adopted: bool = False
-    state: ReplicaState = _S.STARTING
-    process: ProcessId | None = None
-    restarts: int = 0
-    last_error: str | None = None
-    log_tail: tuple[str, ...] = ()
-    task: asyncio.Task[None] | None = None
-    gone: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True)
 class _NotReady:
     waited_s: float  # the ready timeout it ran past (`ready_timeout_s`)
+    why: str | None  # what the last probe found, when something answered
 
 
 class EngineSupervisor:
@@ -115,19 +105,19 @@ class EngineSupervisor:
         self._on_change = on_change
         self._poll_s = poll_s
         self._keep_stopped = keep_stopped
-        self._replicas: dict[str, _Replica] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._replicas: dict[str, ReplicaRun] = {}
+        self._probe = ReadinessProbe()
 
     # -- what callers see
 
     def replicas(self) -> list[ReplicaStatus]:
         """Every replica this supervisor holds, by id."""
-        return [self._status(r) for _, r in sorted(self._replicas.items())]
+        return [r.status() for _, r in sorted(self._replicas.items())]
 
     def status(self, replica_id: str) -> ReplicaStatus | None:
         """One replica, or None when it is not here."""
         replica = self._replicas.get(replica_id)
-        return None if replica is None else self._status(replica)
+        return None if replica is None else replica.status()
 
     def logs(self, replica_id: str) -> Path:
         """The replica's `engine.log` (kept after it stops; rotated to `engine.log.1..3`)."""
@@ -142,7 +132,7 @@ class EngineSupervisor:
         """
         existing = self._replicas.get(spec.replica_id)
         if existing is not None:
-            return self._status(existing)
+            return existing.status()
         template = self._templates.get(spec.kind)
         if template is None:
             known = ", ".join(sorted(self._templates))
@@ -155,7 +145,7 @@ class EngineSupervisor:
         replica = self._add(msgspec.structs.replace(spec, port=port), template, adopted=False)
         replica.task = asyncio.create_task(self._run(replica, None), name=spec.replica_id)
         self._changed()
-        return self._status(replica)
+        return replica.status()
 
     def adopt(self) -> list[str]:
         """Take back the engines a previous agent left running; clean up the other records.
@@ -199,7 +189,7 @@ class EngineSupervisor:
             replica.task.cancel()
             await asyncio.wait([replica.task])
         if replica.process is not None:
-            await self._terminate(replica.process)
+            await terminate(replica.process, self._grace_s, self._poll_s)
         replica.files.remove_record()
         self._ports.release(replica_id)
         self._replicas.pop(replica_id, None)
@@ -222,13 +212,11 @@ class EngineSupervisor:
         if tasks:
             await asyncio.wait(tasks)
         self._replicas.clear()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._probe.aclose()
 
     # -- one replica's life
 
-    async def _run(self, replica: _Replica, process: ProcessId | None) -> None:
+    async def _run(self, replica: ReplicaRun, process: ProcessId | None) -> None:
         ever_ready = process is not None  # an adopted engine was serving before
         while True:
             if process is None:
@@ -239,13 +227,23 @@ class EngineSupervisor:
             outcome = await self._until_ready(replica, process)
             if outcome is None:
                 ever_ready = True
+                replica.moves, replica.not_ready = 0, None
                 self._set(replica, _S.READY)
                 outcome = await self._until_exit(replica, process)
             if isinstance(outcome, _NotReady):
-                await self._terminate(process)
+                await terminate(process, self._grace_s, self._poll_s)
                 path = replica.template.ready_path
-                self._fail(replica, f"not ready within {outcome.waited_s:g}s (GET {path})")
+                why = f": {outcome.why}" if outcome.why else ""
+                self._fail(replica, f"not ready within {outcome.waited_s:g}s (GET {path}){why}")
                 return
+            if not ever_ready and isinstance(outcome, Exit):  # could it not bind its port?
+                outcome = self._probe.taken(replica.spec.port, process.pid) or outcome
+            if isinstance(outcome, PortTaken):  # its engine cannot serve there: another port
+                await terminate(process, self._grace_s, self._poll_s)
+                replica.process = process = None
+                if not self._move(replica, outcome.why):
+                    return
+                continue
             signal_group(process, signal.SIGKILL)  # what it forked goes with it
             replica.process = None
             why = f"the engine {outcome.describe()}"
@@ -265,11 +263,15 @@ class EngineSupervisor:
             await asyncio.sleep(step.delay_s)  # the backoff itself, not a synchronisation
             process = None
 
-    def _spawn(self, replica: _Replica) -> ProcessId | None:
+    def _spawn(self, replica: ReplicaRun) -> ProcessId | None:
         spec = replica.spec
         if not replica.template.argv:  # adopted, and its template left nvpair.toml since
             self._fail(replica, f"no template {spec.kind!r} to start it with")
             return None
+        if not port_free(spec.port):  # taken since it was chosen, or since the last start
+            if not self._move(replica, f"port {spec.port} is in use by another program"):
+                return None
+            spec = replica.spec
         argv, extra_env = render(replica.template, spec)
         env = {**os.environ, **extra_env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)  # "" hides every GPU
@@ -291,57 +293,40 @@ class EngineSupervisor:
         self._changed()
         return process
 
-    async def _until_ready(self, replica: _Replica, process: ProcessId) -> Exit | _NotReady | None:
-        # None once ready; the exit when it ended first; _NotReady after the timeout.
+    async def _until_ready(
+        self, replica: ReplicaRun, process: ProcessId
+    ) -> Exit | _NotReady | PortTaken | None:
+        # None once ready; the exit when it ended first; PortTaken when another process
+        # listens on its port; _NotReady after the timeout.
         started = time.monotonic()
         while True:
             if (ended := exit_of(process)) is not None:
                 return ended
-            if await self._answers(replica):
+            verdict = await self._probe.check(replica.spec, replica.template, process)
+            if isinstance(verdict, Ready):
                 return None
+            if isinstance(verdict, PortTaken):
+                return verdict
+            if verdict.why is not None and verdict.why != replica.not_ready:
+                replica.not_ready = verdict.why  # until it is ready, or another reason
+                self._changed()
             if time.monotonic() - started > replica.template.ready_timeout_s:
                 # The limit it did not make, as configured: the time measured past it says
                 # only how busy this machine was (2.1 s for a 2 s limit).
-                return _NotReady(replica.template.ready_timeout_s)
+                return _NotReady(replica.template.ready_timeout_s, verdict.why)
             replica.files.rotate_if_large()
             await asyncio.sleep(self._poll_s)
 
-    async def _until_exit(self, replica: _Replica, process: ProcessId) -> Exit:
+    async def _until_exit(self, replica: ReplicaRun, process: ProcessId) -> Exit:
         while (ended := exit_of(process)) is None:
             replica.files.rotate_if_large()
             await asyncio.sleep(self._poll_s)
         return ended
 
-    async def _terminate(self, process: ProcessId) -> None:
-        signal_group(process, signal.SIGTERM)
-        if not await self._gone_within(process, self._grace_s):
-            log.warning("pid %d ignored SIGTERM for %.1fs; killing it", process.pid, self._grace_s)
-            signal_group(process, signal.SIGKILL)
-            await self._gone_within(process, KILL_WAIT_S)
-        signal_group(process, signal.SIGKILL)  # the leader is gone: whatever it left behind
-
-    async def _gone_within(self, process: ProcessId, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while exit_of(process) is None:
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(min(self._poll_s, 0.05))
-        return True
-
-    async def _answers(self, replica: _Replica) -> bool:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=PROBE_TIMEOUT)
-        url = f"http://127.0.0.1:{replica.spec.port}{replica.template.ready_path}"
-        try:
-            async with self._session.get(url, allow_redirects=False) as response:
-                return response.status == 200  # llama.cpp's 503 while loading: not yet
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
-
     # -- bookkeeping
 
-    def _add(self, spec: LaunchSpec, template: LaunchTemplate, *, adopted: bool) -> _Replica:
-        replica = _Replica(
+    def _add(self, spec: LaunchSpec, template: LaunchTemplate, *, adopted: bool) -> ReplicaRun:
+        replica = ReplicaRun(
             spec=spec,
             template=template,
             files=self._files(spec.replica_id),
@@ -366,12 +351,28 @@ class EngineSupervisor:
     def _files(self, replica_id: str) -> ReplicaFiles:
         return ReplicaFiles(self.home / "replicas" / check_replica_id(replica_id))
 
-    def _set(self, replica: _Replica, state: ReplicaState) -> None:
+    def _set(self, replica: ReplicaRun, state: ReplicaState) -> None:
         check_transition(replica.state, state)
         replica.state = state
         self._changed()
 
-    def _fail(self, replica: _Replica, why: str) -> None:
+    def _move(self, replica: ReplicaRun, why: str) -> bool:
+        # Another process has its port: another free one (False: failed, none is).
+        replica.moves += 1
+        try:
+            if replica.moves > MAX_MOVES:
+                raise NoFreePort(f"{MAX_MOVES} ports in a row were taken before it was ready")
+            port = self._ports.move(replica.spec.replica_id)
+        except NoFreePort as exc:
+            self._fail(replica, f"{why}; {exc}")
+            return False
+        replica.spec = msgspec.structs.replace(replica.spec, port=port)
+        replica.last_error = replica.not_ready = f"{why}; moved to port {port}"
+        log.warning("%s: %s", replica.spec.replica_id, replica.last_error)
+        self._changed()
+        return True
+
+    def _fail(self, replica: ReplicaRun, why: str) -> None:
         replica.process = None
         replica.last_error = why
         replica.log_tail = replica.files.tail()
@@ -384,17 +385,3 @@ class EngineSupervisor:
             self._on_change()
         except Exception:  # an observer's bug must not stop the supervision
             log.exception("on_change raised")
-
-    def _status(self, replica: _Replica) -> ReplicaStatus:
-        return ReplicaStatus(
-            replica_id=replica.spec.replica_id,
-            kind=replica.spec.kind,
-            served=replica.spec.served,
-            state=replica.state,
-            port=replica.spec.port,
-            pid=None if replica.process is None else replica.process.pid,
-            restarts=replica.restarts,
-            adopted=replica.adopted,
-            last_error=replica.last_error,
-            log_tail=replica.log_tail,
-        )

@@ -1,5 +1,6 @@
 """The operating-system side of engine processes: spawning one in its own session, telling
-whether a pid is still the process we started, signalling its group, and picking ports.
+whether a pid is still the process we started, and signalling its group (ports:
+`engine_ports.py`).
 
 An engine must outlive the agent (a `kill -9` of the agent, or an upgrade, must not take the
 models down), so it is spawned with `setsid` (its own session and process group: the
@@ -15,30 +16,33 @@ or a reboot is never signalled.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import signal
-import socket
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from .engine_proc_state import NoFreePort
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Exit",
-    "PortPool",
     "ProcessId",
     "exit_of",
     "is_alive",
     "replica_marks",
     "signal_group",
     "spawn",
+    "terminate",
     "unrecorded_processes",
 ]
 
 _PROC: Final = Path("/proc")
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, for the kernel to take the process down
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,26 @@ def signal_group(process: ProcessId, signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
+async def terminate(process: ProcessId, grace_s: float, poll_s: float) -> None:
+    """SIGTERM the engine's process group, SIGKILL after `grace_s`; returns once the leader
+    is gone (then SIGKILL again: whatever it left behind in its group)."""
+    signal_group(process, signal.SIGTERM)
+    if not await _gone_within(process, grace_s, poll_s):
+        log.warning("pid %d ignored SIGTERM for %.1fs; killing it", process.pid, grace_s)
+        signal_group(process, signal.SIGKILL)
+        await _gone_within(process, KILL_WAIT_S, poll_s)
+    signal_group(process, signal.SIGKILL)
+
+
+async def _gone_within(process: ProcessId, seconds: float, poll_s: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while exit_of(process) is None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(min(poll_s, 0.05))  # polling /proc: a group has no exit event
+    return True
+
+
 def replica_marks(home: Path, replica_id: str) -> dict[str, str]:
     """The environment variables that say which home's replica a process runs (`ps e`)."""
     return {"NVPAIR_REPLICA": replica_id, "NVPAIR_REPLICA_HOME": str(home)}
@@ -178,57 +202,3 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_fd: int) -> ProcessId
     found = identify(pid)
     # A child that has already exited is still a zombie with its stat until it is reaped.
     return found if found is not None else ProcessId(pid, -1, boot_id())
-
-
-class PortPool:
-    """Ports for replicas from `[engines] port_range`: one per replica, never one in use.
-
-    A port is free when no replica holds it and a bind test on 127.0.0.1 succeeds (another
-    program's listener is skipped). The search goes round the range from where it last
-    stopped, so a port just given back is not handed out again at once.
-    """
-
-    def __init__(self, low: int, high: int) -> None:
-        if not 0 < low <= high <= 65535:
-            raise ValueError(f"port range {low}-{high}")
-        self.low, self.high = low, high
-        self._held: dict[str, int] = {}
-        self._next = low
-
-    def take(self, owner: str, wanted: int = 0) -> int:
-        """A port for `owner` (`wanted` when it is free or already `owner`'s)."""
-        if owner in self._held:
-            return self._held[owner]
-        size = self.high - self.low + 1
-        candidates: Iterable[int] = (
-            self.low + (self._next - self.low + n) % size for n in range(size)
-        )
-        if wanted:
-            candidates = [wanted]
-        taken = set(self._held.values())
-        for port in candidates:
-            if port not in taken and _bindable(port):
-                self._held[owner] = port
-                self._next = port + 1 if port < self.high else self.low
-                return port
-        what = f"port {wanted}" if wanted else f"every port of {self.low}-{self.high}"
-        raise NoFreePort(f"{owner}: {what} is taken (by a replica or another program)")
-
-    def claim(self, owner: str, port: int) -> None:
-        """Record `port` as `owner`'s without a bind test (an adopted engine listens on it)."""
-        self._held[owner] = port
-
-    def release(self, owner: str) -> None:
-        """`owner` no longer holds a port."""
-        self._held.pop(owner, None)
-
-
-def _bindable(port: int) -> bool:
-    # SO_REUSEADDR as servers set it: a port in TIME_WAIT is free, one with a listener is not.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -139,8 +139,7 @@ class ReplicaControl:
             log.info("%s: its engine is gone; its GPUs are free again", rid)
             del self.allocations[rid]
         stopped = await self.supervisor.retain(self.allocations)
-        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
-        self.observed.auth.set_managed(keys)  # the adopted engines' keys, before any call
+        self._set_keys()  # the adopted engines' keys, before any call
         for rid in stopped:
             log.warning("%s: an engine with no allocation here; stopped", rid)
         if lost:
@@ -149,6 +148,15 @@ class ReplicaControl:
     def poke(self) -> None:
         """Something changed (a deployment, a record): a round soon."""
         self._wake.set()
+
+    def engines_changed(self) -> None:
+        """An engine started, became ready or moved: its key at its (new) URL, a round soon."""
+        self._set_keys()
+        self.poke()
+
+    def _set_keys(self) -> None:
+        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
+        self.observed.auth.set_managed(keys)  # the gone ones' forgotten
 
     async def run(self) -> None:
         """Rounds until cancelled."""
@@ -168,8 +176,7 @@ class ReplicaControl:
             self._on_change()
         if await self._versions.refresh(self.supervisor.replicas()):
             self._on_change()
-        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
-        self.observed.auth.set_managed(keys)  # adopted ones' too; the gone ones' forgotten
+        self._set_keys()
         wants = {d.name: d for d in declared if d.authority == "managed"}
         plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
         self.last_plan = plan
@@ -343,7 +350,7 @@ class ReplicaControl:
                     state=state,  # type: ignore[arg-type]  # one of the four
                     restarts=s.restarts if s is not None else 0,
                     engineVersion=self._versions.get(a.replica),
-                    error=_error(s),
+                    error=s.reason if s is not None else "",
                     createdAt=a.createdAt,
                     running=load.running if load else 0.0,
                     waiting=load.waiting if load else 0.0,
@@ -390,10 +397,3 @@ def _by_id(a: Allocation) -> str:
 def _state(status: ReplicaStatus | None) -> str:
     # An allocation whose engine the supervisor does not hold (yet): starting.
     return "starting" if status is None else _STATE[status.state]
-
-
-def _error(status: ReplicaStatus | None) -> str:
-    # The record carries our own words only; the log's last lines stay on this node.
-    if status is None or status.state is not ReplicaState.FAILED:
-        return ""
-    return (status.last_error or "failed")[:256]

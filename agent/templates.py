@@ -15,7 +15,9 @@ attribute (`{model.x}`) is refused when the template is loaded (`TemplateError`)
 in `nvpair.toml` stops the agent at start instead of failing one replica at launch time.
 An engine is ready when `GET http://127.0.0.1:{port}{ready_path}` answers 200; anything else
 (llama.cpp's 503 while it loads) means not yet. The ready path is asked without an API key
-(vLLM's, SGLang's and llama.cpp's `/health` answer without one).
+(vLLM's, SGLang's and llama.cpp's `/health` answer without one). The answer counts only
+when it comes from the engine itself, and, for a template that names `{served}`, once the
+engine's `GET /v1/models` lists that name (`engine_ready.py`).
 
 A replica with an API key (a deployment's `engineKey`) hands it to its engine the way the
 template says: in an environment variable (`key_env`: vLLM's `VLLM_API_KEY`, llama.cpp's
@@ -43,6 +45,7 @@ __all__ = [
     "TemplateError",
     "check_replica_id",
     "custom_template",
+    "names_served",
     "render",
 ]
 
@@ -125,6 +128,13 @@ def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[
     elif spec.api_key and template.key_flag:
         argv += [template.key_flag, spec.api_key]
     return [*argv, *spec.extra_args], env
+
+
+def names_served(template: LaunchTemplate) -> bool:
+    """The template tells its engine the name to serve (`{served}` in its argv or env): the
+    engine is then ready only once its `GET /v1/models` lists that name."""
+    parts = [*template.argv, *(value for _, value in template.env)]
+    return any(f == "served" for part in parts for _, f, _, _ in string.Formatter().parse(part))
 
 
 def custom_template(

@@ -55,7 +55,7 @@ class Replica(Struct, kw_only=True, frozen=True):
     state: Literal["starting", "ready", "failed", "stopping"] = "starting"
     restarts: Annotated[int, Meta(ge=0)] = 0
     engineVersion: Annotated[str, Meta(max_length=64)] = ""
-    error: Annotated[str, Meta(max_length=256)] = ""  # why it failed, in our own words
+    error: Annotated[str, Meta(max_length=256)] = ""  # why failed / not ready yet; our words
     createdAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
     running: Annotated[float, Meta(ge=0)] = 0.0  # engine load: requests running
     waiting: Annotated[float, Meta(ge=0)] = 0.0  # requests queued

@@ -30,17 +30,25 @@ __all__ = [
 
 
 async def engine_cluster(
-    root: Path, gpus: Mapping[str, str | None], extra_toml: str = "", agent_toml: str = ""
+    root: Path,
+    gpus: Mapping[str, str | None],
+    extra_toml: str = "",
+    agent_toml: str = "",
+    *,
+    one_range: bool = False,
 ) -> AsyncIterator[list[Node]]:
     """Started members named and with simulated GPUs as `gpus` says (`agent_toml`: more
     lines of every member's `[agent]` table); their engines killed at the end (agents
-    leave engines running when they stop: the next start adopts them)."""
+    leave engines running when they stop: the next start adopts them). With `one_range`
+    every member has the same engine ports, as agents started on one host without their
+    own `[engines] port_range` have."""
     nodes = [make_node(root, name, spec) for name, spec in gpus.items()]
+    shared = engine_ports()
     for node in nodes:
         node.home.mkdir(parents=True)
-        # One host for every member: each its own engine ports (on their own hosts they
-        # would share the default range).
-        low, high = engine_ports()
+        # One host for every member: each its own engine ports unless `one_range` (on their
+        # own hosts they would share the default range).
+        low, high = shared if one_range else engine_ports()
         (node.home / "nvpair.toml").write_text(
             f"[agent]\nheartbeat_s = 0.5\n{agent_toml}"
             f'[engines]\nport_range = "{low}-{high}"\n{extra_toml}'

@@ -31,6 +31,16 @@ def _templates(tmp_path: Path) -> dict[str, LaunchTemplate]:
         custom_template("fake", [PY, FAKE, "{port}", "--marker", marker], {}, "/health", 20),
         custom_template("stubborn", [PY, FAKE, "{port}", "--ignore-term"], {}, "/health", 20),
         custom_template("workers", [PY, FAKE, "{port}", "--worker"], {}, "/health", 20),
+        custom_template(
+            "late", [PY, FAKE, "{port}", "--bind-when", str(tmp_path / "loaded")], {}, "/health", 20
+        ),
+        custom_template(
+            "impostor",
+            [PY, FAKE, "{port}", "--serves", "other"],
+            {"SERVED": "{served}"},
+            "/health",
+            3,
+        ),
         custom_template("llama", [PY, FAKE, "{port}", "--loading", "5"], {}, "/health", 20),
         custom_template("flaky", [PY, FAKE, "{port}", "--exit-after-first"], {}, "/health", 20),
         custom_template(

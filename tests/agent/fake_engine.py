@@ -1,22 +1,26 @@
 """A stand-in engine for the supervisor's tests, run as a real process by custom templates.
 
     python fake_engine.py PORT [--marker PATH] [--ignore-term] [--exit-after-first]
-                          [--loading N] [--worker]
+                          [--loading N] [--worker] [--bind-when PATH] [--serves NAME]
 
 It prints its CUDA_VISIBLE_DEVICES, answers 200 to every GET on 127.0.0.1:PORT, writes
 "SIGTERM" to the marker file when it gets SIGTERM (then exits 0, or carries on with
 --ignore-term), and with --exit-after-first exits 1 after its first answer (a crash loop).
 With --loading N it answers 503 to its first N requests, as llama.cpp does while it loads;
 with --worker it first starts a child that sleeps, as vLLM starts tensor-parallel workers.
+With --bind-when PATH it binds its port only once PATH exists, as vLLM binds only after it
+has loaded its weights (a test decides when). Its `data` lists NAME with --serves.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import FrameType
@@ -30,6 +34,8 @@ def main() -> None:
     parser.add_argument("--exit-after-first", action="store_true")
     parser.add_argument("--loading", type=int, default=0)
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--bind-when", type=Path)
+    parser.add_argument("--serves", default="")
     args = parser.parse_args()
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
 
@@ -49,7 +55,8 @@ def main() -> None:
         def do_GET(self) -> None:
             nonlocal answered
             answered += 1
-            body = b'{"object": "list", "data": []}'
+            listed = [{"id": args.serves, "object": "model"}] if args.serves else []
+            body = json.dumps({"object": "list", "data": listed}).encode()
             status = 503 if answered <= args.loading else 200
             print(f"GET {self.path} {status}", flush=True)
             self.send_response(status)
@@ -63,6 +70,8 @@ def main() -> None:
         def log_message(self, format: str, *values: object) -> None:
             return
 
+    while args.bind_when is not None and not args.bind_when.exists():
+        time.sleep(0.02)  # "loading": the test says when it is done
     server = HTTPServer(("127.0.0.1", args.port), Handler)
     print("serving", flush=True)
     server.serve_forever()

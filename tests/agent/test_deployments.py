@@ -1,10 +1,14 @@
 """Deployments across real agents (issue 13, item 1): declared on one member they reach
 every member and outlive restarts; concurrent edits at two members converge to one version
-everywhere; bad declarations get a clear 400 or 404 and change nothing."""
+everywhere; bad declarations get a clear 400 or 404 and change nothing. The three agents
+share one engine port range, as three started on one host without configuration do: each
+replica's engine still gets its own port, and serves there (issue 25, item 4)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +16,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from .deploy_harness import engine_cluster
+from agent.engine_ports import check_port
+
+from .deploy_harness import engine_cluster, engine_pids, ready_everywhere, replicas
 from .harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -21,10 +27,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     # Members without GPUs run the gpus-0 mock deployments below: `engine_cluster` gives
-    # them this worker's engine ports and kills the engines at the end (agents leave them
-    # running when they stop, for the next start to adopt).
+    # them one range of this worker's engine ports and kills the engines at the end (agents
+    # leave them running when they stop, for the next start to adopt).
     root = tmp_path_factory.mktemp("deployments")
-    async for started in engine_cluster(root, dict.fromkeys("abc")):
+    async for started in engine_cluster(root, dict.fromkeys("abc"), one_range=True):
         yield started
 
 
@@ -46,6 +52,58 @@ async def declared(node: Node) -> dict[str, tuple[int, int, str]]:
 async def same_everywhere(nodes: list[Node], name: str) -> bool:
     views = [(await declared(n)).get(name) for n in nodes]
     return views[0] is not None and all(v == views[0] for v in views)
+
+
+async def chat(session: aiohttp.ClientSession, node: Node) -> int:
+    url = f"http://127.0.0.1:{node.ports['facade']}/v1/chat/completions"
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with session.post(url, json=body) as response:
+        await response.read()
+        return response.status
+
+
+async def test_three_agents_on_one_port_range_run_three_engines_that_fail_over(
+    trio: list[Node],
+) -> None:
+    # First in the module: every agent's port search starts at the range's first port, so
+    # the three engines go for one port at once. Each replica must end on a port its own
+    # engine listens on, and be ready only there.
+    code, made = await post(trio[0], "/v1/deployments", {"name": "chat", "engine": "mock",
+                            "gpus": 0, "replicas": 3, "args": ["--latency-ms", "100"]})  # fmt: skip
+    assert code == 201, made
+    await eventually(lambda: ready_everywhere(trio, "chat", 3), "three ready replicas", within_s=60)
+    seen = {r["id"]: r for r in await replicas(trio[0], "chat")}
+    assert sorted(r["node"] for r in seen.values()) == ["a", "b", "c"]
+    assert len({r["port"] for r in seen.values()}) == 3
+    engines = {rid: pid for node in trio for rid, pid in engine_pids(node.home).items()}
+    assert engines.keys() == seen.keys()
+    for rid, pid in engines.items():  # the port each record names is its own engine's
+        assert check_port(seen[rid]["port"], pid).engines, (rid, seen[rid]["port"], pid)
+
+    statuses: list[int] = []
+    stop = asyncio.Event()
+
+    async def load() -> None:  # through every member's facade in turn
+        async with aiohttp.ClientSession() as session:
+            while not stop.is_set():
+                statuses.extend(await asyncio.gather(*(chat(session, n) for n in trio)))
+
+    driving = asyncio.create_task(load())
+    await eventually(lambda: len(statuses) >= 9, "requests flow")
+    (rid, pid), = engine_pids(trio[2].home).items()  # fmt: skip
+    os.kill(pid, signal.SIGKILL)
+
+    async def restarted() -> bool:
+        now = engine_pids(trio[2].home).get(rid)
+        return now not in (None, pid) and await ready_everywhere(trio, "chat", 3)
+
+    await eventually(restarted, "c's engine restarted, ready again", within_s=60)
+    sent = len(statuses)
+    await eventually(lambda: len(statuses) >= sent + 9, "requests after the restart")
+    stop.set()
+    await driving
+    assert statuses.count(200) == len(statuses), statuses  # none failed: failed over
+    assert (await post(trio[0], "/v1/deployments/chat/undeploy", {}))[0] == 200
 
 
 async def test_a_deployment_reaches_every_member_and_outlives_restarts(trio: list[Node]) -> None:

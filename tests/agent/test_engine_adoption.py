@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.engine_ports import PortPool
 from agent.engine_proc import ReplicaState
 from agent.engine_proc_files import ProcRecord, ReplicaFiles, prune_stopped
-from agent.engine_proc_os import PortPool, boot_id, identify
+from agent.engine_proc_os import boot_id, identify
 from agent.engine_proc_state import NoFreePort
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
 from tests.fixtures.waiting import eventually
