@@ -8,10 +8,14 @@ builders. Tests take the fake clock as the `fake_clock` fixture.
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import pytest
 from hypothesis import settings
 
 from tests.fixtures.clock import FakeClock
+from tests.fixtures.leaks import MARK, kill, marked_processes
 from tests.fixtures.records import lifecycle_event, workload, workload_record
 from tests.fixtures.waiting import eventually
 
@@ -28,3 +32,27 @@ settings.load_profile("nvpair")
 def fake_clock() -> FakeClock:
     """A clock at a fixed instant that moves only by `advance()`."""
     return FakeClock()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The run's mark, set before any worker or process starts, so all of them inherit it
+    # (an xdist worker has `workerinput` and the controller's environment).
+    if not hasattr(config, "workerinput"):
+        os.environ[MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a process it started outlives it (killing it): every test that starts
+    an agent, a manager or an engine must stop it -- engines outlive their agents by design."""
+    if hasattr(session.config, "workerinput") or MARK not in os.environ:
+        return  # the controller checks, once every worker is done
+    left = marked_processes(os.environ[MARK], spared={os.getpid()})
+    if not left:
+        return
+    kill([pid for pid, _ in left])
+    lines = "\n".join(f"  {pid}: {command[:200]}" for pid, command in left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(f"processes this run started outlived it (killed now):\n{lines}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
