@@ -4,10 +4,7 @@ them."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ import aiohttp
 
 from tests.workload_manager.cluster_harness import engine_ports
 
-from .harness import Node, eventually, make_node, start_cluster
+from .harness import Node, engine_pids, eventually, kill_engines, make_node, start_cluster
 
 __all__ = [
     "alive",
@@ -75,28 +72,12 @@ async def formed(nodes: list[Node]) -> bool:
     return True
 
 
-def engine_pids(home: Path) -> dict[str, int]:
-    """Replica id -> pid of the engines this home's agent launched (from proc.json)."""
-    pids = {}
-    for record in home.glob("replicas/*/proc.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            pids[record.parent.name] = int(json.loads(record.read_text())["pid"])
-    return pids
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-
-
-def kill_engines(home: Path) -> None:
-    # Agents leave their engines running when they stop (the next start adopts them).
-    for pid in engine_pids(home).values():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:

@@ -4,6 +4,8 @@ own NVPAIR_HOME and ports, driven through the real CLI and its local API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import resource
 import signal
@@ -218,6 +220,24 @@ async def start_cluster(nodes: list[Node]) -> AsyncIterator[list[Node]]:
     finally:
         for node in nodes:
             await node.stop()
+            kill_engines(node.home)  # agents leave engines running (the next start adopts them)
+
+
+def engine_pids(home: Path) -> dict[str, int]:
+    """Replica id -> pid of the engines this home's agent launched (from proc.json)."""
+    pids = {}
+    for record in home.glob("replicas/*/proc.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pids[record.parent.name] = int(json.loads(record.read_text())["pid"])
+    return pids
+
+
+def kill_engines(home: Path) -> None:
+    """SIGKILL the engines this home's agent launched, and their groups: agents leave their
+    engines running when they stop (the next start adopts them)."""
+    for pid in engine_pids(home).values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def join(admitter: Node, joiner: Node) -> None:
