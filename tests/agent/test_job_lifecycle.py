@@ -18,6 +18,7 @@ from agent.facade_jobs import JobBook
 from agent.job_errors import JobError
 from agent.job_lifecycle import (
     EVENTS,
+    SUBMITTED,
     TRANSITIONS,
     Cancel,
     Complete,
@@ -104,6 +105,26 @@ def test_every_path(events: list[JobEvent], states: list[WorkloadState]) -> None
     assert record.state.is_terminal
     with pytest.raises(IllegalTransition):  # final: nothing more
         step(record, Cancel(), seq=99, now=3000)
+
+
+@pytest.mark.parametrize(("events", "states"), [p[1:] for p in PATHS], ids=[p[0] for p in PATHS])
+def test_every_path_through_the_book(events: list[JobEvent], states: list[WorkloadState]) -> None:
+    sent: list[tuple[str, Workload]] = []
+    book = JobBook("nod_a", lambda method, record: sent.append((method, record)))
+    job = book.new("m", "unknown", "key-1")
+    book.emit(job)
+    for event in events:
+        book.advance(job, event)
+        book.emit(job)
+    assert [r.state for _, r in sent] == [Q, *states]
+    assert [m for m, _ in sent] == [SEED_METHOD[r.state] for _, r in sent]
+    assert all(lifecycle_mismatch(m, r) is None for m, r in sent)  # the relay takes each
+    seqs = [r.seq for _, r in sent]
+    assert seqs == list(range(1, len(sent) + 1))  # one job: one more per change
+    assert {(r.id, r.runId, r.requesterId) for _, r in sent} == {("1", book.run_id, "key-1")}
+    assert sent[-1][1].state.is_terminal
+    with pytest.raises(IllegalTransition):  # final: nothing more
+        book.advance(job, Cancel())
 
 
 # What each change announces, byte for byte: the records and methods the facade sent before
@@ -196,6 +217,16 @@ def test_the_illegal_pairs_are_the_ones_the_facade_must_never_make() -> None:
     # unless the set it runs over holds the pairs that matter.
     assert {(Q, Complete), (Q, Failover), (R, Start)} <= set(ILLEGAL)
     assert len(ILLEGAL) == len(WorkloadState) * len(EVENTS) - 7
+
+
+def test_a_refused_event_leaves_the_job_as_it_was() -> None:
+    book = JobBook("nod_a", lambda _method, _record: None)
+    job = book.new("m", "unknown", None)
+    before = job.record
+    with pytest.raises(IllegalTransition):
+        book.advance(job, Complete())  # never started
+    assert (job.record, job.method) == (before, "workload:submitted")
+    assert SUBMITTED == "workload:submitted"
 
 
 def test_every_legal_step_announces_the_seed_method_for_its_state() -> None:
