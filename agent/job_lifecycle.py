@@ -13,7 +13,8 @@ states have no way out. The table in docs/inference.md is this one (a test compa
 `step` applies an event to a record: the new record, with the `seq` it is given (the
 facade's event counter, seed 002's dedup key), and the method that carries its new state
 (`workload_manager.workload.METHOD_FOR_STATE`, the seed's table), so no method is typed by
-hand. Time is passed in. Pure: no I/O, no clock.
+hand. Time is passed in. Pure: no I/O, no clock, no asyncio (aiohttp is loaded only because
+`agent.job_errors`, whose vocabulary `Fail` carries, reads aiohttp's exceptions).
 """
 
 from __future__ import annotations
