@@ -5,9 +5,10 @@ This is seed 002's "proxy": each request is a job (`facade_jobs`: one `runId` pe
 data, engines in the node records, pending work), then: `workload:submitted` (queued,
 `originatedFrom` = this node), `workload:started` with `scheduledOn`, and
 `workload:completed` or `workload:errored` (failed with a normalised error, or cancelled
-when the client goes away). The request runs on the local engine or is forwarded over the
-node API (mTLS, pinned) and streamed back. One that finds every target full waits, queued,
-in this member's wait line (`wait_queue`) until one has room.
+when the client goes away), each change an event of the job's lifecycle table
+(`job_lifecycle`). The request runs on the local engine or is forwarded over the node API
+(mTLS, pinned) and streamed back. One that finds every target full waits, queued, in this
+member's wait line (`wait_queue`) until one has room.
 
 Prompts and completions pass through here and over the node API only: they are never put in
 an event, a log line, a metric or the plane.
@@ -27,16 +28,17 @@ from aiohttp import web
 from scheduler import Cluster, Load, Refusal
 from scheduler.replicas import ReplicaView
 from workload_manager.sites import handler_bounds, start_site
-from workload_manager.workload import Workload, WorkloadState
+from workload_manager.workload import Workload
 
 from .endpoint_forward import EndpointForward
 from .endpoint_routes import EndpointRoutes, endpoint_models, ready_in
 from .engines import Engines
 from .errors import MemberUnreachable
-from .facade_jobs import JobBook, now_ms
+from .facade_jobs import JobBook
 from .facade_relay import METER, refused, relay
 from .in_flight import InFlight
 from .job_errors import JobError, for_exception, for_status
+from .job_lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
 from .key_check import KeyCheck
 from .lifetime import SHUTDOWN_S
 from .openai_errors import openai_error, openai_errors
@@ -194,46 +196,38 @@ class Facade:
         meter = request[METER] = Meter(strip=strip)
         jobs = self.jobs
         job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
-        jobs.emit("workload:submitted", job)
-        outcome: tuple[WorkloadState, JobError | None] = (WorkloadState.FAILED, JobError.INTERNAL)
+        jobs.emit(job)  # workload:submitted
+        ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
         try:
             targets = await self.waits.wait(entered, lambda: self._place(model))
             if isinstance(targets, Refusal):  # waited too long, or the model went
-                ended, outcome = gave_up(targets, model, self.waits.line.timeout_s)
+                ended, ending = gave_up(targets, model, self.waits.line.timeout_s)
                 return ended
             for attempt, target in enumerate(targets):
                 if attempt:
                     self.failovers += 1
                     log.warning("failing over to %s", target.replica or target.node_id)
-                jobs.advance(job, state=WorkloadState.RUNNING, scheduledOn=target.node_id,
-                             engine=targets[0].kind,
-                             startedAt=job.record.startedAt or now_ms())  # fmt: skip
-                jobs.emit("workload:started", job)  # each target in the job's history
-                answer, outcome = await self._attempt(request, path, raw, target, model)
+                    jobs.advance(job, Failover(scheduled_on=target.node_id))
+                else:
+                    jobs.advance(job, Start(scheduled_on=target.node_id, engine=target.kind))
+                jobs.emit(job)  # workload:started: each target in the job's history
+                answer, ending = await self._attempt(request, path, raw, target, model)
                 if answer is not None:
                     return answer
-            return openai_error(502, (outcome[1] or JobError.INTERNAL).value, "server_error")
+            failed = ending.error if isinstance(ending, Fail) else JobError.INTERNAL
+            return openai_error(502, failed.value, "server_error")
         except asyncio.CancelledError:
-            outcome = (WorkloadState.CANCELLED, JobError.CANCELLED)
+            ending = Cancel()
             raise
         finally:
             # The error is a phrase of the closed vocabulary, never an engine's words.
-            state, error = outcome
-            jobs.advance(
-                job,
-                state=state,
-                completedAt=now_ms(),
-                error=None if error is None else error.value,
-            )
+            jobs.advance(job, ending)
             meter.finish()
             self._on_usage(job.record, meter)  # before the record: the plane gets both
             if meter.usage is not None:  # a key's tokens per minute count what engines said
                 used = meter.usage.prompt + meter.usage.completion
                 self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
-            jobs.emit(
-                "workload:completed" if state is WorkloadState.COMPLETED else "workload:errored",
-                job,
-            )
+            jobs.emit(job)  # workload:completed, or workload:errored
 
     async def _read(self, request: web.Request, path: str) -> tuple[bytes, str] | web.Response:
         """The body and the model it names (read as the route says), or the error the
@@ -268,7 +262,7 @@ class Facade:
 
     async def _attempt(
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | None, tuple[WorkloadState, JobError | None]]:
+    ) -> tuple[web.StreamResponse | None, Outcome]:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
@@ -323,7 +317,7 @@ class Facade:
 
     async def _run(
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | None, tuple[WorkloadState, JobError | None]]:
+    ) -> tuple[web.StreamResponse | None, Outcome]:
         local = target.node_id == self.node_id
         sent = ROUTES[path].engine_content_type(request.headers.get("Content-Type", ""))
         try:
@@ -331,13 +325,13 @@ class Facade:
                 url = self._replica_url(target.replica) if target.replica else None
                 url = url or self._engines.url_for(model)
                 if url is None:
-                    return None, (WorkloadState.FAILED, JobError.NO_ENGINE)
+                    return None, Fail(error=JobError.NO_ENGINE)
                 upstream = self._engines.post(url, path, raw, sent)
             else:
                 upstream = self._forward(target.node_id, path, raw, target.replica, sent)
             async with upstream as reply:
                 if reply.status in FAILOVER_STATUSES:
-                    return None, (WorkloadState.FAILED, for_status(reply.status))
+                    return None, Fail(error=for_status(reply.status))
                 return await relay(request, reply, local=local)
         except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
             error = for_exception(exc, local=local)
@@ -348,7 +342,7 @@ class Facade:
                 error.value,
                 type(exc).__name__,
             )
-            return None, (WorkloadState.FAILED, error)
+            return None, Fail(error=error)
 
     # -- keys -------------------------------------------------------------------------------
 

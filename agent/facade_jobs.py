@@ -3,7 +3,8 @@
 At start the facade mints a `runId` (ULID); each request is a job with `id` from a counter
 starting at 1 and `seq` from one event counter, so every change of a job is a new `seq`
 (the dedup key, seed 002). The record is built here and nowhere else: its fields are the
-seed's 13, and nothing of a prompt or an answer goes in.
+seed's 13, and nothing of a prompt or an answer goes in. A job changes only by an event of
+its lifecycle's table (`agent.job_lifecycle`), which also names the method announcing it.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import msgspec
 from ulid import ULID
 
 from workload_manager.workload import Workload, WorkloadState
+
+from .job_lifecycle import SUBMITTED, JobEvent, step
 
 __all__ = ["Job", "JobBook", "now_ms"]
 
 
 @dataclass(slots=True)
 class Job:
-    """A request's job: its latest record."""
+    """A request's job: its latest record and the method that announces it."""
 
     record: Workload
+    method: str = SUBMITTED
 
 
 class JobBook:
@@ -57,13 +59,15 @@ class JobBook:
         )
         return Job(record)
 
-    def advance(self, job: Job, **changes: Any) -> None:
-        """A new version of the job's record (a new `seq`)."""
-        job.record = msgspec.structs.replace(job.record, seq=next(self._seq), **changes)
+    def advance(self, job: Job, event: JobEvent) -> None:
+        """The job's record after `event` (a new `seq`); `IllegalTransition` when the
+        lifecycle's table does not allow it. Announced by `emit`."""
+        job.record, job.method = step(job.record, event, seq=next(self._seq), now=now_ms())
 
-    def emit(self, method: str, job: Job) -> None:
-        """Announce the job's current record (`workload:submitted`, `:started`, ...)."""
-        self._submit(method, job.record)
+    def emit(self, job: Job) -> None:
+        """Announce the job's current record with its method (`workload:submitted` for a
+        new one, `workload:started`, ...)."""
+        self._submit(job.method, job.record)
 
 
 def now_ms() -> int:

@@ -2,7 +2,8 @@
 streams, and the refusal a client sees when no member can take its request.
 
 Nothing of an engine's error body reaches a job record: a job keeps only the status class,
-in the closed vocabulary of `job_errors`.
+in the closed vocabulary of `job_errors`. What the answer came to is the event that ends the
+job (`job_lifecycle`): `Complete`, or `Fail` with that phrase.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from scheduler import Refusal
-from workload_manager.workload import WorkloadState
 
-from .job_errors import JobError, for_exception, for_status
+from .job_errors import for_exception, for_status
+from .job_lifecycle import Complete, Fail, Outcome
 from .openai_errors import openai_error
 from .request_identity import passed_back
 from .routing import sse_error
@@ -49,7 +50,7 @@ def refused(refusal: Refusal | None, model: str) -> web.Response:
 
 async def relay(
     request: web.Request, reply: aiohttp.ClientResponse, *, local: bool = True, origin: bool = True
-) -> tuple[web.StreamResponse, tuple[WorkloadState, JobError | None]]:
+) -> tuple[web.StreamResponse, Outcome]:
     """Pass the engine's answer through, streaming what streams. A stream that breaks is
     ended with an error event at the `origin` (the member facing the client); a member
     running a forwarded request breaks its own answer instead, so the origin sees it."""
@@ -57,9 +58,8 @@ async def relay(
     if reply.status >= 400:
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
-        outcome = (WorkloadState.FAILED, for_status(reply.status))
         failed = web.Response(status=reply.status, body=body, headers=_headers_of(reply))
-        return failed, outcome
+        return failed, Fail(error=for_status(reply.status))
     if _streams(reply):
         response = web.StreamResponse(
             status=reply.status,
@@ -83,19 +83,16 @@ async def relay(
                 # A forwarded answer, or bytes (audio) that cannot carry an error event: cut.
                 if request.transport is not None:
                     request.transport.abort()
-                return response, (WorkloadState.FAILED, error)
+                return response, Fail(error=error)
             await response.write(sse_error(error.value))
             await response.write_eof()
-            return response, (WorkloadState.FAILED, error)
+            return response, Fail(error=error)
         await response.write_eof()
-        return response, (WorkloadState.COMPLETED, None)
+        return response, Complete()
     body = await reply.read()
     if meter is not None:
         meter.read(body)
-    return web.Response(status=reply.status, body=body, headers=_headers_of(reply)), (
-        WorkloadState.COMPLETED,
-        None,
-    )
+    return web.Response(status=reply.status, body=body, headers=_headers_of(reply)), Complete()
 
 
 def _streams(reply: aiohttp.ClientResponse) -> bool:

@@ -27,10 +27,10 @@ from typing import Final, Generic, ParamSpec, TypeVar
 from aiohttp import web
 
 from scheduler import Refusal
-from workload_manager.workload import WorkloadState
 
 from .facade_relay import refused
 from .job_errors import JobError
+from .job_lifecycle import Fail
 from .openai_errors import openai_error
 from .wait_line import Ticket, Turn, WaitLine
 
@@ -121,14 +121,12 @@ class WaitQueue(Generic[T]):
             wake.set()
 
 
-def gave_up(
-    refusal: Refusal, model: str, timeout_s: float
-) -> tuple[web.Response, tuple[WorkloadState, JobError]]:
-    """The answer and the job's outcome for a request whose wait ended without a target: it
-    waited too long (429, `Retry-After`), or its model can no longer be served at all."""
+def gave_up(refusal: Refusal, model: str, timeout_s: float) -> tuple[web.Response, Fail]:
+    """The answer and the event that ends the job of a request whose wait ended without a
+    target: it waited too long (429, `Retry-After`), or its model can no longer be served."""
     if refusal is not Refusal.QUEUE_FULL:
-        return refused(refusal, model), (WorkloadState.FAILED, JobError.NO_ENGINE)
+        return refused(refusal, model), Fail(error=JobError.NO_ENGINE)
     message = f"every member serving this model stayed busy for {timeout_s:g}s"
     response = openai_error(429, message, "rate_limit_error")
     response.headers["Retry-After"] = "1"
-    return response, (WorkloadState.FAILED, JobError.WAIT_TIMED_OUT)
+    return response, Fail(error=JobError.WAIT_TIMED_OUT)

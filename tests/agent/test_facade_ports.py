@@ -16,6 +16,7 @@ from agent.facade import Facade
 from agent.gpus import simulate
 from agent.mock_engine import MockEngine
 from agent.view import SchedulingView
+from scheduler.replicas import ReplicaView
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 from workload_manager.workload import Workload
@@ -49,6 +50,7 @@ async def rig(
     queue_limit: int = 8,
     api_keys: dict[str, str] | None = None,
     wait: tuple[int, float] = (64, 30.0),
+    replicas: list[ReplicaView] | None = None,
 ) -> Rig:
     await engine.start()
     engines = Engines([("vllm-0", "vllm", engine.url)])
@@ -85,6 +87,8 @@ async def rig(
         api_keys=api_keys or {},
         queue_limit=queue_limit,
         wait=wait,
+        replicas=lambda: replicas or [],
+        replica_url=lambda _replica: engine.url,  # the one here; another's is forwarded
     )
     await facade.start()
     return Rig(facade, engine, engines, events)
@@ -147,6 +151,35 @@ async def test_an_engine_error_fails_the_job_without_its_words() -> None:
         (done,) = r.finished()
         assert done.state.value == "failed"
         assert done.error == "engine returned HTTP 5xx"  # the vocabulary, no engine words
+    finally:
+        await r.aclose()
+
+
+async def test_a_target_that_fails_before_any_byte_fails_over_and_the_job_says_so() -> None:
+    # Two replicas of m1, tied on load: "r1" (first by id) on a member that cannot be
+    # reached, "r2" here. The job starts on the first, fails over to the second, completes.
+    there = ReplicaView("r1", "nod_b", "m1", kind="vllm")
+    here = ReplicaView("r2", ME, "m1", kind="vllm")
+    r = await rig(MockEngine(model="m1"), replicas=[there, here])
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(r.url + "/v1/chat/completions", json=chat()) as response,
+        ):
+            assert response.status == 200
+        assert [m for m, _ in r.events] == [
+            "workload:submitted",
+            "workload:started",
+            "workload:started",  # the second target: a second start, a new seq
+            "workload:completed",
+        ]
+        queued, first, second, done = (record for _, record in r.events)
+        assert [x.seq for x in (queued, first, second, done)] == [1, 2, 3, 4]
+        assert (first.scheduledOn, second.scheduledOn, done.scheduledOn) == ("nod_b", ME, ME)
+        assert first.startedAt == second.startedAt == done.startedAt  # the first start's
+        assert {first.engine, second.engine, done.engine} == {"vllm"}
+        assert (done.state.value, done.error) == ("completed", None)
+        assert r.facade.failovers == 1
     finally:
         await r.aclose()
 

@@ -8,11 +8,11 @@ import asyncio
 from dataclasses import dataclass
 
 from agent.job_errors import JobError
+from agent.job_lifecycle import Fail
 from agent.wait_line import Ticket
 from agent.wait_queue import WaitQueue, gave_up
 from scheduler import Refusal
 from tests.fixtures.waiting import eventually
-from workload_manager.workload import WorkloadState
 
 
 @dataclass
@@ -82,8 +82,8 @@ async def test_a_model_that_cannot_be_served_ends_the_wait_with_its_refusal() ->
 def test_the_answers_of_a_wait_that_ended_without_a_target() -> None:
     response, outcome = gave_up(Refusal.QUEUE_FULL, "m", 30.0)
     assert (response.status, response.headers["Retry-After"]) == (429, "1")
-    assert outcome == (WorkloadState.FAILED, JobError.WAIT_TIMED_OUT)
+    assert outcome == Fail(error=JobError.WAIT_TIMED_OUT)
     assert JobError.WAIT_TIMED_OUT.value == "waited too long for capacity"
     response, outcome = gave_up(Refusal.MODEL_NOT_SERVED, "m", 30.0)
     assert response.status == 404
-    assert outcome == (WorkloadState.FAILED, JobError.NO_ENGINE)
+    assert outcome == Fail(error=JobError.NO_ENGINE)
