@@ -1,13 +1,17 @@
 """The one mechanism for signed cluster facts (`broker.signed_set`), tested once on a kind
 made up for it (`tests.fixtures.notes`): any delivery order, duplicated, converges; a
 tombstone is never undone by an older version; the set stays within its capacity and drops
-only what may go; forgetting old tombstones never drops a live fact."""
+only what may go; forgetting old tombstones never drops a live fact. Then what the two kinds
+in use declare."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.api_keys import ApiKey, KeySet
+from broker.deployments import TOMBSTONE_MS, Deployment, DeploymentSet
 from broker.signed_set import SignedSet, order
 from tests.fixtures.notes import CAPACITY, KEEP_MS, NOTE, Note
 
@@ -123,3 +127,18 @@ def test_forgetting_old_tombstones_never_drops_a_live_fact(
     for note in before:
         old = note.gone and later - note.updatedAt > KEEP_MS
         assert (note in after) is not old
+
+
+def test_each_kind_in_use_declares_its_key_tombstones_and_retention() -> None:
+    dep = Deployment(id="dep_" + "0" * 26, name="llama", engine="vllm", updatedAt=0, by="nod_a")
+    deployments = DeploymentSet()
+    assert deployments.offer(msgspec.structs.replace(dep, deleted=True))
+    assert deployments.offer(msgspec.structs.replace(dep, name="chat", deleted=True, updatedAt=9))
+    assert deployments.forget_old_tombstones(TOMBSTONE_MS + 1) == ["llama"]  # the older only
+    assert [d.name for d in deployments.all()] == ["chat"]
+
+    keys = KeySet()
+    revoked = ApiKey(name="team-a", revoked=True, updatedAt=0, by="nod_a")
+    assert keys.offer(revoked, 0)
+    assert keys.forget_old_tombstones(10**15) == []  # a revoked key is never forgotten by age
+    assert keys.get("team-a") == revoked
