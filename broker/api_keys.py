@@ -8,10 +8,10 @@ remove a member: the operator of any machine owns the cluster. Each version is a
 signed by the member that made it (`broker.record_signing.sign_statement`), so members check
 it against the cluster CA alone, whoever relays it.
 
-**Convergence** is that of deployments (`broker.deployments`): keyed by name, a member takes
-a version that is higher in `(version, updatedAt, by)` order than the one it holds. A
-revocation is a version with `revoked` set and no hash (a tombstone). Tombstones are not
-forgotten by age -- a late copy of a key's older version must never bring a revoked key
+**Convergence** is that of every signed cluster fact (`broker.signed_set`): keyed by name, a
+member takes a version that is higher in `(version, updatedAt, by)` order than the one it
+holds. A revocation is a version with `revoked` set and no hash (a tombstone). Tombstones are
+not forgotten by age -- a late copy of a key's older version must never bring a revoked key
 back -- but only when room is needed: first records that have expired (a late copy of those
 admits nothing), then the oldest tombstone.
 """
@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Annotated, Final
 
-import msgspec
 from msgspec import Meta, Struct
 
+from .signed_set import FactKind, SignedSet
+
 __all__ = [
+    "API_KEY",
     "MAX_KEYS",
     "SECRET_PREFIX",
     "ApiKey",
@@ -36,9 +36,7 @@ __all__ = [
     "fingerprint",
     "hash_secret",
     "hashes_match",
-    "keys_decoder",
     "new_secret",
-    "newer",
 ]
 
 MAX_KEYS: Final = 1024  # held at once in one cluster, tombstones included
@@ -101,69 +99,20 @@ def fingerprint(key_hash: str) -> str:
     return key_hash[:8]
 
 
-def _order(k: ApiKey) -> tuple[int, int, str]:
-    return (k.version, k.updatedAt, k.by)
+API_KEY: Final[FactKind[ApiKey]] = FactKind(
+    what="API key",
+    struct=ApiKey,
+    key=lambda k: k.name,
+    is_tombstone=lambda k: k.revoked,
+    says=lambda k: "revoked" if k.revoked else "issued",
+    capacity=MAX_KEYS,
+    expires_at=lambda k: k.expiresAt,
+    tombstone_ms=None,  # a revoked key is never forgotten by age, only when room is needed
+)
 
 
-def newer(candidate: ApiKey, held: ApiKey | None) -> bool:
-    """Whether `candidate` wins over `held` (the convergence order)."""
-    return held is None or _order(candidate) > _order(held)
+class KeySet(SignedSet[ApiKey]):
+    """The versions of API keys this member holds, one per name, at most `capacity`."""
 
-
-@dataclass
-class KeySet:
-    """The versions this member holds, one per name, at most `MAX_KEYS`."""
-
-    capacity: int = MAX_KEYS
-    _by_name: dict[str, ApiKey] = field(default_factory=dict)
-
-    def offer(self, key: ApiKey, now_ms: int) -> bool:
-        """Take `key` when it is newer than the version held; returns if taken."""
-        held = self._by_name.get(key.name)
-        if not newer(key, held):
-            return False
-        if held is None and len(self._by_name) >= self.capacity and not self._make_room(now_ms):
-            return False
-        self._by_name[key.name] = key
-        return True
-
-    def _make_room(self, now_ms: int) -> bool:
-        expired = [k for k in self._by_name.values() if k.expired(now_ms)]
-        if expired:
-            del self._by_name[min(expired, key=lambda k: k.expiresAt).name]
-            return True
-        tombstones = [k for k in self._by_name.values() if k.revoked]
-        if not tombstones:
-            return False
-        del self._by_name[min(tombstones, key=lambda k: k.updatedAt).name]
-        return True
-
-    def __len__(self) -> int:
-        return len(self._by_name)
-
-    def get(self, name: str) -> ApiKey | None:
-        """The version held for `name`, tombstones included."""
-        return self._by_name.get(name)
-
-    def all(self) -> list[ApiKey]:
-        """Every version held, tombstones included, by name (what a push carries)."""
-        return [k for _, k in sorted(self._by_name.items())]
-
-    def full(self, now_ms: int) -> bool:
-        """Whether a new name finds no room (nothing expired or revoked to drop)."""
-        return len(self._by_name) >= self.capacity and not any(
-            k.revoked or k.expired(now_ms) for k in self._by_name.values()
-        )
-
-    def next_version(self, name: str) -> int:
-        """The version an edit of `name` made here gets."""
-        held = self._by_name.get(name)
-        return 1 if held is None else held.version + 1
-
-
-def merge(held: KeySet, offered: Iterable[ApiKey], now_ms: int) -> list[ApiKey]:
-    """Offer every key; the ones taken."""
-    return [k for k in offered if held.offer(k, now_ms)]
-
-
-keys_decoder: Final = msgspec.json.Decoder(list[ApiKey])
+    def __init__(self, *, capacity: int = MAX_KEYS) -> None:
+        super().__init__(API_KEY, capacity=capacity)

@@ -9,31 +9,34 @@ machine owns the cluster, as with removals); each version is a statement signed 
 member that made it (`broker.record_signing.sign_statement`), so members check it against
 the cluster CA alone, whoever relays it.
 
-**Convergence.** Deployments are keyed by name. Every edit at a member sets `version` to one
-more than the highest it holds for that name; a member takes a version when it is higher in
-`(version, updatedAt, by)` order than the one it holds -- the same total order everywhere,
-so concurrent edits at two members converge to one of them on every member, whichever
-arrives first. An undeploy is a version with `deleted` set (a tombstone: a late copy of an
-older version cannot bring the deployment back); tombstones older than `TOMBSTONE_MS` are
-forgotten, by then every member has long taken them.
+**Convergence** is that of every signed cluster fact (`broker.signed_set`). Deployments are
+keyed by name. Every edit at a member sets `version` to one more than the highest it holds
+for that name; a member takes a version when it is higher in `(version, updatedAt, by)`
+order than the one it holds -- the same total order everywhere, so concurrent edits at two
+members converge to one of them on every member, whichever arrives first. An undeploy is a
+version with `deleted` set (a tombstone: a late copy of an older version cannot bring the
+deployment back); tombstones older than `TOMBSTONE_MS` may be forgotten, by then every
+member has long taken them (no member does yet: they go to make room). A deployment never
+expires.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
+from .signed_set import FactKind, SignedSet
+
 __all__ = [
+    "DEPLOYMENT",
     "MAX_DEPLOYMENTS",
+    "TOMBSTONE_MS",
     "Constraints",
     "Deployment",
     "DeploymentSet",
-    "newer",
     "spec_digest",
 ]
 
@@ -82,64 +85,31 @@ class Deployment(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     signature: Annotated[str, Meta(max_length=256)] = ""
 
 
-def _order(d: Deployment) -> tuple[int, int, str]:
-    return (d.version, d.updatedAt, d.by)
+def _says(d: Deployment) -> str:
+    return "undeployed" if d.deleted else f"declared: {d.replicas} replica(s)"
 
 
-def newer(candidate: Deployment, held: Deployment | None) -> bool:
-    """Whether `candidate` wins over `held` (the convergence order)."""
-    return held is None or _order(candidate) > _order(held)
+DEPLOYMENT: Final[FactKind[Deployment]] = FactKind(
+    what="deployment",
+    struct=Deployment,
+    key=lambda d: d.name,
+    is_tombstone=lambda d: d.deleted,
+    says=_says,
+    capacity=MAX_DEPLOYMENTS,
+    tombstone_ms=TOMBSTONE_MS,
+)
 
 
-@dataclass
-class DeploymentSet:
-    """The versions this member holds, one per name."""
+class DeploymentSet(SignedSet[Deployment]):
+    """The versions of deployments this member holds, one per name, at most `MAX_DEPLOYMENTS`."""
 
-    _by_name: dict[str, Deployment] = field(default_factory=dict)
+    def __init__(self) -> None:
+        super().__init__(DEPLOYMENT)
 
-    def offer(self, deployment: Deployment) -> bool:
-        """Take `deployment` when it is newer than the version held; returns if taken."""
-        held = self._by_name.get(deployment.name)
-        if not newer(deployment, held):
-            return False
-        if held is None and len(self._by_name) >= MAX_DEPLOYMENTS and not self._make_room():
-            return False
-        self._by_name[deployment.name] = deployment
-        return True
-
-    def _make_room(self) -> bool:
-        tombstones = [d for d in self._by_name.values() if d.deleted]
-        if not tombstones:
-            return False
-        oldest = min(tombstones, key=lambda d: d.updatedAt)
-        del self._by_name[oldest.name]
-        return True
-
-    def get(self, name: str) -> Deployment | None:
-        """The version held for `name`, tombstones included."""
-        return self._by_name.get(name)
-
-    def live(self) -> list[Deployment]:
-        """Every declared deployment that is not undeployed, by name."""
-        return [d for _, d in sorted(self._by_name.items()) if not d.deleted]
-
-    def all(self) -> list[Deployment]:
-        """Every version held, tombstones included, by name (what a push carries)."""
-        return [d for _, d in sorted(self._by_name.items())]
-
-    def next_version(self, name: str) -> int:
-        """The version an edit of `name` made here gets."""
-        held = self._by_name.get(name)
-        return 1 if held is None else held.version + 1
-
-    def forget_old_tombstones(self, now_ms: int) -> list[str]:
-        """Drop tombstones older than `TOMBSTONE_MS`; the names dropped."""
-        old = [
-            n for n, d in self._by_name.items() if d.deleted and now_ms - d.updatedAt > TOMBSTONE_MS
-        ]
-        for name in old:
-            del self._by_name[name]
-        return old
+    def offer(self, fact: Deployment, now_ms: int = 0) -> bool:
+        """Take `fact` when it is newer than the version held; returns if taken. A
+        deployment never expires, so the time changes nothing here."""
+        return super().offer(fact, now_ms)
 
 
 def spec_digest(deployment: Deployment) -> str:
@@ -159,11 +129,3 @@ def spec_digest(deployment: Deployment) -> str:
     if deployment.engineKey:  # appended only when set: digests made before it stay the same
         spec = (*spec, deployment.engineKey)
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]
-
-
-def merge(held: DeploymentSet, offered: Iterable[Deployment]) -> list[Deployment]:
-    """Offer every deployment; the ones taken."""
-    return [d for d in offered if held.offer(d)]
-
-
-deployments_decoder: Final = msgspec.json.Decoder(list[Deployment])
