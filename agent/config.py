@@ -28,7 +28,7 @@
 
     [engines]                   # engines the agent launches (docs/engines.md)
     port_range = "18000-18999"
-    [templates.mine]            # a custom launch template (agent/engine_config.py)
+    [templates.mine]            # a custom launch template (agent/engines/config.py)
     argv = ["my-server", "--model", "{model}", "--port", "{port}"]
 
 The file and the flags are decoded together into one typed structure with bounds
@@ -51,13 +51,13 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .advertise import parse_advertise
-from .engine_auth import EngineCredentials, EngineTable, credentials_by_url
-from .engine_config import EnginesTable, LaunchSettings, launch_settings
-from .errors import PortInUse
-from .gpus import known_device_class, parse_simulation
-from .home import shared_file_problem, shared_home_problem
-from .templates import TemplateError
+from agent.core.advertise import parse_advertise
+from agent.core.errors import PortInUse
+from agent.core.home import shared_file_problem, shared_home_problem
+from agent.engines.auth import EngineCredentials, EngineTable, credentials_by_url
+from agent.engines.config import EngineSpec, EnginesTable, LaunchSettings, launch_settings
+from agent.engines.gpus import known_device_class, parse_simulation
+from agent.engines.templates import TemplateError
 
 __all__ = [
     "ENGINE_KINDS",
@@ -104,7 +104,7 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     engines: Annotated[list[str | EngineTable], Meta(max_length=64)] = []
     api_keys: Annotated[dict[_Text, Annotated[str, Meta(min_length=8)]], Meta(max_length=1024)] = {}
     queue_limit: Annotated[int, Meta(ge=1, le=100_000)] = 32
-    wait_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64  # agent/wait_queue.py
+    wait_queue: Annotated[int, Meta(ge=0, le=100_000)] = 64  # agent/serving/wait_queue.py
     wait_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     facade_bind: _Text | None = None
     anti_entropy_s: Annotated[float, Meta(ge=0.1, le=3600)] = 5.0
@@ -126,14 +126,6 @@ class _File(Struct, forbid_unknown_fields=True, frozen=True):
     plane: PlaneSettings | None = None
     engines: EnginesTable = EnginesTable()
     templates: Annotated[dict[str, dict[str, Any]], Meta(max_length=256)] = {}
-
-
-class EngineSpec(Struct, frozen=True):
-    """A model server this node routes to: `(name, kind, url)`."""
-
-    name: str
-    kind: str
-    url: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +178,7 @@ class AgentConfig:
 
     @property
     def runs_file(self) -> Path:
-        """The run book: the runs this node put its name to (`agent.run_book`)."""
+        """The run book: the runs this node put its name to (`agent.serving.run_book`)."""
         return self.home / "runs"
 
     @property

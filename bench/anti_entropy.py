@@ -37,7 +37,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 from _interleave import report
 
-from agent.repair import MARGIN_S, SETTLE_S, AntiEntropy
+from agent.cluster.repair import MARGIN_S, SETTLE_S, AntiEntropy
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.jobs import JobsStore, JobsWriter
 from broker.repair_reads import compared_keys

@@ -29,7 +29,7 @@ import psycopg
 from _interleave import report
 from psycopg_pool import AsyncConnectionPool
 
-from agent.plane_sync import BATCH
+from agent.plane_link.sync import BATCH
 from certs.identity import issue_node_cert, make_ca, new_key
 from plane.devserver import throwaway_postgres
 from plane.ids import new_id

@@ -6,7 +6,7 @@ tokens/s and at most 2 requests at once, so it holds a queue (`vllm:num_requests
 as soon as it gets its third of the traffic. A steady open-loop load (requests launched at
 a fixed rate whatever the answers, 8 tokens each) is routed by:
 - baseline: round-robin over the three;
-- subject: load-aware -- `agent.engine_load.LoadScraper` reads each engine's `/metrics`
+- subject: load-aware -- `agent.engines.load.LoadScraper` reads each engine's `/metrics`
   once a second and `scheduler.rank_replicas` picks a replica per request, with the pending
   count of each replica raised when a request is sent and lowered when it ends.
 Routing happens here, client-side, with the same functions the facade will call; the
@@ -37,7 +37,7 @@ from _interleave import report
 # The repository before this directory: bench/scheduler.py would hide the package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.engine_load import LoadScraper
+from agent.engines.load import LoadScraper
 from scheduler import ReplicaView, ReportedLoad, rank_replicas
 
 MODEL = "bench-model"

@@ -17,7 +17,7 @@ Cassandra's Merkle repair do, and exchange only what differs:
    twice changes nothing.
 
 A round where nothing differs costs one digest one way (~90 KB at 100,000 jobs: one entry
-per non-empty bucket) and a short answer; `agent.repair` reads a store's keys again only
+per non-empty bucket) and a short answer; `agent.cluster.repair` reads a store's keys again only
 when it changed (`bench/anti_entropy.py`).
 """
 

@@ -1,6 +1,6 @@
 """GPU inventory types: what a node record says about a node's devices and domains.
 
-They live in `broker` (node records are the broker's) and are filled by `agent.gpus`
+They live in `broker` (node records are the broker's) and are filled by `agent.engines.gpus`
 (discovery is the agent's), so the dependency points agent -> broker as DESIGN.md says.
 """
 

@@ -1,5 +1,5 @@
 """What anti-entropy reads from the Jobs store: keys and seqs, recent removals, records, and
-the runs of one origin's rows (what a new run book starts with, `agent.run_book`).
+the runs of one origin's rows (what a new run book starts with, `agent.serving.run_book`).
 
 Finished jobs about to be pruned and removals about to expire are left out of what is
 compared, on both sides alike (a finished job's age comes from its own `completedAt`), so a

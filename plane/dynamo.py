@@ -8,7 +8,7 @@ HTTP server, which discovers the workers of its graph) and one worker service fo
 kind, `VllmWorker` (`python3 -m dynamo.vllm`) or `SglangWorker` (`python3 -m dynamo.sglang`),
 with the deployment's replicas, GPUs per replica as its GPU limit, the tensor-parallel size,
 the model and the served name on its command line and the deployment's extra arguments after
-them, as the agent's own templates append them (`agent.templates`). The command line is an
+them, as the agent's own templates append them (`agent.engines.templates`). The command line is an
 argv (`command` + `args`), never a shell string, so an argument cannot become shell syntax.
 
 What a Kubernetes cluster decides for itself is left out: node choice (`constraints`), the

@@ -126,6 +126,133 @@ def import_cycles(root: Path, packages: Iterable[str]) -> list[str]:
     return report
 
 
+# The layers, bottom first (docs/architecture.md, "The map"): a module may import only from
+# its own layer and those before it. `agent.X` is the sub-package (or module) agent/X.
+LAYERS = (
+    "certs",
+    "scheduler",
+    "workload_manager",
+    "broker",
+    "plane",
+    "agent.core",
+    "agent.mock",
+    "agent.engines",
+    "agent.config",
+    "agent.cluster",
+    "agent.serving",
+    "agent.plane_link",
+    "agent.metrics",
+    "agent.apis",
+    "agent.app",
+    "agent.cli",
+    "agent",  # __init__ and __main__: `python -m agent`
+)
+
+# The pure cores: decisions without I/O, tested in memory. Nothing they load, directly or
+# through our other modules, may be an event loop, a web framework or a database driver.
+PURE_CORES = (
+    "workload_manager.relay",
+    "workload_manager.jsonrpc",
+    "workload_manager.outbox",
+    "broker.membership",
+    "broker.anti_entropy",
+    "broker.probing",
+    "broker.record_deltas",
+    "broker.signed_set",
+    "broker.channel",
+    "broker.restarts",
+    "scheduler.rank",
+    "scheduler.place",
+    "scheduler.replicas",
+    "scheduler.reconcile",
+    "plane.placement",
+    "agent.serving.wait_line",
+    "agent.serving.lifecycle",
+    "agent.serving.usage",
+    "agent.serving.rate_limit",
+)
+IMPURE = frozenset({"asyncio", "aiohttp", "sqlite3", "aiosqlite", "psycopg", "psycopg_pool"})
+
+
+def layer_of(module: str, layers: tuple[str, ...]) -> str:
+    """The longest layer name that is `module` or a package holding it."""
+    held = [layer for layer in layers if module == layer or module.startswith(layer + ".")]
+    assert held, f"{module} is in no layer: add it to LAYERS"
+    return max(held, key=len)
+
+
+def upward_imports(root: Path, packages: Iterable[str], layers: tuple[str, ...]) -> list[str]:
+    """Every import of a module from a layer after its own, with its line."""
+    modules = modules_of(root, packages)
+    rank = {layer: i for i, layer in enumerate(layers)}
+    found = []
+    for name, path in modules.items():
+        for edge in imports_of(name, path, modules):
+            source, target = layer_of(edge.source, layers), layer_of(edge.target, layers)
+            if rank[target] > rank[source]:
+                found.append(f"{edge.source}:{edge.line} -> {edge.target} ({source} < {target})")
+    return sorted(found)
+
+
+def impure_loads(root: Path, packages: Iterable[str], cores: Iterable[str]) -> list[str]:
+    """For each core, what it loads (itself or through our modules) of `IMPURE`."""
+    modules = modules_of(root, packages)
+    found = []
+    for core in cores:
+        seen, todo = {core}, [core]
+        while todo:
+            name = todo.pop()
+            for node in ast.walk(ast.parse(modules[name].read_text())):
+                if isinstance(node, ast.Import):
+                    loaded = {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    loaded = {node.module.split(".")[0]}
+                else:
+                    continue
+                found += [f"{core}: {name} imports {m}" for m in sorted(loaded & IMPURE)]
+            for edge in imports_of(name, modules[name], modules):
+                if edge.target not in seen:
+                    seen.add(edge.target)
+                    todo.append(edge.target)
+    return found
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    upward = upward_imports(ROOT, PACKAGES, LAYERS)
+    assert not upward, "imports from a later layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_import_that_goes_up(tmp_path: Path) -> None:
+    # The control for the test above: two layers, the lower one importing the upper.
+    (tmp_path / "low").mkdir()
+    (tmp_path / "high").mkdir()
+    (tmp_path / "low" / "__init__.py").write_text("")
+    (tmp_path / "high" / "__init__.py").write_text("")
+    (tmp_path / "low" / "base.py").write_text("def f():\n    from high import top\n")
+    (tmp_path / "high" / "top.py").write_text("from low import base\n")
+    assert upward_imports(tmp_path, ["low", "high"], ("low", "high")) == [
+        "low.base:2 -> high.top (low < high)"
+    ]
+    (tmp_path / "low" / "base.py").write_text("X = 1\n")
+    assert upward_imports(tmp_path, ["low", "high"], ("low", "high")) == []
+
+
+def test_the_pure_cores_load_no_event_loop_web_framework_or_database() -> None:
+    loads = impure_loads(ROOT, PACKAGES, PURE_CORES)
+    assert not loads, "pure cores loading I/O:\n" + "\n".join(loads)
+
+
+def test_the_purity_check_follows_our_imports(tmp_path: Path) -> None:
+    # The control: a core that is pure itself but imports a module of ours that loads aiohttp.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "core.py").write_text("import enum\nfrom pkg.helper import X\n")
+    (tmp_path / "pkg" / "helper.py").write_text("import aiohttp\nX = 1\n")
+    assert impure_loads(tmp_path, ["pkg"], ["pkg.core"]) == ["pkg.core: pkg.helper imports aiohttp"]
+    (tmp_path / "pkg" / "helper.py").write_text("X = 1\n")
+    assert impure_loads(tmp_path, ["pkg"], ["pkg.core"]) == []
+
+
 def test_no_import_cycle() -> None:
     cycles = import_cycles(ROOT, PACKAGES)
     assert not cycles, "import cycles (TYPE_CHECKING and lazy imports count):\n" + "\n".join(cycles)
@@ -175,7 +302,7 @@ def _loaded_after(statement: str, roots: tuple[str, ...]) -> str:
 @pytest.mark.parametrize(
     ("statement", "roots"),
     [
-        ("import agent.daemon", ("psycopg", "psycopg_pool")),
+        ("import agent.app.daemon", ("psycopg", "psycopg_pool")),
         ("import certs", ("aiohttp",)),
     ],
 )

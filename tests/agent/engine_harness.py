@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from agent.engine_proc import EngineSupervisor, LaunchSpec, ReplicaStatus
-from agent.templates import BUILTIN_TEMPLATES, LaunchTemplate, custom_template
+from agent.engines.supervisor import EngineSupervisor, LaunchSpec, ReplicaStatus
+from agent.engines.templates import BUILTIN_TEMPLATES, LaunchTemplate, custom_template
 from tests.workload_manager.cluster_harness import engine_ports
 
 __all__ = ["Harness", "open_harness", "serves", "state_of"]

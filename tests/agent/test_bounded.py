@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from agent.facade import facade_address
-from agent.node_api import JOIN_BURST
+from agent.apis.node import JOIN_BURST
+from agent.serving.facade import facade_address
 from workload_manager.sites import PerSourceRate
 
 from .harness import TIMEOUT, Node, eventually, make_node, start_cluster

@@ -1,11 +1,11 @@
-"""The workload manager's counts carried across restarts of the child (`agent.carried_counts`):
+"""The workload manager's counts carried across restarts of the child (`agent.metrics.carried`):
 what `/metrics` shows of them never falls while the agent lives."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.carried_counts import PEER_COUNTS, CarriedCounts, carried_status
+from agent.metrics.carried import PEER_COUNTS, CarriedCounts, carried_status
 
 
 def _status(accepted: int, sent: int, *, peer: str = "nod_b") -> dict[str, Any]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent import cli_http
-from agent.cli import main
-from agent.cli_http import CliError
+from agent.cli import calls as cli_http
+from agent.cli.calls import CliError
+from agent.cli.main import main
 from workload_manager.sites import start_site
 
 TOKEN = "s3cret-token"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.cluster.heartbeat import OwnRecord
 from agent.config import ConfigError, load_config
-from agent.gpus import simulate
-from agent.heartbeat import OwnRecord
-from agent.plane_sync import plane_settings
+from agent.engines.gpus import simulate
+from agent.plane_link.sync import plane_settings
 from tests.workload_manager.cluster_harness import free_port
 
 

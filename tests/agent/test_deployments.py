@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from agent.engine_ports import check_port
+from agent.engines.ports import check_port
 
 from .deploy_harness import engine_cluster, engine_pids, ready_everywhere, replicas
 from .harness import Node, eventually

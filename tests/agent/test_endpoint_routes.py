@@ -1,4 +1,4 @@
-"""The facade's endpoint routing table in memory (agent.endpoint_routes): host matching, the
+"""The facade's endpoint routing table in memory (agent.serving.endpoint_routes): host matching, the
 weighted split, a weight change on the next update, failover order and down marking, and
 tables that make no sense answered without a crash."""
 
@@ -10,13 +10,13 @@ from collections.abc import Iterable
 import msgspec
 import pytest
 
-from agent.endpoint_routes import (
+from agent.serving.endpoint_routes import (
     DOWN_S,
     EndpointRoutes,
     ready_in,
     request_host,
 )
-from agent.openai_routes import ROUTES, form_model, json_model, with_model
+from agent.serving.openai_routes import ROUTES, form_model, json_model, with_model
 from certs.ids import prefixed_ulid
 from plane.desired import DesiredState, Route, RouteTarget
 from scheduler.replicas import ReplicaView

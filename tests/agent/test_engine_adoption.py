@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine_ports import PortPool
-from agent.engine_proc import ReplicaState
-from agent.engine_proc_files import ProcRecord, ReplicaFiles, prune_stopped
-from agent.engine_proc_os import boot_id, identify
-from agent.engine_proc_state import NoFreePort
+from agent.engines.ports import PortPool
+from agent.engines.proc_files import ProcRecord, ReplicaFiles, prune_stopped
+from agent.engines.proc_os import boot_id, identify
+from agent.engines.proc_state import NoFreePort
+from agent.engines.supervisor import ReplicaState
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
 from tests.fixtures.waiting import eventually
 from tests.workload_manager.cluster_harness import free_port

@@ -18,13 +18,13 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from agent.config import ConfigError, load_config
-from agent.engine_auth import EngineAuth, EngineCredentials, credentials_from
-from agent.engine_kinds import ready_path
-from agent.engine_load import LoadScraper
-from agent.engine_version import ask_version
-from agent.engines import Engines
-from agent.mock_engine import MockEngine
-from agent.request_identity import current, identify, outgoing, passed_back
+from agent.core.request_identity import current, identify, outgoing, passed_back
+from agent.engines.auth import EngineAuth, EngineCredentials, credentials_from
+from agent.engines.kinds import ready_path
+from agent.engines.load import LoadScraper
+from agent.engines.registry import Engines
+from agent.engines.version import ask_version
+from agent.mock.engine import MockEngine
 
 KEY = "sk-engine-secret-0123456789"
 

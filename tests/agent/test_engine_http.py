@@ -1,4 +1,4 @@
-"""`agent.engine_http`: the facade's kept-alive client to local engines, against real servers
+"""`agent.engines.client`: the facade's kept-alive client to local engines, against real servers
 on 127.0.0.1 -- reuse, streaming, an engine that closes or lies, and the errors jobs see."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent import engine_http
-from agent.engine_http import EngineHttp
-from agent.job_errors import JobError, for_exception
+from agent.engines import client as engine_http
+from agent.engines.client import EngineHttp
+from agent.serving.job_errors import JobError
+from agent.serving.relay import for_exception
 from tests.workload_manager.cluster_harness import free_port
 
 Raw = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -13,7 +13,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.engine_load import (
+from agent.engines.load import (
     MAX_METRICS_BYTES,
     EngineLoad,
     EngineMetricsError,
@@ -21,7 +21,7 @@ from agent.engine_load import (
     ReplicaLoad,
     parse_engine_load,
 )
-from agent.mock_engine import MockEngine
+from agent.mock.engine import MockEngine
 from tests.fixtures.waiting import eventually
 from workload_manager.sites import start_site
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine_ports import (
+from agent.engines.ports import (
     Listener,
     PortCheck,
     PortPool,
@@ -25,9 +25,9 @@ from agent.engine_ports import (
     parse_listeners,
     socket_inode,
 )
-from agent.engine_proc import ReplicaState
-from agent.engine_proc_state import NoFreePort
-from agent.engine_ready import Ready, Waiting, describe_taken, serving_verdict
+from agent.engines.proc_state import NoFreePort
+from agent.engines.ready import Ready, Waiting, describe_taken, serving_verdict
+from agent.engines.supervisor import ReplicaState
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
 from tests.agent.harness import start_engine
 from tests.fixtures.waiting import eventually

@@ -11,10 +11,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.engine_proc import ReplicaState
-from agent.engine_proc_os import identify
-from agent.engine_proc_state import TooManyReplicas, UnknownTemplate
-from agent.templates import BUILTIN_TEMPLATES
+from agent.engines.proc_os import identify
+from agent.engines.proc_state import TooManyReplicas, UnknownTemplate
+from agent.engines.supervisor import ReplicaState
+from agent.engines.templates import BUILTIN_TEMPLATES
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
 from tests.fixtures.waiting import eventually
 

@@ -1,6 +1,6 @@
 """An engine that echoes the prompt in every error field: the client gets the engine's answer
 as it is, but the marker reaches no job, no log and no database -- a job's error is a phrase
-of the closed vocabulary (`agent.job_errors`). A real agent, real mock engines."""
+of the closed vocabulary (`agent.serving.job_errors`). A real agent, real mock engines."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agent.job_errors import JobError, for_exception
+from agent.serving.job_errors import JobError
+from agent.serving.relay import for_exception
 
 from .harness import Node, make_node, start_cluster, start_engine
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from agent.engines import Engines
-from agent.errors import MemberUnreachable
-from agent.facade import Facade
-from agent.gpus import simulate
-from agent.mock_engine import MockEngine
-from agent.view import SchedulingView
+from agent.core.errors import MemberUnreachable
+from agent.engines.gpus import simulate
+from agent.engines.registry import Engines
+from agent.mock.engine import MockEngine
+from agent.serving.facade import Facade
+from agent.serving.view import SchedulingView
 from scheduler.replicas import ReplicaView
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually

@@ -16,7 +16,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from agent.mock_engine_routes import TINY_PNG
+from agent.mock.routes import TINY_PNG
 
 from .harness import Engine, Node, eventually, make_node, module_engine, start_cluster
 

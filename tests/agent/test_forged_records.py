@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from agent.node_client import NodeClient
+from agent.cluster.node_client import NodeClient
 from broker.deployments import Deployment
 from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
 from broker.records import NodeRecord, RecordsPush, Removal

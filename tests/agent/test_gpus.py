@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agent.gpus import device_class, discover, parse_simulation, simulate, stable_id
+from agent.engines.gpus import device_class, discover, parse_simulation, simulate, stable_id
 from tests.fixtures.fake_pynvml import FakeGpu, fake_pynvml
 
 NODE = "nod_01jd8x3c5v0q2k9m4t7w1y6z8a"

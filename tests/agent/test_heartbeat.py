@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import pytest
 
+from agent.cluster.heartbeat import Heartbeat, OwnRecord
+from agent.cluster.members import Members
+from agent.cluster.node_client import NodeClient
 from agent.config import AgentConfig
-from agent.errors import MemberUnreachable
-from agent.heartbeat import Heartbeat, OwnRecord
-from agent.members import Members
-from agent.node_client import NodeClient
+from agent.core.errors import MemberUnreachable
 from broker.inventory import GpuInventory
 from broker.records import RecordsPush
 from tests.fixtures.waiting import eventually

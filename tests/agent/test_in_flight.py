@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.in_flight import KEEP_MS, InFlight
+from agent.serving.in_flight import KEEP_MS, InFlight
 from tests.fixtures.clock import FakeClock
 
 

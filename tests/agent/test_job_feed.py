@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from agent.job_feed import JobFeed, TooManyStreams
-from agent.ui_session import CODE_TTL_S, IDLE_S, MAX_CODES, MAX_SESSIONS, UiSessions
+from agent.apis.job_feed import JobFeed, TooManyStreams
+from agent.apis.page_session import CODE_TTL_S, IDLE_S, MAX_CODES, MAX_SESSIONS, UiSessions
 from tests.fixtures.records import workload_record
 from workload_manager.workload import Workload
 

@@ -1,4 +1,4 @@
-"""The job lifecycle's table in memory, no agents and no sockets (`agent.job_lifecycle`):
+"""The job lifecycle's table in memory, no agents and no sockets (`agent.serving.lifecycle`):
 every path a request's job takes, the records and methods each change announces byte for
 byte, every pair the table leaves out refused with the typed error, random event sequences,
 and docs/inference.md's table against the code's."""
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.facade_jobs import JobBook
-from agent.job_errors import JobError
-from agent.job_lifecycle import (
+from agent.serving.job_errors import JobError
+from agent.serving.jobs import JobBook
+from agent.serving.lifecycle import (
     EVENTS,
     SUBMITTED,
     TRANSITIONS,

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from agent.daemon import Agent
-from agent.job_feed import JobFeed
+from agent.apis.job_feed import JobFeed
+from agent.app.daemon import Agent
 from tests.agent.test_job_feed import record
 from tests.agent.test_local_api import call, event, started_solo
 from tests.fixtures.owner import owner

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from agent.keys_cli import parse_duration
+from agent.cli.keys import parse_duration
 
 
 def test_durations() -> None:

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from agent.errors import AgentError
-from agent.lifetime import Health, Tasks
+from agent.core.errors import AgentError
+from agent.core.lifetime import Health, Tasks
 from tests.fixtures.waiting import eventually
 
 

@@ -16,10 +16,10 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import agent_cli
-from agent.cli import main as cli_main
+from agent.app.daemon import Agent
+from agent.cli import agent as agent_cli
+from agent.cli.main import main as cli_main
 from agent.config import AgentConfig, load_config
-from agent.daemon import Agent
 from certs import ClusterDir
 from tests.fixtures.owner import owner
 from tests.fixtures.waiting import eventually

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from agent.daemon import Agent
-from agent.local_guard import TOKEN_FILE, issue_token, read_token, refusal
+from agent.apis.local_guard import TOKEN_FILE, issue_token, read_token, refusal
+from agent.app.daemon import Agent
 from tests.agent.test_local_api import call, event, started_solo
 from tests.fixtures.waiting import eventually
 

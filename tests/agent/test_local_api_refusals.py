@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from agent.daemon import Agent
+from agent.app.daemon import Agent
 from tests.agent.test_local_api import call, event, started_solo
 from tests.fixtures.records import workload_record
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import REPAIRS, AgentMetrics
-from agent.repair import RepairCounters
+from agent.cluster.repair import RepairCounters
+from agent.metrics.agent import REPAIRS, AgentMetrics
 from broker.inventory import GpuInventory
 from broker.jobs import JobsStore, JobsWriter
 from tests.fixtures.records import workload

@@ -29,11 +29,11 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metric_aliases import DEPRECATED
-from agent.metric_labels import OTHER, FirstSeen, bounded
-from agent.serving_metrics import ServingMetrics
-from agent.usage import Meter
-from agent.usage_metrics import NO_KEY, OUTCOMES, UsageMetrics
+from agent.core.metric_aliases import DEPRECATED
+from agent.core.metric_labels import OTHER, FirstSeen, bounded
+from agent.metrics.serving import ServingMetrics
+from agent.serving.usage import Meter
+from agent.serving.usage_metrics import NO_KEY, OUTCOMES, UsageMetrics
 from broker.deployments import Deployment
 from workload_manager.workload import Workload, WorkloadState
 

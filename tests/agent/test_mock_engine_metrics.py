@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine_load import EngineLoad, parse_engine_load
-from agent.mock_engine import MockEngine
+from agent.engines.load import EngineLoad, parse_engine_load
+from agent.mock.engine import MockEngine
 from tests.fixtures.waiting import eventually
 from tests.workload_manager.cluster_harness import free_port
 

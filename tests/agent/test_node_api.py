@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.errors import MemberRefused, MemberUnreachable
-from agent.node_api import NodeApi
-from agent.node_client import NodeClient
+from agent.apis.node import NodeApi
+from agent.cluster.node_client import NodeClient
+from agent.core.errors import MemberRefused, MemberUnreachable
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from broker.records import RecordsPush
 from certs import ClientContexts, ClusterDir, server_hostname_for

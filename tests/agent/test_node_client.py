@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.errors import MemberUnreachable
-from agent.node_client import NodeClient
+from agent.cluster.node_client import NodeClient
+from agent.core.errors import MemberUnreachable
 from broker.records import NodeRecord
 from certs import ClusterDir, ServerContexts
 from certs.identity import load_cert, new_key

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.openai_routes import ROUTES, BadBody, form_model, json_model, model_of
+from agent.serving.openai_routes import ROUTES, BadBody, form_model, json_model, model_of
 
 BOUNDARY = "b0undary-1234"
 FORM = f"multipart/form-data; boundary={BOUNDARY}"

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.errors import MemberUnreachable
-from agent.operations import (
+from agent.cluster.operations import (
     IllegalTransition,
     Operation,
     OperationRefused,
@@ -18,6 +17,7 @@ from agent.operations import (
     Step,
     drain_step,
 )
+from agent.core.errors import MemberUnreachable
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from agent.node_client import NodeClient
+from agent.cluster.node_client import NodeClient
 from broker.anti_entropy import Exchange
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from tests.agent.harness import Node, eventually, make_node, start_cluster

@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from agent.cluster.deployments import Deployments
 from agent.config import PlaneSettings
-from agent.deployments import Deployments
-from agent.observed import _drift
-from agent.plane_deployments import Declare, PlaneConverger, Scale, Undeploy, plan, request_for
-from agent.plane_down import DESIRED_FILE, PlaneDown
+from agent.engines.observed import _drift
+from agent.plane_link.deployments import Declare, PlaneConverger, Scale, Undeploy, plan, request_for
+from agent.plane_link.down import DESIRED_FILE, PlaneDown
 from broker.deployments import Deployment
 from plane.desired import DesiredDeployment, DesiredState
 from plane.ids import new_id

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.cli_http import CliError
-from agent.plane_objects_cli import _items, body_of, kind_path
+from agent.cli.calls import CliError
+from agent.cli.plane_objects import _items, body_of, kind_path
 
 
 def test_field_words_are_json_when_they_parse_and_dotted_names_nest() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from agent.gpus import simulate
-from agent.plane_events import CacheReports, ComponentReports, EventReports
-from agent.plane_ops import INTERRUPTED, PlaneOps
+from agent.engines.gpus import simulate
+from agent.plane_link.events import CacheReports, ComponentReports, EventReports
+from agent.plane_link.ops import INTERRUPTED, PlaneOps
 from broker.deployments import Deployment
 from broker.records import NodeRecord, Replica
 from certs.ids import new_node_id, prefixed_ulid

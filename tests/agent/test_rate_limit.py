@@ -1,5 +1,5 @@
-"""Per-key limits (`agent.rate_limit`, `agent.key_check`) with a fake clock: the sliding
-minute, each member's share, tokens counted after the request, and the answers a refused
+"""Per-key limits (`agent.serving.rate_limit`, `agent.serving.key_check`) with a fake clock:
+the sliding minute, each member's share, tokens counted after the request, and the answers a refused
 request gets."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.api_keys import ApiKeys, KeyExists, KeyRefused, KeyRequest
-from agent.key_check import KeyCheck
-from agent.rate_limit import KeyLimiter, Window
+from agent.cluster.api_keys import ApiKeys, KeyExists, KeyRefused, KeyRequest
+from agent.serving.key_check import KeyCheck
+from agent.serving.rate_limit import KeyLimiter, Window
 
 
 class Clock:
@@ -127,7 +127,7 @@ def test_revoked_and_static_keys(tmp_path: Path) -> None:
 
 
 def test_the_requesters_a_request_can_carry_with_their_models(tmp_path: Path) -> None:
-    # What /metrics keeps a series for (agent.usage_metrics): usable keys and static keys.
+    # What /metrics keeps a series for (agent.serving.usage_metrics): usable keys and static keys.
     wall = Clock(1_700_000_000.0)
     keys = _keys(tmp_path, wall)
     check = KeyCheck({"ops": "sk-static-123"}, keys, clock=wall)

@@ -1,11 +1,11 @@
-"""`agent.replica_logs`: whole lines only, within the bounds, and a rotation noticed."""
+"""`agent.engines.replica_logs`: whole lines only, within the bounds, and a rotation noticed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent import replica_logs
-from agent.replica_logs import MAX_BYTES, MAX_LINES, since, tail
+from agent.engines import replica_logs
+from agent.engines.replica_logs import MAX_BYTES, MAX_LINES, since, tail
 
 
 def test_tail_gives_the_last_whole_lines_and_the_unfinished_one(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The run book (`agent.run_book`): the runs a node put its name to, on disk in a file of
+"""The run book (`agent.serving.run_book`): the runs a node put its name to, on disk in a file of
 their own, so a node whose `jobs.db` is lost still knows which of its rows to ask back."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import StartupError
-from agent.run_book import RunBook, RunNotRecorded, open_run_book
+from agent.core.errors import StartupError
+from agent.serving.run_book import RunBook, RunNotRecorded, open_run_book
 from broker.jobs import JobsStore, JobsWriter
 from tests.fixtures.records import workload
 

@@ -1,4 +1,4 @@
-"""The agent's shell around the signed set (`agent.signed_facts`), on a kind made up for it
+"""The agent's shell around the signed set (`agent.cluster.signed_facts`), on a kind made up for it
 (`tests.fixtures.notes`) and real files: a corrupt file is set aside and the node starts
 without, instead of not starting; an edit is the next version, signed, bounded and saved
 (0600) where a restart reads it back."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.signed_facts import FactRefused, SignedFacts
+from agent.cluster.signed_facts import FactRefused, SignedFacts
 from broker.signed_set import SignedSet
 from tests.fixtures.clock import FakeClock
 from tests.fixtures.notes import CAPACITY, NOTE, Note

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConfigError, load_config
-from agent.templates import BUILTIN_TEMPLATES, LaunchSpec, TemplateError, custom_template, render
+from agent.engines.templates import (
+    BUILTIN_TEMPLATES,
+    LaunchSpec,
+    TemplateError,
+    custom_template,
+    render,
+)
 
 
 def _spec(**changes: object) -> LaunchSpec:

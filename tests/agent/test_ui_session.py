@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 from yarl import URL
 
-from agent.daemon import Agent
-from agent.ui_routes import SECURITY_HEADERS
+from agent.apis.page import SECURITY_HEADERS
+from agent.app.daemon import Agent
 from tests.agent.test_local_api import event, started_solo
 from tests.fixtures.owner import owner
 

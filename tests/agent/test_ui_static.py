@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-UI = Path(__file__).resolve().parents[2] / "agent" / "ui"
+from agent.apis.page import UI_DIR
+
+UI = UI_DIR  # the folder the local API serves the page from
 SCRIPTS = sorted(UI.glob("*.js"))
 
 

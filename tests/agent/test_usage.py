@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.usage import MAX_EVENT, StreamScanner, Usage, ask_for_usage, read_usage
-from agent.usage_store import UsageRow, UsageStore, UsageUnavailable
+from agent.serving.usage import MAX_EVENT, StreamScanner, Usage, ask_for_usage, read_usage
+from agent.serving.usage_store import UsageRow, UsageStore, UsageUnavailable
 
 CHAT = "/v1/chat/completions"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.usage_series import BUCKETS, MAX_SERIES, OTHER, usage_series
-from agent.usage_store import UsageRow, UsageStore
+from agent.apis.usage_series import BUCKETS, MAX_SERIES, OTHER, usage_series
+from agent.serving.usage_store import UsageRow, UsageStore
 
 NOW = 1_764_000_000_000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.wait_line import ABANDONED_S, RECHECK_S, Ticket, Turn, WaitLine
+from agent.serving.wait_line import ABANDONED_S, RECHECK_S, Ticket, Turn, WaitLine
 from tests.fixtures.clock import FakeClock
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from agent.job_errors import JobError
-from agent.job_lifecycle import Fail
-from agent.wait_line import Ticket
-from agent.wait_queue import WaitQueue, gave_up
+from agent.serving.job_errors import JobError
+from agent.serving.lifecycle import Fail
+from agent.serving.wait_line import Ticket
+from agent.serving.wait_queue import WaitQueue, gave_up
 from scheduler import Refusal
 from tests.fixtures.waiting import eventually
 

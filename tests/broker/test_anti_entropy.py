@@ -15,7 +15,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.repair import SETTLE_S, AntiEntropy
+from agent.cluster.repair import SETTLE_S, AntiEntropy
 from broker.anti_entropy import (
     Differences,
     Digest,

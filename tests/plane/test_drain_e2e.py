@@ -5,7 +5,7 @@ target's `nvpair ops` both saying succeeded. The same agents' components and nod
 events are in the plane's views.
 
 The operation travels down the desired-state channel (`GET /v1/desired`, fetched by
-agent/plane_down.py) and its phases come back up in the target's sync batches.
+agent/plane_link/down.py) and its phases come back up in the target's sync batches.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.cli_http import CliError
-from agent.render_cli import render_text
+from agent.cli.calls import CliError
+from agent.cli.render import render_text
 from plane.dynamo import (
     MAX_NAME,
     DynamoSettings,

@@ -4,7 +4,7 @@ deployments behind them (mock engines), and requests sent with the `openai` clie
 east facade are served as the routing table says -- in east, or forwarded to west.
 
 The routing table reaches the east agent through the desired-state channel where the tree
-has it (the plane's `GET /v1/desired`, fetched by agent/plane_down.py; the clusters then
+has it (the plane's `GET /v1/desired`, fetched by agent/plane_link/down.py; the clusters then
 converge the plane's deployments themselves). Without it, the test plays the channel: the
 deployments are declared in each cluster directly, the nodes' sync reports written as rows,
 and a refresh is the document the channel keeps (`$NVPAIR_HOME/plane-desired.json`, made of
@@ -52,7 +52,7 @@ class World:
     clusters: dict[str, str]  # name -> clu_ id
     key: str  # the tenant's plane key
     deployments: dict[str, str]  # workload (deployment) name -> dep_ id
-    channel: bool  # the plane serves GET /v1/desired (agent/plane_down.py fetches it)
+    channel: bool  # the plane serves GET /v1/desired (agent/plane_link/down.py fetches it)
     generation: int = 0
 
     async def table(self) -> list[Route]:

@@ -1,6 +1,6 @@
 """An engine that echoes the prompt in every error field, seen from the plane (issue 12): the
 failed jobs reach Postgres with their `error` a phrase of the closed vocabulary
-(`agent.job_errors`), and the prompt is in no row of any table nor in the plane's or the
+(`agent.serving.job_errors`), and the prompt is in no row of any table nor in the plane's or the
 agent's log. A real plane process on a real PostgreSQL, a real agent, real mock engines."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent.job_errors import JobError
+from agent.serving.job_errors import JobError
 from tests.agent.harness import Engine, Node, eventually, make_node, start_cluster, start_engine
 
 from .plane_process import PlaneProcess, point_at_plane

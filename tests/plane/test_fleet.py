@@ -110,7 +110,7 @@ async def test_two_clusters_in_one_fleet_view(tmp_path: Path, plane: PlaneProces
         assert listed[west]["revokedAt"] is not None
 
 
-SYNC_FAILED = "plane sync failed"  # agent/plane_sync.py logs it on every failed attempt
+SYNC_FAILED = "plane sync failed"  # agent/plane_link/sync.py logs it on every failed attempt
 OUTAGE_ROUNDS = 2  # the attempt-by-attempt retries are tests/plane/test_plane_sync.py's
 
 

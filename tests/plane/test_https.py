@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.config import PlaneSettings, load_config
-from agent.gpus import simulate
-from agent.plane_sync import PlaneSync
+from agent.engines.gpus import simulate
+from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
 from plane.devserver import free_port

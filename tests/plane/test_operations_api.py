@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from agent.config import PlaneSettings
-from agent.plane_events import machinery_reporters
-from agent.plane_sync import PlaneSync
+from agent.plane_link.events import machinery_reporters
+from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from plane import sync_machinery, workload_ops
 from plane._db import Conn

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import PlaneSettings
-from agent.gpus import simulate
-from agent.plane_sync import PlaneSync
+from agent.engines.gpus import simulate
+from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
 from plane.server import PlaneServer

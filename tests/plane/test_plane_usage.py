@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agent.config import PlaneSettings
-from agent.gpus import simulate
-from agent.plane_sync import PlaneSync
-from agent.usage_store import UsageRow, UsageStore
+from agent.engines.gpus import simulate
+from agent.plane_link.sync import PlaneSync
+from agent.serving.usage_store import UsageRow, UsageStore
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
 from plane._db import connection

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from agent.gpus import simulate
+from agent.engines.gpus import simulate
 from plane.errors import SyncRefused
 from plane.ids import new_id
 from plane.migrate import migrate

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.cli import main as nvpair
+from agent.cli.main import main as nvpair
 from plane.ids import new_id
 from plane.tenant_keys import mint_tenant_key
 from plane.tokens import hash_token

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine_load import parse_engine_load
+from agent.engines.load import parse_engine_load
 from tests.agent.deploy_harness import engine_cluster, engine_pids, replicas
 from tests.agent.harness import Node, eventually
 

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from agent.templates import BUILTIN_TEMPLATES
+from agent.engines.templates import BUILTIN_TEMPLATES
 
 from .test_llama_server import ENGINE_ARGS
 

@@ -1,0 +1,279 @@
+"""The node API on 14321: node records between members, and joining.
+
+Cluster mTLS like the workload manager's port, with one difference: a caller without a
+certificate completes the handshake (a certificate that is sent must still chain to the
+cluster CA), because a joiner has none yet. Every route but the join routes then requires a
+pinned caller (403 otherwise).
+
+- `GET /v1/cluster/ca` -- the CA certificate, for a joiner to check against its invite's
+  fingerprint before it sends anything secret.
+- `POST /v1/join` -- an invite's `JoinRequest`; answers the `JoinResponse` plus the records
+  this node holds, so the new member knows where its peers are. Only a CA holder admits.
+- `POST /v1/records` (pinned) -- a `RecordsPush`; answered with this node's own push, so one
+  round trip exchanges both views.
+- `POST /v1/forward`, `/v1/cordon`, `/v1/cancel` (pinned) -- a request placed here, a cordon
+  of this node, a forced drain's cancellations.
+- `POST /v1/repair/digest`, `/v1/repair/exchange` (pinned) -- anti-entropy rounds
+  (`broker.anti_entropy`): a digest in, the differing keys out; records both ways.
+- `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`broker.probing`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from agent.cluster.probes import Probes
+from agent.core.lifetime import SHUTDOWN_S
+from agent.serving.openai_routes import ROUTES, read_body
+from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
+from broker.api_keys import ApiKey
+from broker.probing import Ping, PingReq
+from broker.records import NodeRecord, RecordsPush, push_decoder
+from certs import (
+    ClusterDir,
+    InviteRefused,
+    JoinRequest,
+    NotCAHolder,
+    ServerContexts,
+    admit,
+)
+from certs.invites import Tombstone
+from workload_manager.guard import peer_node_id, pinned
+from workload_manager.sites import PerSourceRate, handler_bounds, start_site
+
+__all__ = ["JoinAnswer", "NodeApi"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY: Final = 4 * 1024 * 1024
+JOIN_BURST: Final = 20  # joins one source may try at once (a few nodes, a few typos)
+JOINS_PER_S: Final = 0.1  # then one each 10 s
+_join_decoder: Final = msgspec.json.Decoder(JoinRequest)
+
+
+class _Cordon(msgspec.Struct, frozen=True):
+    cordoned: bool
+
+
+class _Cancel(msgspec.Struct, frozen=True):
+    target: str
+
+
+_cordon_decoder: Final = msgspec.json.Decoder(_Cordon)
+_digest_decoder: Final = msgspec.json.Decoder(Digest)
+_exchange_decoder: Final = msgspec.json.Decoder(Exchange)
+_cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
+_ping_decoder: Final = msgspec.json.Decoder(Ping)
+_ping_req_decoder: Final = msgspec.json.Decoder(PingReq)
+_JSON: Final = "application/json"
+# msgspec gives up on JSON nested past Python's recursion limit (100,000 `{"a":`, even in a
+# field it skips) with a RecursionError, not a DecodeError: bad input all the same, a 400.
+_BAD_JSON: Final = (msgspec.DecodeError, RecursionError)
+
+
+class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
+    """What `POST /v1/join` answers."""
+
+    cert: str
+    ca: str
+    pins: list[str]
+    records: list[NodeRecord]
+    removed: list[Tombstone] = []
+    apiKeys: list[ApiKey] = []  # a joiner into a cluster with keys starts with them
+
+
+class NodeApi:
+    """The aiohttp server of the node API."""
+
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        *,
+        host: str | None,
+        port: int,
+        on_push: Callable[[RecordsPush, str], RecordsPush],
+        on_admitted: Callable[[], None],
+        records: Callable[[], list[NodeRecord]],
+        run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
+        on_cordon: Callable[[bool], None] = lambda cordoned: None,
+        on_cancel: Callable[[str], int] = lambda target: 0,
+        on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
+        on_exchange: Callable[[Exchange], Awaitable[ExchangeAnswer]] | None = None,
+        api_keys: Callable[[], list[ApiKey]] = list,
+        probes: Probes | None = None,
+    ) -> None:
+        self.probes = probes
+        self.api_keys = api_keys
+        self.on_digest = on_digest
+        self.on_exchange = on_exchange
+        self.run_here = run_here
+        self.on_cordon = on_cordon
+        self.on_cancel = on_cancel
+        self.cluster = cluster
+        self.contexts = ServerContexts(cluster, client_certificate="optional")
+        self.host = host
+        self.port = port
+        self.on_push = on_push
+        self.on_admitted = on_admitted
+        self.records = records
+        # /v1/join is open to strangers (an invite is checked inside): a few tries per source,
+        # then one each 10 s; refusals are logged at most one line per 10 s, with a count.
+        self._joins = PerSourceRate(per_s=JOINS_PER_S, burst=JOIN_BURST)
+        self._refusal_lines = PerSourceRate(per_s=0.1, burst=1)
+        self.joins_refused = 0
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_get("/v1/cluster/ca", self._ca)
+        app.router.add_post("/v1/join", self._join)
+        app.router.add_post("/v1/records", pinned(cluster.pins)(self._push))
+        app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
+        app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._cordon))
+        app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
+        app.router.add_post("/v1/repair/digest", pinned(cluster.pins)(self._repair_digest))
+        app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
+        app.router.add_post("/v1/members/ping", pinned(cluster.pins)(self._ping))
+        app.router.add_post("/v1/members/ping-req", pinned(cluster.pins)(self._ping_req))
+        # handler_cancellation: when the placing member's connection goes (its client hung
+        # up, a forced drain cancelled it), the forwarded request here is cancelled too, and
+        # with it the engine's generation -- no GPU time spent on an answer nobody reads.
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_S,
+            handler_cancellation=True,
+            **handler_bounds(),
+        )
+
+    async def start(self) -> int:
+        """Bind and serve; returns the port (OSError when it is in use)."""
+        self.port = await start_site(
+            self._runner, self.host, self.port, ssl_context=self.contexts.listening
+        )
+        return self.port
+
+    async def aclose(self) -> None:
+        """Stop serving."""
+        await self._runner.cleanup()
+
+    async def _ca(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.cluster.ca_crt.read_bytes(), content_type="application/x-pem-file"
+        )
+
+    def _refuse_join(self, source: str, why: str) -> None:
+        self.joins_refused += 1
+        if self._refusal_lines.allow("join"):
+            log.warning("refused a join from %s: %s (%d refused)", source, why, self.joins_refused)
+
+    async def _join(self, request: web.Request) -> web.Response:
+        source = request.remote or "?"
+        if not self._joins.allow(source):
+            self._refuse_join(source, "too many tries")
+            raise web.HTTPTooManyRequests(
+                text="too many joins from this address: try again later\n",
+                headers={"Retry-After": str(int(1 / JOINS_PER_S))},
+            )
+        if request.content_type != _JSON:
+            raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
+        try:
+            join = _join_decoder.decode(await request.read())
+        except _BAD_JSON as exc:
+            raise web.HTTPBadRequest(text=f"not a join request: {exc}\n") from None
+        try:
+            answer = admit(self.cluster, join)
+        except NotCAHolder:
+            raise web.HTTPConflict(
+                text="this member holds no CA key: join through a CA holder\n"
+            ) from None
+        except InviteRefused as exc:
+            self._refuse_join(source, str(exc))
+            raise web.HTTPForbidden(text=f"{exc}\n") from None
+        self.on_admitted()
+        body = JoinAnswer(
+            cert=answer.cert,
+            ca=answer.ca,
+            pins=answer.pins,
+            records=self.records(),
+            removed=answer.removed,
+            apiKeys=self.api_keys(),
+        )
+        return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        # A member placed a request here: run it on a local engine and stream the answer.
+        # The job's events are the placing member's to send (one writer per job).
+        # Each route's own body limit (an audio form's is over MAX_BODY), not aiohttp's.
+        path = request.headers.get("X-Nvpair-Path", "")
+        route = ROUTES.get(path)
+        if route is None or self.run_here is None:
+            raise web.HTTPBadRequest(text="X-Nvpair-Path names an inference route\n")
+        body = await read_body(request, route.limit)
+        if body is None:
+            raise web.HTTPRequestEntityTooLarge(route.limit, request.content_length or -1)
+        return await self.run_here(request, path, body)
+
+    async def _cordon(self, request: web.Request) -> web.Response:
+        # A member's cordon or drain operation targets this node: only it speaks for itself.
+        try:
+            cordoned = _cordon_decoder.decode(await request.read()).cordoned
+        except _BAD_JSON as exc:
+            raise web.HTTPBadRequest(text=f"not a cordon request: {exc}\n") from None
+        self.on_cordon(cordoned)
+        return web.json_response({"cordoned": cordoned})
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        # A forced drain: cancel what this node's facade placed on the target.
+        try:
+            target = _cancel_decoder.decode(await request.read()).target
+        except _BAD_JSON as exc:
+            raise web.HTTPBadRequest(text=f"not a cancel request: {exc}\n") from None
+        return web.json_response({"cancelled": self.on_cancel(target)})
+
+    async def _repair_digest(self, request: web.Request) -> web.Response:
+        # Anti-entropy from a member: its digest in, our keys where the stores differ out.
+        return await _repair(request, _digest_decoder, self.on_digest)
+
+    async def _repair_exchange(self, request: web.Request) -> web.Response:
+        return await _repair(request, _exchange_decoder, self.on_exchange)
+
+    async def _ping(self, request: web.Request) -> web.Response:
+        probes = self.probes
+        answer = (
+            None if probes is None else (lambda p: _now(probes.on_ping(p, peer_node_id(request))))
+        )
+        return await _repair(request, _ping_decoder, answer)
+
+    async def _ping_req(self, request: web.Request) -> web.Response:
+        answer = None if self.probes is None else self.probes.on_ping_req
+        return await _repair(request, _ping_req_decoder, answer)
+
+    async def _push(self, request: web.Request) -> web.Response:
+        if request.content_type != _JSON:
+            raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
+        try:
+            push = push_decoder.decode(await request.read())
+        except _BAD_JSON as exc:
+            raise web.HTTPBadRequest(text=f"not a records push: {exc}\n") from None
+        answer = self.on_push(push, peer_node_id(request))
+        return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
+
+
+async def _now(value: object) -> object:
+    return value
+
+
+async def _repair(
+    request: web.Request, decoder: Any, answer: Callable[[Any], Awaitable[object]] | None
+) -> web.Response:
+    if answer is None:
+        raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
+    try:
+        value = decoder.decode(await request.read())
+    except _BAD_JSON as exc:
+        raise web.HTTPBadRequest(text=f"not a repair request: {exc}\n") from None
+    return web.Response(body=msgspec.json.encode(await answer(value)), content_type=_JSON)

@@ -1,0 +1,407 @@
+"""The node daemon (`nvpair agent run`): the composition root.
+
+It builds the parts, wires each to the few callables it needs, starts them in order and
+stops them in reverse; it holds no policy of its own. The parts:
+
+- the Jobs store and its group-commit writer (`broker.jobs`);
+- the workload manager child (`broker.supervisor`), told its peers by `Members`;
+- `Members` (records, pins, tombstones; policy in `broker.membership`) and `Heartbeat`
+  (this node's own record, pushed to every member through `NodeClient`);
+- `Engines` (probed model servers), `SchedulingView`, `LoadPoller`, `Pruner`;
+- the servers: node API (mTLS), local API (loopback), facade;
+- `Operations` (cordon, drain) and, when enrolled in a plane, its `PlaneLink`.
+
+Every background task belongs to `Tasks`; a task that dies marks its part failing in
+`Health`, which `/healthz` reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from agent.apis.deployments import DeployPorts
+from agent.apis.local import LocalApi, LocalPorts
+from agent.apis.local_guard import issue_token
+from agent.apis.node import NodeApi
+from agent.apis.page import UiPorts
+from agent.apis.usage import usage_routes
+from agent.app.upkeep import LoadPoller, Pruner, gpu_reader
+from agent.cluster.api_keys import ApiKeys
+from agent.cluster.deployments import Deployments
+from agent.cluster.heartbeat import Heartbeat, OwnRecord
+from agent.cluster.members import SEEDS_FILE, Members, read_seeds
+from agent.cluster.node_client import NodeClient
+from agent.cluster.operations import Operations
+from agent.cluster.repair import AntiEntropy
+from agent.config import AgentConfig, port_in_use
+from agent.core.home import forget_state
+from agent.core.lifetime import Health, Tasks
+from agent.engines.auth import EngineAuth
+from agent.engines.gpus import node_inventory
+from agent.engines.load import LoadScraper
+from agent.engines.registry import Engines
+from agent.engines.replicas import ReplicaControl
+from agent.engines.supervisor import EngineSupervisor
+from agent.metrics.serving import serving_metrics
+from agent.plane_link.link import PlaneParts, plane_link, plane_routes
+from agent.serving.facade import Facade, facade_address
+from agent.serving.key_check import KeyCheck
+from agent.serving.run_book import open_run_book
+from agent.serving.usage_book import UsageBook
+from agent.serving.usage_metrics import known_to
+from agent.serving.view import ReplicaViews, SchedulingView
+from broker.errors import ManagerPortInUse
+from broker.jobs import JobsStore, JobsWriter
+from broker.record_signing import sign_record, sign_removal, sign_statement
+from broker.supervisor import ManagerSupervisor
+from certs import ClusterDir, write_atomic
+from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
+
+__all__ = ["Agent"]
+
+log = logging.getLogger(__name__)
+
+CLOSE_BOUND_S: Final = 8.0  # `aclose()` gives up waiting after this, whatever failed
+
+
+class Agent:
+    """One node. `start()` brings everything up; `aclose()` takes it down in order."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.cluster = ClusterDir(config.cluster_dir)
+        self.started_at = time.time()
+        self.health = Health()
+        self._stack = contextlib.AsyncExitStack()
+
+    async def start(self) -> None:
+        """Bring the node up. Raises `CertsError` without a cluster identity, `PortInUse`
+        when a port is taken; whatever started before the failure is stopped again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _start(self) -> None:
+        config, stack, health = self.config, self._stack, self.health
+        identity = self.cluster.load_identity()
+        self.node_id = node_id = identity.node.node_id
+        bind = os.environ.get("NVPAIR_BIND") or None
+
+        self.store = store = await JobsStore.open(config.jobs_db)
+        stack.push_async_callback(store.close)
+        self.writer = writer = await stack.enter_async_context(JobsWriter(store))
+        health.watch("jobs-store", writer.problem)
+        usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
+        health.watch("usage-store", lambda: usage.store.problem)
+
+        gpus = node_inventory(node_id, config.simulate_gpus)
+
+        self.supervisor = supervisor = ManagerSupervisor(
+            store=store,
+            writer=writer,
+            port=config.manager_port,
+            cluster_dir=self.cluster.path,
+            log_level=config.log_level,
+            extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
+        )
+        health.watch("workload-manager", supervisor.problem)
+
+        def known_changed() -> None:
+            # A deployment or key declared here or learnt from a member: in the next push at
+            # once, and its series in /metrics at zero before its first request.
+            heartbeat.push_now()
+            usage.metrics.sync()
+
+        deployments = Deployments(
+            config.home,
+            sign=lambda d: sign_statement(d, identity.key, identity.cert),
+            on_change=known_changed,
+        )
+        api_keys = ApiKeys.signed_by(identity, config.home, known_changed)
+        self.members = members = Members(
+            self.cluster,
+            self_id=node_id,
+            ca=identity.ca,
+            unreachable_after_s=3 * config.heartbeat_s,
+            set_peers=supervisor.set_peers,
+            sign=lambda removal: sign_removal(removal, identity.key, identity.cert),
+            deployments=deployments,
+            api_keys=api_keys,
+            on_records=usage.metrics.sync,  # an engine's model came or went
+        )
+        client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
+        stack.push_async_callback(client.aclose)
+        auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
+        # An engine that changes is in the next record at once (heartbeat is bound below).
+        engines = Engines(config.engines, on_change=lambda: heartbeat.push_now(), auth=auth)
+        stack.push_async_callback(engines.aclose)
+        key = identity.key
+        started = False
+        self.own = own = OwnRecord(
+            config,
+            node_id,
+            gpus,
+            lambda: engines.current,
+            sign=lambda record: sign_record(record, key),
+            replicas=lambda: control.replicas() if started else [],
+        )
+        members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
+        control, scraper = self._replica_parts(deployments, own, lambda: heartbeat.push_now())
+        started = True  # the record carries replicas from here on
+        read_gpus = None if config.simulate_gpus else gpu_reader(node_id)
+        heartbeat = Heartbeat(
+            own=own,
+            members=members,
+            client=client,
+            interval_s=config.heartbeat_s,
+            read_gpus=read_gpus,
+        )
+        load = LoadPoller(self._remote_load, on_refresh=lambda: facade.waits.poke())
+        view = SchedulingView(
+            self_id=node_id,
+            records=members.records,
+            record_of=members.record,
+            is_member=members.is_member,
+            reachable=members.reachable,
+            remote_load=lambda: load.remote,
+        )
+        keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
+        usage.metrics.follow(known_to(deployments, view, keys))
+        facade_host, facade_why = facade_address(config.facade_bind, bind, keys.in_use())
+        self.facade = facade = Facade(
+            node_id=node_id,
+            view=view,
+            engines=engines,
+            forward=client.forward,
+            replicas=ReplicaViews(
+                self_id=node_id,
+                records=members.records,
+                reachable=members.reachable,
+                deployment_of=deployments.get,
+            ).current,
+            replica_url=control.url_of,
+            submit=self.submit,
+            host=facade_host,
+            port=config.facade_port,
+            api_keys=dict(config.api_keys),
+            key_check=keys,
+            queue_limit=config.queue_limit,
+            wait=config.wait,
+            on_usage=usage.record,
+        )
+        runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
+        tasks = Tasks(health)
+        self.operations = operations = Operations(
+            self_id=node_id,
+            requester=config.name,
+            is_known=lambda target: members.record(target) is not None,
+            cordon_here=heartbeat.set_cordon,
+            cordon_member=client.cordon,
+            active_on=self._active_on,
+            cancel_here=facade.cancel_on,
+            cancel_member=client.cancel,
+            peers=lambda: [r.nodeId for r in members.peers()],
+            spawn=tasks.spawn,
+        )
+
+        def remove_member(target: str) -> None:
+            members.remove(target)
+            heartbeat.push_now()
+
+        repair = AntiEntropy(
+            node_id=node_id,
+            store=store,
+            writer=writer,
+            peers=members.reachable_peers,
+            digest_at=client.repair_digest,
+            exchange_at=client.repair_exchange,
+            retention_h=config.job_retention_h,
+            interval_s=config.anti_entropy_s,
+            relay=lambda record: supervisor.send_event(METHOD_FOR_STATE[record.state], record),
+            relay_removal=supervisor.send_removal,
+            own_run=runs.holds,  # only rows of its own runs are asked back
+        )
+        node_api = NodeApi(
+            self.cluster,
+            host=bind,
+            port=config.node_port,
+            on_push=facade.waits.after(members.on_push),  # load reports: waiters look
+            on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
+            records=members.records,
+            run_here=facade.run_forwarded,
+            on_cordon=heartbeat.set_cordon,
+            on_cancel=facade.cancel_on,
+            on_digest=repair.answer_digest,
+            on_exchange=repair.answer_exchange,
+            api_keys=api_keys.all,
+            probes=heartbeat.probes,
+        )
+        link = plane_link(
+            config.plane,
+            home=config.home,
+            identity=identity,
+            store=store,
+            writer=writer,
+            record=lambda: own.current,
+            usage=usage.store,
+            parts=PlaneParts(deployments, operations, facade, members, control),
+        )
+        self.local_api = local_api = LocalApi(
+            LocalPorts(
+                node_id=node_id,
+                name=config.name,
+                started_at=self.started_at,
+                health=health,
+                manager=supervisor,
+                store=store,
+                writer=writer,
+                members=members,
+                pins=self.cluster.pins,
+                view=view,
+                operations=operations,
+                gpus=lambda: own.gpus,
+                submit=self.submit,
+                remove_job=self.remove_job,
+                remove_member=remove_member,
+                record_run=runs.remember,
+                plane=lambda: None if link is None else link.counters(),
+                repairs=lambda: dataclasses.asdict(repair.counters),
+                deployments=DeployPorts(deployments, control, members, facade.pending),
+                routes=[*usage_routes(usage), *plane_routes(link)],
+                ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
+            ),
+            port=config.api_port,
+            token=issue_token(config.home),  # fresh each start, on disk before it listens
+        )
+
+        # Closed in reverse: background loops first, then the facade (its requests end and
+        # their jobs are told while the manager still runs), the APIs, then the manager.
+        stack.push_async_callback(supervisor.aclose)
+        # Bind every port before anything talks to the network, so a port in use ends the
+        # start at once; the manager's port is the child's, checked as it starts.
+        stack.push_async_callback(node_api.aclose)
+        await _bind("node_port", config.node_port, node_api.start())
+        stack.push_async_callback(local_api.aclose)
+        await _bind("api_port", config.api_port, local_api.start())
+        stack.push_async_callback(facade.aclose)
+        await _bind("facade_port", config.facade_port, facade.start())
+        log.info("facade listening on %s:%d (%s)", facade.host or "*", facade.port, facade_why)
+        stack.push_async_callback(tasks.aclose)
+        supervisor.set_peers(members.manager_peers())
+        try:
+            await supervisor.start()
+        except ManagerPortInUse:
+            raise port_in_use("manager_port", config.manager_port) from None
+        await engines.probe()  # engines in the first record, before requests are placed
+        await control.start()  # what a previous agent left running, adopted or stopped
+        stack.push_async_callback(control.aclose)
+        stack.push_async_callback(scraper.aclose)
+
+        tasks.spawn("heartbeat", heartbeat.run())
+        tasks.spawn("engines", engines.run())
+        tasks.spawn("load", load.run())
+        tasks.spawn("replicas", control.run())
+        tasks.spawn("engine-load", scraper.run())
+        pruner = Pruner(
+            lambda older_ms, before: store.prune(older_than_ms=older_ms, removed_before=before),
+            retention_h=config.job_retention_h,
+        )
+        tasks.spawn("prune", pruner.run())
+        tasks.spawn("anti-entropy", repair.run())
+        for name, loop in ({} if link is None else link.loops).items():
+            tasks.spawn(name, loop())
+        local_api.registry.register(usage.metrics)
+        local_api.registry.register(serving_metrics(facade, control, deployments, view))
+        self._write_state(local_api.url)
+        log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
+
+    async def aclose(self) -> None:
+        """Stop everything, the workload manager child included, within a bound."""
+        try:
+            async with asyncio.timeout(CLOSE_BOUND_S):
+                await self._stack.aclose()
+        except TimeoutError:
+            log.error("the agent did not stop within %.0fs; leaving anyway", CLOSE_BOUND_S)
+
+    def _replica_parts(
+        self, deployments: Deployments, own: OwnRecord, push: Callable[[], None]
+    ) -> tuple[ReplicaControl, LoadScraper]:
+        """The engine supervisor, the replica controller over it, and the load scraper."""
+        config, members = self.config, self.members
+        launch = config.launch
+
+        def changed() -> None:  # an engine moved: a round soon, and the record at once
+            control.engines_changed()
+            push()
+
+        engine_supervisor = EngineSupervisor(
+            config.home,
+            templates={t.name: t for t in launch.templates},
+            port_range=launch.port_range,
+            stop_grace_s=launch.stop_grace_s,
+            on_change=changed,
+        )
+        scraper = LoadScraper(lambda: control.urls(), auth=self.engine_auth)
+        control = ReplicaControl(
+            config.home,
+            self_id=self.node_id,
+            supervisor=engine_supervisor,
+            deployments=deployments.live,
+            records=members.records,
+            reachable=lambda n: members.reachable(n, time.monotonic()),
+            gpus=lambda: own.gpus,
+            cordoned=lambda: own.cordoned,
+            loads=scraper.current,
+            name=config.name,
+            auth=self.engine_auth,
+            on_change=push,
+        )
+        return control, scraper
+
+    # -- the few things parts share -----------------------------------------------------------
+
+    def submit(self, method: str, record: Workload) -> None:
+        """A local lifecycle event: into our Jobs store and out to the cluster."""
+        self.writer.upsert(record)
+        self.supervisor.send_event(method, record)
+
+    async def remove_job(self, removal: WorkloadRemoval) -> None:
+        """A local removal: out to the cluster and into our Jobs store, returning once it is
+        committed there (`StoreUnavailable` when it cannot be in time; it is still kept)."""
+        self.supervisor.send_removal(removal)
+        await self.writer.remove_durable(removal)
+
+    async def _remote_load(self) -> dict[str, int]:
+        # Others' queued and running jobs by node, from the shared Jobs view.
+        await self.writer.flush()
+        return await self.store.running_by_node(exclude_origin=self.node_id)
+
+    async def _active_on(self, target: str) -> list[str]:
+        await self.writer.flush()
+        return await self.store.active_on(target)
+
+    def _write_state(self, api_url: str) -> None:
+        state = self.config.state_file
+        about = {"api": api_url, "pid": os.getpid(), "nodeId": self.node_id}
+        write_atomic(state, json.dumps(about).encode())  # 0600: where the CLI sends its calls
+        self._stack.callback(forget_state, state)
+
+
+async def _bind(setting: str, port: int, start: Awaitable[Any]) -> None:
+    try:
+        await start
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise port_in_use(setting, port) from None
+        raise

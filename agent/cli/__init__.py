@@ -1,0 +1,1 @@
+"""The `nvpair` command line: each command group, and how commands reach the running agent."""

@@ -1,0 +1,391 @@
+"""`nvpair agent run`, `nvpair jobs`, `nvpair nodes`, `nvpair cluster join|remove`.
+
+Commands other than `agent run` and `join` find their agent through `NVPAIR_HOME`: the
+running agent writes its local API address to `$NVPAIR_HOME/agent.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+from agent.app.run import run_agent
+from agent.cli import calls as cli_http
+from agent.config import ConfigError, load_config, nvpair_home
+from certs import ClusterDir
+from workload_manager.sites import Bounds, raise_open_files_limit
+
+__all__ = ["add_commands"]
+
+PAGE = 1000  # jobs per local-API call of `nvpair jobs`
+
+_LEVELS = {
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
+
+
+def add_commands(commands: Any, cluster_sub: Any) -> None:
+    """Register the agent's commands on the top-level and `cluster` parsers."""
+    agent = commands.add_parser("agent", help="the node daemon")
+    agent_sub = agent.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", required=True)
+    run = agent_sub.add_parser("run", help="run this node's agent until stopped")
+    run.add_argument("--name", help="this node's name (default: the host name)")
+    run.add_argument(
+        "--advertise",
+        metavar="HOST[:M,N,F]",
+        help="address peers use (default 127.0.0.1), and the manager, node and facade ports "
+        "they use when not the listening ones (NAT, port forwards, containers)",
+    )
+    for flag in ("manager", "node", "api", "facade"):
+        run.add_argument(f"--{flag}-port", type=int, dest=f"{flag}_port", metavar="N")
+    run.add_argument("--simulate-gpus", metavar="SPEC", help='e.g. "h100-80gb-sxm:8,l4:2"')
+    run.add_argument("--log-level", choices=tuple(_LEVELS))
+    run.add_argument(
+        "--engine",
+        action="append",
+        metavar="KIND=URL",
+        help="a model server, e.g. vllm=http://127.0.0.1:8000 (repeatable)",
+    )
+    run.set_defaults(run=_agent_run)
+
+    node = commands.add_parser("node", help="cordon, uncordon or drain a member")
+    node_sub = node.add_subparsers(dest="node_command", metavar="SUBCOMMAND", required=True)
+    for kind, help_text in (
+        ("cordon", "stop placing new work on a node"),
+        ("uncordon", "place work on a node again"),
+        ("drain", "cordon a node and wait for its jobs to finish"),
+    ):
+        op = node_sub.add_parser(kind, help=help_text)
+        op.add_argument("target", metavar="NODE")
+        op.add_argument("--reason", default="")
+        if kind == "drain":
+            op.add_argument("--timeout", type=_seconds, default=600.0, help="e.g. 10m (default)")
+            op.add_argument(
+                "--force", action="store_true", help="cancel what is left at the timeout"
+            )
+        op.set_defaults(run=_operation, kind=kind)
+    ops = commands.add_parser("ops", help="operations and their phases")
+    ops.add_argument("--json", action="store_true")
+    ops.set_defaults(run=_ops)
+
+    explain = commands.add_parser(
+        "explain",
+        help="why a request for MODEL goes where, or why a deployment's replica is not placed",
+    )
+    explain.add_argument("model", metavar="MODEL", nargs="?")
+    explain.add_argument("--deployment", metavar="NAME", help="why (not) on each member")
+    explain.add_argument("--node", metavar="NODE", help="with --deployment: only this member")
+    explain.add_argument("--json", action="store_true")
+    explain.set_defaults(run=_explain)
+
+    jobs = commands.add_parser("jobs", help="the Jobs list, as this member sees it")
+    jobs.add_argument("--state", choices=("queued", "running", "completed", "failed", "cancelled"))
+    jobs.add_argument("--node", metavar="NODE_ID", help="jobs that run or ran on this node")
+    jobs.add_argument("--watch", action="store_true", help="refresh every 2 s")
+    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--all", action="store_true", help="every job, page by page")
+    jobs.add_argument(
+        "--usage", action="store_true", help="tokens and times ('-': originated elsewhere)"
+    )
+    jobs.set_defaults(run=_jobs)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND")
+    remove_job = jobs_sub.add_parser("remove", help="remove a job this node originated")
+    remove_job.add_argument("job_id", metavar="ID")
+    remove_job.set_defaults(run=_remove_job)
+
+    nodes = commands.add_parser("nodes", help="members, reachability and GPUs")
+    nodes.add_argument("--json", action="store_true")
+    nodes.set_defaults(run=_nodes)
+
+    join = cluster_sub.add_parser("join", help="join a cluster through a member: HOST:PORT TOKEN")
+    join.add_argument("address", metavar="HOST:PORT", help="a CA holder's node API (port 14321)")
+    join.add_argument("token", metavar="TOKEN")
+    join.add_argument("--name", help="this node's name (default: the host name)")
+    join.add_argument("--san", action="append", default=[], help="DNS name or IP of this node")
+    join.set_defaults(run=_join)
+
+    remove = cluster_sub.add_parser("remove", help="remove a member from every member")
+    remove.add_argument("node_id", metavar="NODE")
+    remove.set_defaults(run=_remove)
+
+
+# -- agent run ----------------------------------------------------------------------------------
+
+
+def _agent_run(args: argparse.Namespace) -> int:
+    home = nvpair_home()
+    try:
+        config = load_config(
+            home,
+            {
+                "name": args.name,
+                "advertise": args.advertise,
+                "manager_port": args.manager_port,
+                "node_port": args.node_port,
+                "api_port": args.api_port,
+                "facade_port": args.facade_port,
+                "simulate_gpus": args.simulate_gpus,
+                "log_level": args.log_level,
+                "engines": args.engine,
+            },
+        )
+    except ConfigError as exc:
+        print(f"nvpair: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=_LEVELS[config.log_level],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    limit = raise_open_files_limit()
+    logging.getLogger(__name__).info(
+        "open files: %d; each listener holds at most %d connections",
+        limit,
+        Bounds.from_env().max_connections,
+    )
+    return run_agent(config)
+
+
+# -- commands that talk to the running agent ----------------------------------------------------
+
+
+def _get(path: str) -> Any:
+    return cli_http.get(path)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    filters = (("state", args.state), ("node", args.node))
+    query = "".join(f"&{k}={urllib.parse.quote(v)}" for k, v in filters if v)
+    while True:
+        jobs, more = _job_pages(query, every=args.all)
+        if more:  # never stop silently at a page: say how to see the rest
+            print(
+                f"nvpair: the newest {len(jobs)} jobs shown; there are more (--all for every one)",
+                file=sys.stderr,
+            )
+        usage = _usage_of(jobs) if args.usage else {}
+        if args.json:
+            for job in jobs if args.usage else ():
+                job["usage"] = usage.get(f"{job['runId']}/{job['id']}")
+            print(json.dumps(jobs, indent=2))
+        else:
+            rows = [["ID", "STATE", "MODEL", "FROM", "ON", "CREATED", "ERROR"]]
+            rows[0] += USAGE_COLUMNS if args.usage else []
+            for job in jobs:
+                created = time.strftime("%H:%M:%S", time.localtime(job["createdAt"] / 1000))
+                rows.append(
+                    [job["id"], job["state"], job["model"], job["originatedFrom"][-8:],
+                     (job.get("scheduledOn") or "-")[-8:], created, (job.get("error") or "")[:40]]
+                )  # fmt: skip
+                if args.usage:
+                    held = usage.get(f"{job['runId']}/{job['id']}") or {}
+                    rows[-1] += [_count(held.get(k)) for k in USAGE_FIELDS]
+            print(cli_http.table(rows))
+        if not args.watch:
+            return 0
+        time.sleep(2)
+        print()
+
+
+USAGE_COLUMNS = ["PROMPT", "COMPLETION", "TTFT_MS", "TOTAL_MS"]
+USAGE_FIELDS = ("promptTokens", "completionTokens", "ttftMs", "totalMs")
+
+
+def _usage_of(jobs: list[Any]) -> dict[str, Any]:
+    """Usage of the jobs this member originated (kept on the origin only), by `runId/id`."""
+    keys = [[j["runId"], j["id"]] for j in jobs]
+    found: dict[str, Any] = {}
+    for start in range(0, len(keys), 10_000):
+        found |= cli_http.post("/v1/usage", {"jobs": keys[start : start + 10_000]})["usage"]
+    return found
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _job_pages(query: str, *, every: bool) -> tuple[list[Any], bool]:
+    """The first page of the Jobs list, or every page when `every`; and whether more remain."""
+    page = _get(f"/v1/jobs?page=1&limit={PAGE}{query}")
+    jobs: list[Any] = list(page["jobs"])
+    while every and page["next"] is not None:
+        after = urllib.parse.quote(page["next"])
+        page = _get(f"/v1/jobs?limit={PAGE}&after={after}{query}")
+        jobs += page["jobs"]
+    return jobs, page["next"] is not None
+
+
+def _remove_job(args: argparse.Namespace) -> int:
+    job_id = urllib.parse.quote(args.job_id, safe="")
+    answer = cli_http.post(f"/v1/jobs/{job_id}/remove")  # CliError: `main` prints it, exit 1
+    done = "was already removed" if answer.get("already") else "removed; the members follow"
+    print(f"job {args.job_id} {done}")
+    return 0
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    nodes = _get("/v1/nodes")
+    if args.json:
+        print(json.dumps(nodes, indent=2))
+        return 0
+    rows = [["NODE ID", "NAME", "REACHABLE", "CORDONED", "GPUS", "MEMORY FREE/TOTAL", "UTIL"]]
+    for node in nodes:
+        devices = node.get("devices", [])
+        free = sum(d["memoryFree"] for d in devices) / 1024**3
+        total = sum(d["memoryTotal"] for d in devices) / 1024**3
+        util = [d["utilization"] for d in devices if d.get("utilization") is not None]
+        classes = sorted({d["deviceClass"] for d in devices})
+        rows.append(
+            [node["nodeId"], node["name"], "yes" if node["reachable"] else "NO",
+             "yes" if node.get("cordoned") else "no",
+             f"{len(devices)} {','.join(classes)}" if devices else "0",
+             f"{free:.0f}/{total:.0f} GiB" if devices else "-",
+             f"{sum(util) / len(util):.0f}%" if util else "-"]
+        )  # fmt: skip
+    print(cli_http.table(rows))
+    return 0
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    if text and text[-1] in units and text[:-1].isdigit():
+        return float(int(text[:-1]) * units[text[-1]])
+    if text.isdigit():
+        return float(text)
+    raise argparse.ArgumentTypeError(f"not a duration like 90s, 10m or 1h: {text!r}")
+
+
+def _post(path: str, body: Any) -> Any:
+    return cli_http.post(path, body)
+
+
+def _operation(args: argparse.Namespace) -> int:
+    body = {"kind": args.kind, "target": args.target, "reason": args.reason}
+    if args.kind == "drain":
+        body |= {"timeoutS": args.timeout, "force": args.force}
+    op = _post("/v1/ops", body)
+    print(f"{op['id']}: {op['kind']} {op['target']} {op['phase']}")
+    last = None
+    while op["phase"] in ("pending", "running"):
+        time.sleep(0.2)  # a local call; a cordon usually ends within one
+        op = next(o for o in _get("/v1/ops") if o["id"] == op["id"])
+        line = f"  {op['phase']}: {op.get('waitingFor') or ''}".rstrip()
+        if line != last:
+            print(line)
+            last = line
+    print(f"{op['id']}: {op['phase']} - {op.get('result') or ''}")
+    return 0 if op["phase"] == "succeeded" else 1
+
+
+def _ops(args: argparse.Namespace) -> int:
+    ops = _get("/v1/ops")
+    if args.json:
+        print(json.dumps(ops, indent=2))
+        return 0
+    rows = [["ID", "KIND", "TARGET", "PHASE", "WAITING FOR / RESULT"]]
+    rows += [
+        [
+            o["id"],
+            o["kind"],
+            o["target"][-8:],
+            o["phase"],
+            o.get("waitingFor") or o.get("result") or "",
+        ]
+        for o in ops
+    ]
+    print(cli_http.table(rows))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    if args.deployment:
+        return _explain_deployment(args.deployment, args.node or "", as_json=args.json)
+    if not args.model:
+        raise cli_http.CliError("explain needs a MODEL or --deployment NAME")
+    model = urllib.parse.quote(args.model)
+    result = _get("/v1/explain?model=" + model)
+    replicas = _get("/v1/explain/replicas?model=" + model)
+    if args.json:
+        print(json.dumps({**result, "replicas": replicas}, indent=2))
+        return 0
+    if replicas["deployment"]:  # a deployment's model is routed per replica, on engine load
+        rows = [["RANK", "REPLICA", "NODE", "SCORE / REASON", "RUNNING", "WAITING", "SENT"]]
+        rows += [
+            [str(n + 1), e["replica"], e["node"], f"{e['score']:.3f}", _figure(e["running"]),
+             _figure(e["waiting"]), str(e["pending"])]
+            for n, e in enumerate(replicas["ranked"])
+        ]  # fmt: skip
+        rows += [
+            ["-", e["replica"], e["node"], e["reason"], "", "", ""] for e in replicas["refused"]
+        ]
+        print(f"{args.model} is a deployment: each request goes to the best replica")
+        print(cli_http.table(rows))
+        return 0
+    rows = [["RANK", "NODE", "SCORE / REASON"]]
+    rows += [
+        [str(n + 1), entry["nodeId"], f"{entry['score']:.3f}"]
+        for n, entry in enumerate(result["ranked"])
+    ]
+    rows += [["-", entry["nodeId"], entry["reason"]] for entry in result["refused"]]
+    print(cli_http.table(rows))
+    return 0
+
+
+def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
+    query = "?node=" + urllib.parse.quote(node) if node else ""
+    result = _get(f"/v1/deployments/{urllib.parse.quote(name, safe='')}/explain{query}")
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    rows = [["NODE", "ID", "HOLDS", "A REPLICA MORE HERE NOW"]]
+    rows += [
+        [e["node"], e["nodeId"], str(e["replicas"]), e["reason"] or "can be placed"]
+        for e in result["nodes"]
+    ]
+    print(cli_http.table(rows))
+    for why in result["unplaced"]:
+        print(f"\nunplaced in this node's last plan: {why}")
+    return 0
+
+
+def _figure(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _remove(args: argparse.Namespace) -> int:
+    node_id = urllib.parse.quote(args.node_id, safe="")
+    cli_http.post(f"/v1/members/{node_id}/remove")  # CliError: `main` prints it, exit 1
+    print(f"removed {args.node_id}: every member unpins it within a heartbeat")
+    return 0
+
+
+# -- join ---------------------------------------------------------------------------------------
+
+
+def _join(args: argparse.Namespace) -> int:
+    import socket
+
+    cluster = ClusterDir(nvpair_home() / "cluster")
+    if cluster.has_identity():
+        print(f"nvpair: {cluster.path} already holds a cluster identity", file=sys.stderr)
+        return 1
+    # Imported here: the join's HTTP client loads aiohttp, which no other command here needs.
+    from agent.cli.join import JoinFailed, join_over_network
+
+    try:
+        answer = join_over_network(
+            args.address, args.token, args.name or socket.gethostname(), args.san, cluster
+        )
+    except JoinFailed as exc:
+        print(f"nvpair: join failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"joined as {answer}; start the node with `nvpair agent run`")
+    return 0

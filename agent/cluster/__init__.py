@@ -1,0 +1,1 @@
+"""This node's side of the cluster: membership, heartbeat, probes, repair, operations, its facts."""

@@ -1,0 +1,107 @@
+"""This node's copy of the cluster's deployments: declared here or learnt from members,
+kept in `$NVPAIR_HOME/deployments.json` (0600), pushed with every records push.
+
+Declaring, scaling and undeploying sign a new version with this node's key
+(`agent.cluster.signed_facts` says how they are kept, `broker.signed_set` how versions converge). A
+file that cannot be read is set aside as `deployments.json.corrupt` and the node starts with
+none: the members push theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from agent.cluster.signed_facts import FactRefused, SignedFacts
+from broker.deployments import Constraints, Deployment, DeploymentSet
+from plane.ids import new_id
+
+__all__ = ["DEPLOYMENTS_FILE", "DeploymentRefused", "DeploymentRequest", "Deployments"]
+
+DEPLOYMENTS_FILE: Final = "deployments.json"
+
+
+class DeploymentRefused(FactRefused):
+    """A declaration that cannot be taken (no such deployment, a bad request)."""
+
+
+class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/deployments` (`nvpair deploy`): a deployment, less what the
+    cluster adds (id, version, signature)."""
+
+    name: str
+    engine: str
+    source: str = ""
+    args: list[str] = []
+    gpus: int = 1
+    tp: int = 0  # 0: as many as GPUs per replica
+    replicas: int = 1
+    maxInFlight: int = 0  # 0: no limit
+    constraints: Constraints = Constraints()
+    authority: str = "managed"
+    url: str = ""
+    engineKey: str = ""  # "", "generate" or "file:PATH" (broker.deployments)
+
+
+class Deployments(SignedFacts[Deployment]):
+    """Declared deployments, persisted (`SignedFacts`); declaring, scaling and undeploying
+    make signed versions."""
+
+    file = DEPLOYMENTS_FILE
+    refused = DeploymentRefused
+
+    def new_set(self) -> DeploymentSet:
+        """An empty set of deployments."""
+        return DeploymentSet()
+
+    def get(self, name: str) -> Deployment | None:
+        """The live deployment `name`, or None."""
+        held = self.held.get(name)
+        return None if held is None or held.deleted else held
+
+    def declare(self, request: DeploymentRequest, *, id: str | None = None) -> Deployment:
+        """Declare (or redeclare) a deployment; the version made here. `id`: the plane's
+        deployment id (else the held one's, or a fresh one)."""
+        held = self.held.get(request.name)
+        if id is None:
+            id = held.id if held is not None and not held.deleted else new_id("dep")
+        try:
+            fresh = Deployment(
+                id=id,
+                name=request.name,
+                engine=request.engine,
+                source=request.source,
+                args=request.args,
+                gpus=request.gpus,
+                tp=request.tp or max(1, request.gpus),
+                replicas=request.replicas,
+                maxInFlight=request.maxInFlight,
+                constraints=request.constraints,
+                authority=request.authority,  # type: ignore[arg-type]  # checked just below
+                url=request.url,
+                engineKey=request.engineKey,
+            )
+            fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
+        except msgspec.ValidationError as exc:
+            raise DeploymentRefused(f"bad deployment: {exc}") from None
+        if fresh.authority == "observed" and not fresh.url:
+            raise DeploymentRefused("an observed deployment names the engine's url")
+        return self.commit(fresh)
+
+    def scale(self, name: str, replicas: int) -> Deployment:
+        """Change a deployment's replicas only."""
+        held = self._live(name)
+        if not 0 <= replicas <= 1024:
+            raise DeploymentRefused("replicas: between 0 and 1024")
+        return self.commit(msgspec.structs.replace(held, replicas=replicas))
+
+    def undeploy(self, name: str) -> Deployment:
+        """Undeploy: a tombstone version; its replicas stop everywhere."""
+        return self.commit(msgspec.structs.replace(self._live(name), deleted=True))
+
+    def _live(self, name: str) -> Deployment:
+        held = self.get(name)
+        if held is None:
+            raise DeploymentRefused(f"no deployment named {name!r}")
+        return held

@@ -1,0 +1,174 @@
+"""`NodeClient`: every call this node makes to a member's node API, over cluster mTLS.
+
+The one place that builds member URLs and client contexts: record pushes, forwarded
+inference, cordon, cancel and anti-entropy rounds. The server's certificate is checked
+against the cluster CA and the member's node id (`server_hostname_for`), so connecting by
+IP address still names who must answer -- and, once connected, the server's certificate must
+be that member's pin (`PinnedConnector`). Two sessions: short calls time out after 5 s;
+forwarded inference has no total timeout (a generation may be long) but a connect timeout
+and a read timeout between chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+
+from agent.core.errors import MemberRefused, MemberUnreachable
+from agent.core.request_identity import outgoing
+from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
+from broker.probing import Ping, PingReq, PingReqAnswer
+from broker.records import NodeRecord, RecordsPush, push_decoder
+from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from workload_manager.guard import PinnedConnector
+
+__all__ = ["NodeClient"]
+
+SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
+LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
+_JSON: Final = {"Content-Type": "application/json"}
+_NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
+_differences: Final = msgspec.json.Decoder(Differences)
+_exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
+_ping: Final = msgspec.json.Decoder(Ping)
+_ping_req: Final = msgspec.json.Decoder(PingReqAnswer)
+
+
+class NodeClient:
+    """Calls to members by node id; `record_of` says where a member is."""
+
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        record_of: Callable[[str], NodeRecord | None],
+        *,
+        dial_from: str | None = None,
+    ) -> None:
+        self._contexts = ClientContexts(cluster)
+        self._pins = cluster.pins
+        self._record_of = record_of
+        self._dial_from = dial_from
+        self._short: aiohttp.ClientSession | None = None
+        self._long: aiohttp.ClientSession | None = None
+
+    async def aclose(self) -> None:
+        """Close both sessions and their connections."""
+        for session in (self._short, self._long):
+            if session is not None:
+                await session.close()
+
+    def _base(self, node_id: str) -> str:
+        record = self._record_of(node_id)
+        if record is None or not record.addresses:
+            raise MemberUnreachable(f"no address known for {node_id}")
+        host = record.addresses[0]
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 literal
+        return f"https://{host}:{record.nodePort}"
+
+    def _session(self, long: bool = False) -> aiohttp.ClientSession:
+        if long:
+            if self._long is None:
+                self._long = self._new_session(LONG_TIMEOUT)
+            return self._long
+        if self._short is None:
+            self._short = self._new_session(SHORT_TIMEOUT)
+        return self._short
+
+    def _new_session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        # Connections leave from `dial_from` when it is set (`[agent] dial_from`).
+        local = (self._dial_from, 0) if self._dial_from else None
+        return aiohttp.ClientSession(
+            timeout=timeout, connector=PinnedConnector(self._pins, local_addr=local)
+        )
+
+    async def _post(self, node_id: str, path: str, body: bytes) -> bytes:
+        url = self._base(node_id) + path
+        try:
+            async with self._session().post(
+                url,
+                data=body,
+                headers=_JSON,
+                ssl=self._contexts.current(),
+                server_hostname=server_hostname_for(node_id),
+            ) as response:
+                answer = await response.read()
+                status = response.status
+        except _NETWORK_ERRORS as exc:
+            raise MemberUnreachable(f"{node_id}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            raise MemberRefused(node_id, status)
+        return answer
+
+    async def _call(self, node_id: str, path: str, value: object, decoder: Any) -> Any:
+        # POST `value` as JSON, decode the answer; a malformed answer is the member's fault.
+        body = await self._post(node_id, path, msgspec.json.encode(value))
+        try:
+            return decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise MemberUnreachable(f"{node_id} answered {path} with garbage: {exc}") from exc
+
+    async def push_records(self, node_id: str, push: RecordsPush) -> RecordsPush:
+        """Send our records; the member answers with its own (one round trip each way)."""
+        answer: RecordsPush = await self._call(node_id, "/v1/records", push, push_decoder)
+        return answer
+
+    async def ping(self, node_id: str, ping: Ping) -> Ping:
+        """A probe (broker/probing.py): our digest and rumors there, the member's back."""
+        answer: Ping = await self._call(node_id, "/v1/members/ping", ping, _ping)
+        return answer
+
+    async def ping_req(self, node_id: str, target: str) -> PingReqAnswer:
+        """Ask a member to probe `target` for us (an indirect probe)."""
+        answer: PingReqAnswer = await self._call(
+            node_id, "/v1/members/ping-req", PingReq(target=target), _ping_req
+        )
+        return answer
+
+    async def repair_digest(self, node_id: str, digest: Digest) -> Differences:
+        """Anti-entropy, step 1: our digest there; its keys where the stores differ back."""
+        answer: Differences = await self._call(node_id, "/v1/repair/digest", digest, _differences)
+        return answer
+
+    async def repair_exchange(self, node_id: str, exchange: Exchange) -> ExchangeAnswer:
+        """Anti-entropy, step 2: the records it lacks there; those we asked for back."""
+        answer: ExchangeAnswer = await self._call(
+            node_id, "/v1/repair/exchange", exchange, _exchanged
+        )
+        return answer
+
+    async def cordon(self, node_id: str, cordoned: bool) -> None:
+        """Ask a member to cordon (or uncordon) itself: only it speaks for itself."""
+        await self._post(node_id, "/v1/cordon", msgspec.json.encode({"cordoned": cordoned}))
+
+    async def cancel(self, node_id: str, target: str) -> None:
+        """Ask a member's facade to cancel what it placed on `target` (a forced drain)."""
+        await self._post(node_id, "/v1/cancel", msgspec.json.encode({"target": target}))
+
+    def forward(
+        self,
+        node_id: str,
+        path: str,
+        body: bytes,
+        replica: str = "",
+        content_type: str = "application/json",
+    ) -> Any:
+        """POST a request to run on `node_id` (on `replica` there, when given), its body
+        with the `content_type` the engine is to get; an aiohttp request context (streamed
+        back)."""
+        replica_header = {"X-Nvpair-Replica": replica} if replica else {}
+        return self._session(long=True).post(
+            self._base(node_id) + "/v1/forward",
+            data=body,
+            headers={
+                "Content-Type": content_type,
+                "X-Nvpair-Path": path,
+                **replica_header,
+                **outgoing(),
+            },
+            ssl=self._contexts.current(),
+            server_hostname=server_hostname_for(node_id),
+        )

@@ -1,0 +1,2 @@
+"""What every part of the agent shares: typed errors, the home's rules, structured lifetimes, the
+advertised address, a request's identity, bounded metric labels."""

@@ -1,0 +1,398 @@
+"""This node's replicas: carrying out `scheduler.reconcile` with the engine supervisor.
+
+Each round (every `ROUND_S`, and at once when a deployment or the view changes) builds the
+view -- the declared deployments, every reachable member's GPUs and replicas from its
+record, this node's own from what it runs -- and carries out this node's part: starts the
+replicas placed on its GPUs, stops the ones the rules cut. The node that owns a GPU is the
+only one that commits it (`admissible` against what it runs), so no GPU is ever under two
+replicas; an allocation is written to `allocations.json` (0600) before its engine starts,
+so after a `kill -9` the agent knows which engine runs for which deployment and re-adopts it
+(`EngineSupervisor.adopt`), and stops any engine it has no allocation for.
+
+A surplus replica (a race, or a member back from a partition) is stopped only when the cut
+holds for `SETTLE_S`: members whose views differ for a moment must not both stop theirs.
+A replica of a changed or undeployed deployment is stopped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from agent.engines.auth import EngineAuth
+from agent.engines.load import EngineLoad
+from agent.engines.observed import ObservedEngines
+from agent.engines.placement_view import gpu_of, running_of, want_of
+from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
+from agent.engines.replica_keys import engine_key, managed_keys
+from agent.engines.supervisor import EngineSupervisor
+from agent.engines.templates import LaunchSpec
+from agent.engines.version import EngineVersions
+from broker.deployments import Deployment, spec_digest
+from broker.inventory import GpuInventory
+from broker.records import NodeRecord, Replica
+from certs import write_atomic
+from plane.ids import new_id
+from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
+
+__all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
+
+log = logging.getLogger(__name__)
+
+ALLOCATIONS_FILE: Final = "allocations.json"
+ROUND_S: Final = 1.0
+SETTLE_S: Final = 3.0
+RETRY_FAILED_S: Final = 300.0  # a failed replica is stopped (its GPUs freed) and placed anew
+
+
+class Allocation(msgspec.Struct, kw_only=True, frozen=True):
+    """GPUs this node committed to one replica of a deployment."""
+
+    replica: str  # rep_ id
+    id: str  # alc_ id
+    deployment: str
+    deploymentId: str
+    spec: str
+    devices: list[str]  # device ids
+    createdAt: int  # epoch ms
+    apiKey: str = ""  # its engine's key (replica_keys.py); this file is 0600
+
+
+_allocations: Final = msgspec.json.Decoder(list[Allocation])
+_STATE: Final = {
+    ReplicaState.STARTING: "starting",
+    ReplicaState.READY: "ready",
+    ReplicaState.FAILED: "failed",
+    ReplicaState.STOPPING: "stopping",
+}
+
+
+class ReplicaControl:
+    """`run()` converges this node's replicas until cancelled; `replicas()` for the record."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        self_id: str,
+        supervisor: EngineSupervisor,
+        deployments: Callable[[], list[Deployment]],
+        records: Callable[[], list[NodeRecord]],
+        reachable: Callable[[str], bool],
+        gpus: Callable[[], GpuInventory],
+        cordoned: Callable[[], bool],
+        loads: Callable[[], Mapping[str, EngineLoad]] = dict,
+        name: str = "",
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        auth: EngineAuth | None = None,
+    ) -> None:
+        self.path = home / ALLOCATIONS_FILE
+        self._loads = loads
+        self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
+        self.self_id = self_id
+        self.supervisor = supervisor
+        self._deployments = deployments
+        self._records = records
+        self._reachable = reachable
+        self._gpus = gpus
+        self._cordoned = cordoned
+        self._on_change = on_change
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._cuts: dict[str, float] = {}  # surplus replica -> when the cut was first planned
+        self._failed_at: dict[str, float] = {}  # failed replica -> when we saw it fail
+        self._versions = EngineVersions(self.observed.auth)
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
+        self.last_plan = Plan()
+
+    def _load(self) -> list[Allocation]:
+        try:
+            return _allocations.decode(self.path.read_bytes())
+        except FileNotFoundError:
+            return []
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # Without it the engines that run cannot be told apart: adopt() then stops them.
+            log.warning("ignoring %s: %s", self.path, exc)
+            return []
+
+    def _save(self) -> None:
+        write_atomic(self.path, msgspec.json.encode(sorted(self.allocations.values(), key=_by_id)))
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Re-adopt what a previous agent left running; stop what has no allocation."""
+        self.supervisor.adopt()
+        running = {s.replica_id for s in self.supervisor.replicas()}
+        lost = [rid for rid in self.allocations if rid not in running]
+        for rid in lost:
+            log.info("%s: its engine is gone; its GPUs are free again", rid)
+            del self.allocations[rid]
+        stopped = await self.supervisor.retain(self.allocations)
+        self._set_keys()  # the adopted engines' keys, before any call
+        for rid in stopped:
+            log.warning("%s: an engine with no allocation here; stopped", rid)
+        if lost:
+            self._save()
+
+    def poke(self) -> None:
+        """Something changed (a deployment, a record): a round soon."""
+        self._wake.set()
+
+    def engines_changed(self) -> None:
+        """An engine started, became ready or moved: its key at its (new) URL, a round soon."""
+        self._set_keys()
+        self.poke()
+
+    def _set_keys(self) -> None:
+        keys = managed_keys(self.allocations.values(), self.supervisor.replicas())
+        self.observed.auth.set_managed(keys)  # the gone ones' forgotten
+
+    async def run(self) -> None:
+        """Rounds until cancelled."""
+        while True:
+            try:
+                await self.round()
+            except (EngineProcError, OSError) as exc:
+                log.warning("replica round failed: %s", exc)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), ROUND_S)
+
+    async def round(self) -> Plan:
+        """One round: plan over the view, carry out this node's part."""
+        declared = self._deployments()
+        if await self.observed.probe(declared, int(time.time() * 1000)):
+            self._on_change()
+        if await self._versions.refresh(self.supervisor.replicas()):
+            self._on_change()
+        self._set_keys()
+        wants = {d.name: d for d in declared if d.authority == "managed"}
+        plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
+        self.last_plan = plan
+        now = self._clock()
+        cut_now = set()
+        for rid, why in plan.stop:
+            if rid in self._stopping:
+                continue
+            if why.startswith("more than"):
+                first = self._cuts.setdefault(rid, now)
+                if now - first < SETTLE_S:
+                    cut_now.add(rid)
+                    continue
+            self._stop(rid, why)
+        self._cuts = {rid: t for rid, t in self._cuts.items() if rid in cut_now}
+        self._retry_failed(now)
+        for start in plan.start:
+            mine = self._running()
+            if not admissible(start, mine):
+                continue  # a plan from a view older than what runs here
+            self._launch(wants[start.deployment], start.devices)
+        return plan
+
+    def _retry_failed(self, now: float) -> None:
+        # A failed replica holds its GPUs and counts as one of the declared (so a broken
+        # deployment cannot spread); after RETRY_FAILED_S it is stopped and placed anew.
+        failed = {
+            s.replica_id for s in self.supervisor.replicas() if s.state is ReplicaState.FAILED
+        }
+        for rid in failed - self._failed_at.keys():
+            self._failed_at[rid] = now
+        self._failed_at = {rid: t for rid, t in self._failed_at.items() if rid in failed}
+        for rid, since in list(self._failed_at.items()):
+            if now - since >= RETRY_FAILED_S and rid not in self._stopping:
+                self._stop(rid, f"failed {RETRY_FAILED_S:.0f} s ago; placing it anew")
+
+    # -- carrying out -------------------------------------------------------------------------
+
+    def _launch(self, deployment: Deployment, devices: tuple[str, ...]) -> None:
+        uuids = {d.id: d.uuid for d in self._gpus().devices}
+        key = engine_key(deployment, self.path.parent)
+        if key is None:
+            return  # its key file cannot be used (said once in the log)
+        allocation = Allocation(
+            replica=new_id("rep"),
+            id=new_id("alc"),
+            deployment=deployment.name,
+            deploymentId=deployment.id,
+            spec=spec_digest(deployment),
+            devices=list(devices),
+            createdAt=int(time.time() * 1000),
+            apiKey=key,
+        )
+        spec = LaunchSpec(
+            replica_id=allocation.replica,
+            kind=deployment.engine,
+            model=deployment.source or deployment.name,
+            served=deployment.name,
+            tp=deployment.tp,
+            gpu_uuids=tuple(uuids[d] for d in devices if d in uuids),
+            extra_args=tuple(deployment.args),
+            api_key=key,
+        )
+        self.allocations[allocation.replica] = allocation
+        self._save()  # written down before the engine starts: never an engine we cannot name
+        try:
+            started = self.supervisor.launch(spec)
+            if key:
+                self.observed.auth.add_managed(started.url, key)  # before it can be called
+        except EngineProcError as exc:
+            del self.allocations[allocation.replica]
+            self._save()
+            log.warning("cannot start a replica of %s: %s", deployment.name, exc)
+            return
+        log.info(
+            "starting replica %s of %s on %d GPU(s)",
+            allocation.replica,
+            deployment.name,
+            len(devices),
+        )
+        self._on_change()
+
+    def _stop(self, rid: str, why: str) -> None:
+        log.info("stopping replica %s: %s", rid, why)
+
+        async def stop() -> None:
+            try:
+                await self.supervisor.stop(rid)
+            finally:
+                self.allocations.pop(rid, None)
+                self._save()
+                self._stopping.pop(rid, None)
+                self._on_change()
+                self.poke()
+
+        self._stopping[rid] = asyncio.create_task(stop(), name=f"stop {rid}")
+        self._on_change()
+
+    async def aclose(self) -> None:
+        """Let stops in progress finish; the engines themselves keep running."""
+        await self.observed.aclose()
+        if self._stopping:
+            await asyncio.gather(*self._stopping.values(), return_exceptions=True)
+
+    # -- the view -----------------------------------------------------------------------------
+
+    def _running(self) -> list[Running]:
+        status = {s.replica_id: s for s in self.supervisor.replicas()}
+        return [
+            Running(
+                a.replica,
+                a.deployment,
+                a.deploymentId,
+                a.spec,
+                tuple(a.devices),
+                "stopping" if a.replica in self._stopping else _state(status.get(a.replica)),
+                a.createdAt,
+            )
+            for a in self.allocations.values()
+        ]
+
+    def _hosts(self) -> list[Host]:
+        inventory = self._gpus()
+        me = Host(
+            self.self_id,
+            self.observed.self_name,
+            cordoned=self._cordoned(),
+            gpus=tuple(
+                gpu_of(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
+                for d in inventory.devices
+            ),
+            replicas=tuple(self._running()),
+        )
+        hosts = [me]
+        for record in self._records():
+            if record.nodeId == self.self_id:
+                continue
+            hosts.append(
+                Host(
+                    record.nodeId,
+                    record.name,
+                    reachable=self._reachable(record.nodeId),
+                    cordoned=record.cordoned,
+                    gpus=tuple(
+                        gpu_of(d.id, d.deviceClass, d.memoryTotal, d.health, d.domainId)
+                        for d in record.devices
+                    ),
+                    replicas=tuple(running_of(r) for r in record.replicas),
+                )
+            )
+        return hosts
+
+    def replicas(self) -> list[Replica]:
+        """This node's replicas as its record says them."""
+        status = {s.replica_id: s for s in self.supervisor.replicas()}
+        loads = self._loads()
+        out = []
+        for a in sorted(self.allocations.values(), key=_by_id):
+            s = status.get(a.replica)
+            state = "stopping" if a.replica in self._stopping else _state(s)
+            load = loads.get(a.replica)
+            out.append(
+                Replica(
+                    id=a.replica,
+                    deployment=a.deployment,
+                    deploymentId=a.deploymentId,
+                    spec=a.spec,
+                    allocation=a.id,
+                    devices=a.devices,
+                    port=s.port if s is not None else 0,
+                    state=state,  # type: ignore[arg-type]  # one of the four
+                    restarts=s.restarts if s is not None else 0,
+                    engineVersion=self._versions.get(a.replica),
+                    error=s.reason if s is not None else "",
+                    createdAt=a.createdAt,
+                    running=load.running if load else 0.0,
+                    waiting=load.waiting if load else 0.0,
+                    kvUsage=load.kv_usage if load else None,
+                    loadAt=load.at_ms if load else 0,
+                )
+            )
+        for watched in self.observed.replicas():
+            load = loads.get(watched.id)
+            out.append(
+                msgspec.structs.replace(
+                    watched,
+                    running=load.running if load else 0.0,
+                    waiting=load.waiting if load else 0.0,
+                    kvUsage=load.kv_usage if load else None,
+                    loadAt=load.at_ms if load else 0,
+                )
+            )
+        return out
+
+    def why_not(self, name: str) -> list[tuple[Host, str | None]] | None:
+        """`nvpair explain --deployment`: every member of this round's view and why a replica
+        of `name` cannot go there now (None: it can); None when `name` is not managed here."""
+        found = [d for d in self._deployments() if d.name == name and d.authority == "managed"]
+        return [(h, why_not_on(want_of(found[0]), h)) for h in self._hosts()] if found else None
+
+    def url_of(self, replica_id: str) -> str | None:
+        """Where a ready replica of this node listens, or None."""
+        status = self.supervisor.status(replica_id)
+        if status is None or status.state is not ReplicaState.READY:
+            return self.observed.url_of(replica_id)
+        return status.url
+
+    def urls(self) -> dict[str, str]:
+        """Replica id -> url of every replica that runs here, for the load scraper."""
+        urls = {s.replica_id: s.url for s in self.supervisor.replicas() if s.port}
+        return {**urls, **self.observed.urls()}
+
+
+def _by_id(a: Allocation) -> str:
+    return a.replica
+
+
+def _state(status: ReplicaStatus | None) -> str:
+    # An allocation whose engine the supervisor does not hold (yet): starting.
+    return "starting" if status is None else _STATE[status.state]

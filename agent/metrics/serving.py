@@ -1,0 +1,126 @@
+"""Gauges of the facade and the replicas for `/metrics`, read at scrape time (issue 17).
+
+Nothing here runs on a request's path: each gauge reads what the facade and the replica
+controller already keep (the wait lines, the requests in flight per node, this node's
+replicas) when Prometheus scrapes. Label values are bounded by what the cluster knows:
+a model or deployment label is a live deployment's name, an engine's model or a model
+some request was placed for (`metric_labels`); anything else counts as `other`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from agent.core.metric_labels import OTHER, bounded
+from broker.deployments import Deployment
+from broker.records import Replica
+
+if TYPE_CHECKING:
+    from agent.cluster.deployments import Deployments
+    from agent.engines.replicas import ReplicaControl
+    from agent.serving.facade import Facade
+    from agent.serving.view import SchedulingView
+
+__all__ = ["REPLICA_STATES", "ServingMetrics", "serving_metrics"]
+
+REPLICA_STATES: Final = ("starting", "ready", "failed", "stopping")
+
+
+class ServingMetrics(Collector):
+    """The wait line per model, our requests in flight per node, replicas by state."""
+
+    def __init__(
+        self,
+        *,
+        waiting: Callable[[], Mapping[str, int]],
+        in_flight: Callable[[], Mapping[str, int]],
+        replicas: Callable[[], Iterable[Replica]],
+        deployments: Callable[[], Iterable[Deployment]],
+        models: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
+        self._models = models  # the engines' models the cluster knows (not deployments)
+        self._waiting = waiting  # model -> requests in this member's wait line
+        self._in_flight = in_flight  # node id -> requests running there through this facade
+        self._replicas = replicas  # this node's replicas as its record says them
+        self._deployments = deployments  # the live deployments
+
+    def collect(self) -> Iterator[Metric]:
+        live = {d.name: d for d in self._deployments()}
+        line = GaugeMetricFamily(
+            "nvpair_wait_line_requests",
+            "Requests waiting in this member's wait line for capacity, by model",
+            labels=["model"],
+        )
+        known = {*live, *self._models()}  # each with a series, 0 while nobody waits
+        waiting = dict.fromkeys(known, 0) | _summed(self._waiting(), known)
+        for model, count in sorted(waiting.items()):
+            line.add_metric([model], count)
+        yield line
+        flight = GaugeMetricFamily(
+            "nvpair_in_flight_requests",
+            "Requests running through this member's facade, by the node running them"
+            " (this node's own includes what members forwarded here)",
+            labels=["node"],
+        )
+        for node, count in sorted(self._in_flight().items()):
+            flight.add_metric([node], count)
+        yield flight
+        states: dict[tuple[str, str], int] = {
+            (name, state): 0 for name in live for state in REPLICA_STATES
+        }
+        restarts: dict[str, int] = dict.fromkeys(live, 0)
+        for replica in self._replicas():
+            name = replica.deployment if replica.deployment in live else OTHER
+            states[name, replica.state] = states.get((name, replica.state), 0) + 1
+            restarts[name] = restarts.get(name, 0) + replica.restarts
+        by_state = GaugeMetricFamily(
+            "nvpair_replicas",
+            "Replicas this node runs, by deployment and state",
+            labels=["deployment", "state"],
+        )
+        for (name, state), count in sorted(states.items()):
+            by_state.add_metric([name, state], count)
+        yield by_state
+        restarted = GaugeMetricFamily(
+            "nvpair_replica_restarts",
+            "Engine restarts of the replicas this node runs now, by deployment",
+            labels=["deployment"],
+        )
+        for name, count in sorted(restarts.items()):
+            restarted.add_metric([name], count)
+        yield restarted
+        desired = GaugeMetricFamily(
+            "nvpair_deployment_desired_replicas",
+            "Replicas each live deployment asks for, cluster-wide (the same on every member)",
+            labels=["deployment"],
+        )
+        for name, deployment in sorted(live.items()):
+            desired.add_metric([name], deployment.replicas)
+        yield desired
+
+
+def _summed(counts: Mapping[str, int], known: Container[str]) -> dict[str, int]:
+    """`counts` by bounded label: names past the bound add up under `other`."""
+    out: dict[str, int] = {}
+    for name, count in counts.items():
+        label = bounded(name, known)
+        out[label] = out.get(label, 0) + count
+    return out
+
+
+def serving_metrics(
+    facade: Facade, control: ReplicaControl, deployments: Deployments, view: SchedulingView
+) -> ServingMetrics:
+    """The collector over the daemon's parts."""
+    return ServingMetrics(
+        waiting=facade.waits.line.lengths,
+        in_flight=lambda: facade.in_flight,
+        replicas=control.replicas,
+        deployments=deployments.live,
+        models=lambda: view.current()[0].models(),
+    )

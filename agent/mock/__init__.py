@@ -1,0 +1,2 @@
+"""`nvpair mock-engine`: the project's own model server, speaking the real engines' HTTP and
+metrics."""

@@ -1,0 +1,1 @@
+"""Everything an agent does with the plane it is enrolled in: sync up, desired state down."""

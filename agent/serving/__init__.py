@@ -1,0 +1,1 @@
+"""The inference facade (14323): requests in, jobs, routing, the wait line, keys, usage."""

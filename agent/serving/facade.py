@@ -1,0 +1,352 @@
+"""The inference facade on 14323: OpenAI-compatible, any member takes any request.
+
+This is seed 002's "proxy": each request is a job (`facade_jobs`: one `runId` per start,
+`id` counting from 1, a new `seq` per change). A request is placed by the scheduler (NVML
+data, engines in the node records, pending work), then: `workload:submitted` (queued,
+`originatedFrom` = this node), `workload:started` with `scheduledOn`, and
+`workload:completed` or `workload:errored` (failed with a normalised error, or cancelled
+when the client goes away), each change an event of the job's lifecycle table
+(`job_lifecycle`). The request runs on the local engine or is forwarded over the node API
+(mTLS, pinned) and streamed back. One that finds every target full waits, queued, in this
+member's wait line (`wait_queue`) until one has room.
+
+Prompts and completions pass through here and over the node API only: they are never put in
+an event, a log line, a metric or the plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from agent.core.errors import MemberUnreachable
+from agent.core.lifetime import SHUTDOWN_S
+from agent.core.request_identity import identify, stamp
+from agent.core.request_identity import middleware as identified
+from agent.engines.registry import Engines
+from agent.serving.endpoint_forward import EndpointForward
+from agent.serving.endpoint_routes import EndpointRoutes, endpoint_models, ready_in
+from agent.serving.in_flight import InFlight
+from agent.serving.job_errors import JobError, for_status
+from agent.serving.jobs import JobBook
+from agent.serving.key_check import KeyCheck
+from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
+from agent.serving.openai_errors import openai_error, openai_errors
+from agent.serving.openai_routes import ROUTES, BadBody, model_object, model_of, read_body
+from agent.serving.relay import METER, for_exception, refused, relay
+from agent.serving.routing import FAILOVER_STATUSES, Target, choose, served_models
+from agent.serving.usage import Meter, ask_for_usage
+from agent.serving.view import SchedulingView
+from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
+from scheduler import Cluster, Load, Refusal
+from scheduler.replicas import ReplicaView
+from workload_manager.sites import handler_bounds, start_site
+from workload_manager.workload import Workload
+
+__all__ = ["Facade", "facade_address", "openai_error"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
+
+
+def facade_address(
+    facade_bind: str | None, bind: str | None, api_keys: bool
+) -> tuple[str | None, str]:
+    """Where the facade listens, and why: `facade_bind`, else NVPAIR_BIND (`bind`), else every
+    interface when API keys are configured, else loopback only -- without keys anyone who
+    reaches the port could spend the cluster's GPUs, so it is opened only on purpose."""
+    if facade_bind:
+        return facade_bind, "facade_bind"
+    if bind:
+        return bind, "NVPAIR_BIND"
+    if api_keys:
+        return None, "every interface: API keys are configured"
+    return "127.0.0.1", "loopback only: no API keys; set api_keys or facade_bind to serve others"
+
+
+class Facade:
+    """The aiohttp server and the job lifecycle of every request it takes."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        view: SchedulingView,
+        engines: Engines,
+        forward: Callable[[str, str, bytes, str, str], Any],
+        submit: Callable[[str, Workload], None],
+        host: str | None,
+        port: int,
+        api_keys: Mapping[str, str],
+        queue_limit: int,
+        replicas: Callable[[], list[ReplicaView]] = list,
+        replica_url: Callable[[str], str | None] = lambda _: None,
+        key_check: KeyCheck | None = None,
+        wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
+        on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
+    ) -> None:
+        self._on_usage = on_usage  # each finished job's usage and times (`usage_book`)
+        self.node_id = node_id
+        self._view = view
+        self._engines = engines
+        self._forward = forward
+        self._replicas = replicas
+        self._replica_url = replica_url
+        self.pending = InFlight()  # replica id -> our requests running there (and lately)
+        self.failovers = 0
+        self.host = host
+        self.port = port
+        self.keys = key_check or KeyCheck(
+            api_keys
+        )  # who may send requests (agent.serving.key_check)
+        self.queue_limit = queue_limit
+        self.waits: WaitQueue[Target] = WaitQueue(length=wait[0], timeout_s=wait[1])
+        self.jobs = JobBook(node_id, submit)
+        # Endpoints' public names (agent.serving.endpoint_routes): the plane's table, empty
+        # without one.
+        self.endpoints = EndpointRoutes(ready_here=lambda name: ready_in(self._replicas(), name))
+        self._endpoint = EndpointForward(self.endpoints)
+        self.in_flight: dict[str, int] = {}  # node id -> our requests running there
+        self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[identified, openai_errors()])
+        app.on_response_prepare.append(stamp)  # X-Request-Id on every answer
+        for path in ROUTES:  # agent.serving.openai_routes: every route a job, as chat is
+            app.router.add_post(path, self._route(path))
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
+        # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_S,
+            **handler_bounds(),
+        )
+
+    async def start(self) -> int:
+        """Bind and serve; returns the port (OSError when it is in use)."""
+        self.port = await start_site(self._runner, self.host, self.port)
+        return self.port
+
+    async def aclose(self) -> None:
+        """Stop serving; requests in flight are cancelled (their jobs: cancelled)."""
+        await self._runner.cleanup()
+        await self._endpoint.aclose()
+
+    # -- routes -----------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        requester = self._requester(request)
+        if requester is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        data = self._served(requester, request.host)
+        return web.Response(
+            body=msgspec.json.encode({"object": "list", "data": data}),
+            content_type="application/json",
+        )
+
+    async def _model(self, request: web.Request) -> web.Response:
+        requester = self._requester(request)
+        if requester is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        model = request.match_info["model"]
+        entry = model_object(self._served(requester, request.host), model)
+        if entry is None:
+            message = f"The model `{model[:256]}` does not exist"
+            return openai_error(404, message, "invalid_request_error", "model_not_found")
+        return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
+
+    def _served(self, requester: str | bool | None, host: str) -> list[dict[str, object]]:
+        # What the cluster serves, narrowed to the models the caller's key may use.
+        served = served_models(self._view.current()[0].models(), self._replicas())
+        served += endpoint_models(self.endpoints.models(host), served)
+        return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
+
+    def _route(self, path: str) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._infer(request, path)
+
+        return handle
+
+    async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
+        requester = self._requester(request)
+        if requester is False:
+            return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+        read = await self._read(request, path)
+        if isinstance(read, web.Response):
+            return read
+        raw, model = read
+        if (denied := self.keys.admit(requester, model)) is not None:
+            return denied  # a model the key may not use, or over the key's limits: no job
+        routed = await self._endpoint.route(request, path, raw, model)  # an endpoint's name?
+        if isinstance(routed, web.StreamResponse):
+            return routed  # served by another cluster, or refused
+        raw, model = routed
+        entered = self.waits.enter(model, lambda: self._place(model))
+        if isinstance(entered, Refusal):
+            return refused(entered, model)
+        kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
+        raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
+        meter = request[METER] = Meter(strip=strip)
+        jobs = self.jobs
+        job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
+        jobs.emit(job)  # workload:submitted
+        ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
+        try:
+            targets = await self.waits.wait(entered, lambda: self._place(model))
+            if isinstance(targets, Refusal):  # waited too long, or the model went
+                ended, ending = gave_up(targets, model, self.waits.line.timeout_s)
+                return ended
+            for attempt, target in enumerate(targets):
+                if attempt:
+                    self.failovers += 1
+                    log.warning("failing over to %s", target.replica or target.node_id)
+                    jobs.advance(job, Failover(scheduled_on=target.node_id))
+                else:
+                    jobs.advance(job, Start(scheduled_on=target.node_id, engine=target.kind))
+                jobs.emit(job)  # workload:started: each target in the job's history
+                answer, ending = await self._attempt(request, path, raw, target, model)
+                if answer is not None:
+                    return answer
+            failed = ending.error if isinstance(ending, Fail) else JobError.INTERNAL
+            return openai_error(502, failed.value, "server_error")
+        except asyncio.CancelledError:
+            ending = Cancel()
+            raise
+        finally:
+            # The error is a phrase of the closed vocabulary, never an engine's words.
+            jobs.advance(job, ending)
+            meter.finish()
+            self._on_usage(job.record, meter)  # before the record: the plane gets both
+            if meter.usage is not None:  # a key's tokens per minute count what engines said
+                used = meter.usage.prompt + meter.usage.completion
+                self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
+            jobs.emit(job)  # workload:completed, or workload:errored
+
+    async def _read(self, request: web.Request, path: str) -> tuple[bytes, str] | web.Response:
+        """The body and the model it names (read as the route says), or the error the
+        client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
+        route = ROUTES[path]
+        raw = await read_body(request, route.limit)
+        if raw is None:
+            message = f"the body is over {route.limit} bytes"
+            return openai_error(413, message, "invalid_request_error", "request_too_large")
+        try:
+            return raw, model_of(route, request.headers.get("Content-Type", ""), raw)
+        except BadBody as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
+
+    def _place(self, model: str) -> list[Target] | Refusal:
+        """Where the request runs (best first, for one failover), or why nowhere."""
+        return choose(
+            model,
+            replicas=self._replicas(),
+            pending=self.pending,
+            nodes=self._nodes,
+            origin=self.node_id,
+            kind_on=self._view.engine_kind_for,
+            pending_then=self.pending.then,
+        )
+
+    def _nodes(self) -> tuple[Cluster, Load]:
+        cluster, load = self._view.current()
+        for node_id, count in self.in_flight.items():
+            load.add(node_id, count)
+        return cluster, load
+
+    async def _attempt(
+        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | None, Outcome]:
+        """One target; no answer (None) when it failed before any byte reached the client."""
+        node, replica = target.node_id, target.replica
+        self.in_flight[node] = self.in_flight.get(node, 0) + 1
+        if replica:  # a deployment's replica (a node's own engines are counted per node)
+            self.pending.add(replica, 1)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.setdefault(node, set()).add(handler)
+        try:
+            return await self._run(request, path, raw, target, model)
+        finally:
+            self.in_flight[node] -= 1
+            if replica:
+                self.pending.add(replica, -1)
+            if handler is not None:
+                self._handlers.get(node, set()).discard(handler)
+            self.waits.poke()  # a slot freed: the heads of the wait lines look again
+
+    def cancel_on(self, target: str) -> int:
+        """Cancel our requests running on `target` (a forced drain); their jobs: cancelled."""
+        handlers = list(self._handlers.get(target, ()))
+        for handler in handlers:
+            handler.cancel()
+        return len(handlers)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run_forwarded(
+        self, request: web.Request, path: str, raw: bytes
+    ) -> web.StreamResponse:
+        """Run a request another member placed here, on a local engine."""
+        identify(request)  # the origin's X-Request-Id, on to the engine
+        sent = request.headers.get("Content-Type", "")
+        try:
+            model = model_of(ROUTES[path], sent, raw)
+        except BadBody as exc:
+            return openai_error(400, str(exc), "invalid_request_error")
+        replica = request.headers.get("X-Nvpair-Replica", "")
+        url = self._replica_url(replica) if replica else self._engines.url_for(str(model))
+        if url is None:
+            return openai_error(503, "no engine here serves the model", "server_error")
+        self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
+        try:
+            async with self._engines.post(url, path, raw, sent) as reply:
+                answer, _ = await relay(request, reply, origin=False)
+                return answer
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return openai_error(502, "engine unreachable", "server_error")
+        finally:
+            self.in_flight[self.node_id] -= 1
+            self.waits.poke()
+
+    async def _run(
+        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | None, Outcome]:
+        local = target.node_id == self.node_id
+        sent = ROUTES[path].engine_content_type(request.headers.get("Content-Type", ""))
+        try:
+            if local:
+                url = self._replica_url(target.replica) if target.replica else None
+                url = url or self._engines.url_for(model)
+                if url is None:
+                    return None, Fail(error=JobError.NO_ENGINE)
+                upstream = self._engines.post(url, path, raw, sent)
+            else:
+                upstream = self._forward(target.node_id, path, raw, target.replica, sent)
+            async with upstream as reply:
+                if reply.status in FAILOVER_STATUSES:
+                    return None, Fail(error=for_status(reply.status))
+                return await relay(request, reply, local=local)
+        except (aiohttp.ClientError, TimeoutError, OSError, MemberUnreachable) as exc:
+            error = for_exception(exc, local=local)
+            log.warning(
+                "request %s on %s failed: %s (%s)",
+                path,
+                target.replica or target.node_id,
+                error.value,
+                type(exc).__name__,
+            )
+            return None, Fail(error=error)
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _requester(self, request: web.Request) -> str | bool | None:
+        return self.keys.requester(request.headers.get("Authorization", ""))
