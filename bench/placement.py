@@ -8,7 +8,7 @@ workloads of five tenants (each with its region or cost policy), 1 to 8 GPUs per
 third of them one-domain, 1 to 24 replicas, some scaling from current shares; quotas
 fleet-wide and per cluster.
 
-- subject: `plane.placement.decide` over one `Snapshot` built from the device rows once
+- subject: `plane.placement.decide.decide` over one `Snapshot` built from the device rows once
   (capacity per class, node and domain indexed, fit counts and policy verdicts kept), with
   its screens (every cluster's verdict for one kind of ask) kept across decisions, and
   cleared before each decision (the conservative figure, and the last `ratio:`);
@@ -32,7 +32,7 @@ from _interleave import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from plane.placement import (
+from plane.placement.decide import (
     Ask,
     ClusterCapacity,
     Policy,

@@ -3,7 +3,7 @@
 1. Sync rows/s: batches of jobs (the agent's batch size) through `POST /v1/sync` (the plane's aiohttp server
    in this process, psycopg pipeline upserts, newer-seq-wins) against a raw `COPY` of the
    same rows into the same table, paired rounds in alternating order, fresh rows each round.
-   Each batch is signed as the agent signs it (its node key, `plane.node_signing`) inside
+   Each batch is signed as the agent signs it (its node key, `plane.fleet.node_signing`) inside
    the timed part, and the plane verifies it: one ECDSA verify per batch and a cached chain
    check. The first `ratio:` is sync / COPY.
 2. The fleet summary over a generated fleet of 1,000 clusters x 20 nodes x 8 GPUs with
@@ -31,14 +31,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent.plane_link.sync import BATCH
 from certs.identity import issue_node_cert, make_ca, new_key
-from plane.devserver import throwaway_postgres
-from plane.ids import new_id
-from plane.migrate import migrate
-from plane.node_signing import sign_sync
-from plane.rollups import rebuild_rollups
-from plane.server import PlaneServer
-from plane.store import PlaneStore
-from plane.wire import NodeSummary, SyncBatch
+from plane.core.ids import new_id
+from plane.core.wire import NodeSummary, SyncBatch
+from plane.db.devserver import throwaway_postgres
+from plane.db.migrate import migrate
+from plane.db.rollups import rebuild_rollups
+from plane.db.store import PlaneStore
+from plane.fleet.node_signing import sign_sync
+from plane.http.server import PlaneServer
 from workload_manager.workload import Workload, WorkloadState
 
 COLUMNS = (

@@ -165,7 +165,7 @@ PURE_CORES = (
     "scheduler.place",
     "scheduler.replicas",
     "scheduler.reconcile",
-    "plane.placement",
+    "plane.placement.decide",
     "agent.serving.wait_line",
     "agent.serving.lifecycle",
     "agent.serving.usage",
@@ -273,6 +273,19 @@ def test_the_cycle_finder_sees_lazy_and_type_checking_imports(tmp_path: Path) ->
     assert cycles == ["cycle pkg.a <-> pkg.b: pkg.a:2 -> pkg.b; pkg.b:3 -> pkg.a"]
     (package / "b.py").write_text("import pkg.base\n")
     assert import_cycles(tmp_path, ["pkg"]) == []
+
+
+MAX_MODULES = 25  # modules in one package folder: past it, the folder holds more than one job
+
+
+def test_no_package_folder_holds_more_than_25_modules() -> None:
+    crowded = []
+    for package in PACKAGES:
+        for folder in sorted({p.parent for p in (ROOT / package).rglob("*.py")}):
+            count = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+            if count > MAX_MODULES:
+                crowded.append(f"{folder.relative_to(ROOT)}: {count} modules")
+    assert not crowded, f"folders over {MAX_MODULES} modules:\n" + "\n".join(crowded)
 
 
 def test_every_module_states_its_job_and_none_is_over_600_lines() -> None:

@@ -144,7 +144,7 @@ def _say(line: str) -> None:
 async def _run_plane(dsn: str, host: str, port: int, tls: ssl.SSLContext | None) -> int:
     """Serve until SIGTERM/SIGINT; 2 when the port cannot be bound, 1 when the plane cannot
     start for a reason retrying does not fix (a failing migration, a malformed DSN)."""
-    from plane.service import PlaneService
+    from plane.http.service import PlaneService
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -250,7 +250,7 @@ def _psql(args: argparse.Namespace) -> int:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from plane.tokens import token_cluster
+    from plane.core.tokens import token_cluster
 
     if token_cluster(args.token) is None:
         print("nvpair: not a cluster enrolment token (hgro1.…)", file=sys.stderr)

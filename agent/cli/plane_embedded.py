@@ -1,5 +1,5 @@
 """`nvpair plane serve` without `--dsn`, and `nvpair plane psql`: the plane's own PostgreSQL
-in `$NVPAIR_HOME/plane` (`plane/embedded.py`)."""
+in `$NVPAIR_HOME/plane` (`plane/db/embedded.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from plane.embedded import EmbeddedError, EmbeddedPostgres, bin_dir, running_dsn
+from plane.db.embedded import EmbeddedError, EmbeddedPostgres, bin_dir, running_dsn
 
 __all__ = ["embedded_database", "psql"]
 

@@ -1,6 +1,6 @@
 """`nvpair plane render NAME --format dynamo|dynamo-json [--image IMAGE]`: a deployment, as
 the local agent holds it (`GET /v1/deployments`), rendered as a Dynamo
-`DynamoGraphDeployment` (`plane.dynamo`) for `kubectl apply -f -`, as YAML or JSON.
+`DynamoGraphDeployment` (`plane.render.dynamo`) for `kubectl apply -f -`, as YAML or JSON.
 
 With `--plane URL`, NAME is one of the plane's deployments instead -- its `dep_` id, or the
 workload's name when it has one deployment (else `--cluster` says which) -- rendered by the
@@ -19,9 +19,9 @@ from agent.cli import calls as cli_http
 from agent.cli.calls import CliError
 from agent.cli.plane_call import plane_call
 from broker.deployments import Deployment
-from plane.dynamo import DynamoSettings, RenderInput, RenderRefused, render
-from plane.ids import is_id
-from plane.yaml_text import dump
+from plane.core.ids import is_id
+from plane.render.dynamo import DynamoSettings, RenderInput, RenderRefused, render
+from plane.render.yaml_text import dump
 
 __all__ = ["add_render", "render_text"]
 

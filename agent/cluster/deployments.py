@@ -15,7 +15,7 @@ import msgspec
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
 from broker.deployments import Constraints, Deployment, DeploymentSet
-from plane.ids import new_id
+from plane.core.ids import new_id
 
 __all__ = ["DEPLOYMENTS_FILE", "DeploymentRefused", "DeploymentRequest", "Deployments"]
 

@@ -39,7 +39,7 @@ from broker.deployments import Deployment, spec_digest
 from broker.inventory import GpuInventory
 from broker.records import NodeRecord, Replica
 from certs import write_atomic
-from plane.ids import new_id
+from plane.core.ids import new_id
 from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]

@@ -27,7 +27,7 @@ from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from broker.deployments import Constraints, Deployment
-from plane.desired import DesiredDeployment, DesiredState
+from plane.desired.state import DesiredDeployment, DesiredState
 
 __all__ = ["Declare", "PlaneConverger", "Scale", "Undeploy", "plan", "request_for"]
 

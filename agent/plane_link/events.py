@@ -30,7 +30,7 @@ from broker.deployments import Deployment
 from broker.records import NodeRecord
 from certs import write_atomic
 from certs.ids import prefixed_ulid
-from plane.desired import (
+from plane.desired.state import (
     MAX_EVENTS,
     CacheReport,
     ComponentReport,

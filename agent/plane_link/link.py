@@ -32,7 +32,7 @@ from agent.serving.usage_store import UsageStore
 from broker.jobs import JobsStore, JobsWriter
 from broker.records import NodeRecord
 from certs import Identity
-from plane.desired import DesiredState
+from plane.desired.state import DesiredState
 
 __all__ = ["PlaneLink", "plane_link", "plane_routes"]
 

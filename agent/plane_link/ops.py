@@ -23,7 +23,7 @@ from typing import Any, Final
 from agent.cluster.operations import KINDS, OperationRefused, Operations
 from broker.records import NodeRecord
 from certs import write_atomic
-from plane.desired import DesiredState, OperationReport
+from plane.desired.state import DesiredState, OperationReport
 
 __all__ = ["MAX_KEPT", "STATE_FILE", "PlaneOps"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from broker.records import NodeRecord
-from plane.desired import ReplicaReport
+from plane.desired.state import ReplicaReport
 
 __all__ = ["ReplicaReporter", "facade_url"]
 

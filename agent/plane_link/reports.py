@@ -1,4 +1,4 @@
-"""What the demand and machinery sides add to each plane sync batch (`plane.desired`).
+"""What the demand and machinery sides add to each plane sync batch (`plane.desired.state`).
 
 A reporter gives some of `SyncBatch`'s fields for the batch being built, and is told when
 that batch was accepted: what it reports once (events, operation phases) it drops only then,

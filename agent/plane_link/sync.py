@@ -9,7 +9,7 @@ Retries back off exponentially with full jitter up to 5 s. A finished job's usag
 times: `usage_store`) goes in the same batch as its final record (`SyncBatch.usage`).
 
 Each batch is signed with this node's key and carries its certificate and the cluster CA's
-(`plane.node_signing`): the plane writes a batch only as the node whose certificate signed
+(`plane.fleet.node_signing`): the plane writes a batch only as the node whose certificate signed
 it, so no node of the cluster can sync in another's name.
 
 An https plane's certificate is verified against `[plane] ca` (else the system's CAs) and
@@ -38,8 +38,8 @@ from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
 from broker.records import NodeRecord
 from certs import Identity
-from plane.node_signing import sign_sync
-from plane.wire import NodeSummary, SyncBatch
+from plane.core.wire import NodeSummary, SyncBatch
+from plane.fleet.node_signing import sign_sync
 from workload_manager.outbox import Backoff
 
 __all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from plane.desired import DesiredState, Route, RouteTarget
+from plane.desired.state import DesiredState, Route, RouteTarget
 from scheduler.replicas import READY, ReplicaView
 
 __all__ = [

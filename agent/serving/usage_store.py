@@ -23,7 +23,7 @@ import aiosqlite
 import msgspec
 
 from agent.core.errors import AgentError
-from plane.wire import JobUsage
+from plane.core.wire import JobUsage
 
 __all__ = ["BATCH", "FLUSH_S", "MAX_PENDING", "UsageRow", "UsageStore", "UsageUnavailable"]
 

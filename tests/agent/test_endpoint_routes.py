@@ -18,7 +18,7 @@ from agent.serving.endpoint_routes import (
 )
 from agent.serving.openai_routes import ROUTES, form_model, json_model, with_model
 from certs.ids import prefixed_ulid
-from plane.desired import DesiredState, Route, RouteTarget
+from plane.desired.state import DesiredState, Route, RouteTarget
 from scheduler.replicas import ReplicaView
 
 HERE = prefixed_ulid("clu")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from plane.ids import new_id
-from plane.tokens import mint_token
+from plane.core.ids import new_id
+from plane.core.tokens import mint_token
 from tests.agent.harness import TIMEOUT, Node, eventually, make_node
 
 

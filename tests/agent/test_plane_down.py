@@ -15,8 +15,8 @@ from agent.engines.observed import _drift
 from agent.plane_link.deployments import Declare, PlaneConverger, Scale, Undeploy, plan, request_for
 from agent.plane_link.down import DESIRED_FILE, PlaneDown
 from broker.deployments import Deployment
-from plane.desired import DesiredDeployment, DesiredState
-from plane.ids import new_id
+from plane.core.ids import new_id
+from plane.desired.state import DesiredDeployment, DesiredState
 
 
 def _desired(name: str, replicas: int = 2, **kw: object) -> DesiredDeployment:

@@ -17,8 +17,8 @@ from agent.plane_link.ops import INTERRUPTED, PlaneOps
 from broker.deployments import Deployment
 from broker.records import NodeRecord, Replica
 from certs.ids import new_node_id, prefixed_ulid
-from plane.desired import DesiredOperation, DesiredState, WarmArtifact
-from plane.wire import SyncBatch
+from plane.core.wire import SyncBatch
+from plane.desired.state import DesiredOperation, DesiredState, WarmArtifact
 from tests.fixtures.operations_node import OperationsNode
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from plane.devserver import throwaway_postgres
-from plane.migrate import migrate
-from plane.server import PlaneServer
-from plane.store import PlaneStore
+from plane.db.devserver import throwaway_postgres
+from plane.db.migrate import migrate
+from plane.db.store import PlaneStore
+from plane.http.server import PlaneServer
 
 from .plane_client import ADMIN, Plane
 

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import psycopg
 
-from plane.ids import new_id
-from plane.tenant_keys import mint_tenant_key
-from plane.tokens import hash_token
+from plane.core.ids import new_id
+from plane.core.tenant_keys import mint_tenant_key
+from plane.core.tokens import hash_token
 
 __all__ = ["bump", "deployment", "tenant", "workload"]
 

@@ -9,8 +9,8 @@ import hashlib
 import psycopg
 
 from certs.ids import prefixed_ulid
-from plane.tenant_keys import mint_tenant_key
-from plane.tokens import hash_token
+from plane.core.tenant_keys import mint_tenant_key
+from plane.core.tokens import hash_token
 
 __all__ = ["Rows"]
 

@@ -1,5 +1,5 @@
 """Calling a plane over HTTP in tests: the admin token, a client, enrolment, and the node
-certificates a sync is signed with (`plane.node_signing`)."""
+certificates a sync is signed with (`plane.fleet.node_signing`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import msgspec
 from certs import Identity
 from certs.identity import describe, issue_node_cert, make_ca, new_key
 from certs.ids import is_node_id, new_node_id
-from plane.node_signing import sign_sync
-from plane.store import PlaneStore
+from plane.db.store import PlaneStore
+from plane.fleet.node_signing import sign_sync
 
 ADMIN = "nvpadm1.test-admin-token"
 

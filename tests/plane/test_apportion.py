@@ -1,11 +1,11 @@
-"""Webster / Sainte-Laguë apportionment (`plane.apportion`): known answers, ties, caps, and
-scale changes that move only the delta."""
+"""Webster / Sainte-Laguë apportionment (`plane.placement.apportion`): known answers, ties, caps,
+and scale changes that move only the delta."""
 
 from __future__ import annotations
 
 import random
 
-from plane.apportion import apportion, scale_down, scale_up
+from plane.placement.apportion import apportion, scale_down, scale_up
 
 
 def test_known_answers() -> None:

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from typing import Any
 
-from plane.declared_api import MAX_BODY
-from plane.ids import new_id
-from plane.tokens import hash_token
+from plane.core.ids import new_id
+from plane.core.tokens import hash_token
+from plane.declared.api import MAX_BODY
 
 from .plane_client import ADMIN, Plane, enrol
 

@@ -9,9 +9,9 @@ import aiohttp
 import msgspec
 
 from certs.ids import new_node_id
-from plane.desired import ReplicaReport
-from plane.ids import new_id
-from plane.wire import NodeSummary, SyncBatch
+from plane.core.ids import new_id
+from plane.core.wire import NodeSummary, SyncBatch
+from plane.desired.state import ReplicaReport
 
 from . import demand_rows
 from .plane_client import ADMIN, Plane, enrol

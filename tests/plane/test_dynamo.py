@@ -1,6 +1,6 @@
-"""Rendering deployments as Dynamo `DynamoGraphDeployment`s (plane.dynamo, plane.yaml_text,
-`nvpair plane render`): every rendered object validates against the real CRD's
-`openAPIV3Schema` (../shared/reference/dynamo/, loaded once for the module)."""
+"""Rendering deployments as Dynamo `DynamoGraphDeployment`s (plane.render.dynamo,
+plane.render.yaml_text, `nvpair plane render`): every rendered object validates against the real
+CRD's `openAPIV3Schema` (../shared/reference/dynamo/, loaded once for the module)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from agent.cli.calls import CliError
 from agent.cli.render import render_text
-from plane.dynamo import (
+from plane.render.dynamo import (
     MAX_NAME,
     DynamoSettings,
     RenderInput,
@@ -32,7 +32,7 @@ from plane.dynamo import (
     render,
     resource_name,
 )
-from plane.yaml_text import dump
+from plane.render.yaml_text import dump
 from tests.agent.harness import Node, make_node, start_cluster
 
 from . import demand_rows

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
-from plane.embedded import EmbeddedPostgres
+from plane.db.embedded import EmbeddedPostgres
 from tests.fixtures.waiting import eventually
 
 from .plane_client import ADMIN

@@ -28,8 +28,8 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from plane.desired import Route
-from plane.routes_sql import routes
+from plane.desired.routes_sql import routes
+from plane.desired.state import Route
 from tests.agent.deploy_harness import kill_engines, post, ready_everywhere
 from tests.agent.harness import Node, eventually, make_node, start_cluster
 from tests.workload_manager.cluster_harness import engine_ports

@@ -1,13 +1,13 @@
-"""The endpoints API in process (plane.endpoints_api) on a real PostgreSQL: a tenant's
+"""The endpoints API in process (plane.desired.endpoints_api) on a real PostgreSQL: a tenant's
 endpoints are its own, bad bodies are refused naming the field with nothing written, and
-the routing table (plane.routes_sql) says where each target runs and whether it is ready."""
+the routing table (plane.desired.routes_sql) says where each target runs and whether it is ready."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from plane._db import connection
-from plane.routes_sql import routes
+from plane.db.connection import connection
+from plane.desired.routes_sql import routes
 
 from .endpoint_rows import Rows
 from .plane_client import ADMIN, Plane, enrol

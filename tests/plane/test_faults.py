@@ -14,9 +14,9 @@ import aiohttp
 import msgspec
 import pytest
 
-from plane.devserver import free_port, throwaway_postgres
-from plane.ids import new_id
-from plane.service import PlaneService
+from plane.core.ids import new_id
+from plane.db.devserver import free_port, throwaway_postgres
+from plane.http.service import PlaneService
 from tests.fixtures.waiting import eventually
 
 from .plane_client import ADMIN, Plane, enrol

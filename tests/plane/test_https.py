@@ -28,7 +28,7 @@ from agent.engines.gpus import simulate
 from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
-from plane.devserver import free_port
+from plane.db.devserver import free_port
 from tests.fixtures.records import node_record, workload
 
 from .plane_client import ADMIN, ClusterCa

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plane.digest import serving_digest
-from plane.ids import PREFIXES, InvalidId, is_id, new_id, validate_id
-from plane.tokens import hash_token, mint_token, token_cluster, token_matches
+from plane.core.digest import serving_digest
+from plane.core.ids import PREFIXES, InvalidId, is_id, new_id, validate_id
+from plane.core.tokens import hash_token, mint_token, token_cluster, token_matches
 
 
 @pytest.mark.parametrize("prefix", sorted(PREFIXES))

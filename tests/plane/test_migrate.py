@@ -7,8 +7,8 @@ import asyncio
 import psycopg
 import pytest
 
-from plane.ids import new_id
-from plane.migrate import migrate, migrations
+from plane.core.ids import new_id
+from plane.db.migrate import migrate, migrations
 
 
 async def test_migrations_apply_once(pg_dsn: str) -> None:

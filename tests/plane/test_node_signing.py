@@ -1,6 +1,6 @@
 """Only a node speaks for itself: a sync is written only when the node it names signed it,
 with a certificate of the cluster's CA. A real plane HTTP server on a real PostgreSQL, real
-keys and certificates from `certs` (`plane.node_signing`, docs/plane.md)."""
+keys and certificates from `certs` (`plane.fleet.node_signing`, docs/plane.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from certs.identity import NODE_VALIDITY, cert_pem
-from plane.errors import SignatureRefused
-from plane.node_signing import (
+from plane.core.errors import SignatureRefused
+from plane.fleet.node_signing import (
     CLUSTER_CA_HEADER,
     NODE_CERTIFICATE_HEADER,
     SIGNATURE_HEADER,

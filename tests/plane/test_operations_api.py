@@ -16,22 +16,23 @@ from agent.config import PlaneSettings
 from agent.plane_link.events import machinery_reporters
 from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
-from plane import sync_machinery, workload_ops
-from plane._db import Conn
-from plane.desired import (
+from plane.core.errors import BadInput
+from plane.core.ids import new_id
+from plane.core.tenant_keys import mint_tenant_key
+from plane.core.tokens import hash_token
+from plane.core.wire import NodeSummary, SyncBatch
+from plane.db.connection import Conn
+from plane.desired.state import (
     CacheReport,
     ComponentReport,
     DesiredState,
     EventReport,
     OperationReport,
 )
-from plane.errors import BadInput
-from plane.ids import new_id
-from plane.machinery_sql import pending_operations, warm_set
-from plane.server import PlaneServer
-from plane.tenant_keys import mint_tenant_key
-from plane.tokens import hash_token
-from plane.wire import NodeSummary, SyncBatch
+from plane.http.server import PlaneServer
+from plane.machinery import sync as sync_machinery
+from plane.machinery.sql import pending_operations, warm_set
+from plane.placement import workload_ops
 from tests.fixtures.operations_node import OperationsNode
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
@@ -160,7 +161,7 @@ async def test_a_drain_is_its_target_clusters_and_moves_only_forward(plane: Plan
 
 @pytest.fixture
 def scaling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Placement's scale and pause stand-ins (plane.workload_ops is the placement work's):
+    """Placement's scale and pause stand-ins (plane.placement.workload_ops is the placement work's):
     they write first and refuse after, so a refusal must leave nothing behind."""
 
     async def scale(conn: Conn, workload_id: str, replicas: int) -> None:

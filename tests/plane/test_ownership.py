@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import yarl
 
-from plane.ids import new_id
-from plane.wire import SyncBatch
+from plane.core.ids import new_id
+from plane.core.wire import SyncBatch
 
 from .plane_client import ADMIN, Plane, enrol
 from .test_store import batch

@@ -1,11 +1,11 @@
-"""Placement, pure (`plane.placement`): policy and device-class filtering, capacity per node
+"""Placement, pure (`plane.placement.decide`): policy and device-class filtering, capacity per node
 and per topology domain, reservations, quotas fleet-wide and per cluster, delta-only scale."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plane.placement import (
+from plane.placement.decide import (
     Ask,
     ClusterCapacity,
     Decision,

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from plane.apportion import apportion, scale_up
+from plane.placement.apportion import apportion, scale_up
 from tests.agent.deploy_harness import kill_engines
 from tests.agent.harness import Node, eventually, make_node, start_cluster
 from tests.workload_manager.cluster_harness import engine_ports

@@ -14,7 +14,7 @@ from agent.engines.gpus import simulate
 from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
-from plane.server import PlaneServer
+from plane.http.server import PlaneServer
 from tests.fixtures.records import node_record, workload
 from tests.workload_manager.cluster_harness import free_port
 

@@ -17,9 +17,9 @@ from agent.plane_link.sync import PlaneSync
 from agent.serving.usage_store import UsageRow, UsageStore
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
-from plane._db import connection
-from plane.rollups import rebuild_rollups
-from plane.wire import JobUsage, SyncBatch
+from plane.core.wire import JobUsage, SyncBatch
+from plane.db.connection import connection
+from plane.db.rollups import rebuild_rollups
 from tests.fixtures.records import node_record, workload
 
 from .plane_client import Plane, enrol

@@ -12,7 +12,7 @@ import sys
 
 import aiohttp
 
-from plane.devserver import free_port
+from plane.db.devserver import free_port
 
 from .plane_client import ADMIN
 

@@ -8,8 +8,8 @@ import aiohttp
 import msgspec
 import pytest
 
-from plane.ids import new_id
-from plane.server import MAX_BODY
+from plane.core.ids import new_id
+from plane.http.server import MAX_BODY
 
 from .plane_client import ADMIN, Plane, enrol
 from .test_store import batch, job

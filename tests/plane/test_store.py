@@ -12,11 +12,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from agent.engines.gpus import simulate
-from plane.errors import SyncRefused
-from plane.ids import new_id
-from plane.migrate import migrate
-from plane.store import PlaneStore
-from plane.wire import NodeSummary, SyncBatch
+from plane.core.errors import SyncRefused
+from plane.core.ids import new_id
+from plane.core.wire import NodeSummary, SyncBatch
+from plane.db.migrate import migrate
+from plane.db.store import PlaneStore
 from workload_manager.workload import decode_workload
 
 

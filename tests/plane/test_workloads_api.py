@@ -17,9 +17,9 @@ import psycopg
 import pytest
 
 from agent.cli.main import main as nvpair
-from plane.ids import new_id
-from plane.tenant_keys import mint_tenant_key
-from plane.tokens import hash_token
+from plane.core.ids import new_id
+from plane.core.tenant_keys import mint_tenant_key
+from plane.core.tokens import hash_token
 
 from .plane_client import ADMIN, Plane, enrol
 

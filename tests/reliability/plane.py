@@ -23,7 +23,7 @@ from typing import Any, Final
 import aiohttp
 import psycopg
 
-from plane.tokens import token_cluster
+from plane.core.tokens import token_cluster
 from tests.agent.harness import JobKey, job_key
 from tests.fixtures.waiting import TIMEOUT_S, eventually
 from tests.plane.conftest import admin_dsn
@@ -187,7 +187,7 @@ class PlaneProcess:
         return {str(k): int(v) for k, v in body["jobs"]["byState"].items()}
 
 
-# What a sync's transaction runs (plane/sync.py); the token checks and reads run others.
+# What a sync's transaction runs (plane/fleet/sync.py); the token checks and reads run others.
 _SYNC_STATEMENTS: Final = (
     "{%FROM nodes WHERE id%,%INSERT INTO nodes%,%devices%,%topology_domains%,%staged_jobs%,"
     "%last_sync_at%}"

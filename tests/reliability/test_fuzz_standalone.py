@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
-from plane.migrate import migrate
-from plane.server import MAX_BODY, PlaneServer
-from plane.store import PlaneStore
+from plane.db.migrate import migrate
+from plane.db.store import PlaneStore
+from plane.http.server import MAX_BODY, PlaneServer
 from tests.fixtures.records import workload_record
 from tests.plane.conftest import pg_server  # noqa: F401 -- the session's throw-away PostgreSQL
 from tests.plane.plane_client import ADMIN, ClusterCa, signed
@@ -142,7 +142,7 @@ async def plane(pg_server: str) -> AsyncIterator[tuple[str, str, str]]:  # noqa:
 
 
 def plane_error(answer: Answer) -> str | None:
-    """Every plane error body is {"error": "..."} (plane/server.py)."""
+    """Every plane error body is {"error": "..."} (plane/http/server.py)."""
     if answer.status < 300:
         return None if answer.status == 200 else f"status {answer.status}"
     if answer.status not in (400, 401, 403, 413, 415, 503):

@@ -1,0 +1,102 @@
+"""The desired-state channel's routes (mounted through `plane.http.mounts`).
+
+    GET  /v1/desired                    cluster -> its DesiredState; ETag, If-None-Match -> 304
+    GET  /v1/deployments?workload=&cluster=   admin: all; tenant: its own workloads'
+    POST /v1/deployments {workload, cluster, url, node}   admin or the workload's tenant:
+                                        an `observed` deployment adopting a running engine
+
+The ETag is a hash of the encoded document, so an unchanged state costs one small answer
+whatever changed it (or did not) in the tables behind it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Final
+
+import msgspec
+from aiohttp import web
+from msgspec import Meta, Struct
+
+from plane.core.errors import BadInput
+from plane.db.connection import connection
+from plane.desired.sql import declare_observed, deployments_of, desired_state
+
+__all__ = ["ObservedRequest", "mount"]
+
+
+class ObservedRequest(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`POST /v1/deployments`: adopt the engine at `url` on `node` for `workload`."""
+
+    workload: Annotated[str, Meta(min_length=1, max_length=128)]
+    cluster: Annotated[str, Meta(min_length=1, max_length=128)]
+    url: Annotated[str, Meta(min_length=1, max_length=2048, pattern=r"^https?://[^\x00\s]+$")]
+    node: Annotated[str, Meta(max_length=256, pattern=r"^[^\x00]*$")] = ""
+
+
+_observed_decoder: Final = msgspec.json.Decoder(ObservedRequest)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(value), status=status, content_type="application/json"
+    )
+
+
+def _forbidden(message: str) -> web.HTTPForbidden:
+    return web.HTTPForbidden(
+        text=msgspec.json.encode({"error": message}).decode(), content_type="application/json"
+    )
+
+
+def mount(app: web.Application, server: Any) -> None:
+    """Add the desired-state routes to `app`, served over `server`'s store."""
+
+    async def desired(request: web.Request) -> web.Response:
+        role, cluster = await server.caller(request)
+        if role != "cluster" or cluster is None:
+            raise _forbidden("only a cluster token fetches its desired state")
+        async with connection(server.store.pool) as conn:
+            state = await desired_state(conn, cluster)
+        body = msgspec.json.encode(state)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        if etag in request.headers.get("If-None-Match", ""):
+            return web.Response(status=304, headers={"ETag": etag})
+        return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
+
+    async def listing(request: web.Request) -> web.Response:
+        role, own = await server.caller(request)
+        if role == "cluster":
+            raise _forbidden("the deployments listing is the admin's or a tenant's")
+        query = request.query
+        async with connection(server.store.pool) as conn:
+            rows = await deployments_of(
+                conn,
+                tenant=own if role == "tenant" else None,
+                workload=query.get("workload") or None,
+                cluster=query.get("cluster") or None,
+            )
+        return _json({"items": rows})
+
+    async def observe(request: web.Request) -> web.Response:
+        role, own = await server.caller(request)
+        if role == "cluster":
+            raise _forbidden("deployments are declared by the admin or a tenant")
+        try:
+            body = _observed_decoder.decode(await request.read())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise BadInput(f"bad observed deployment: {exc}") from None
+        async with connection(server.store.pool) as conn:
+            made = await declare_observed(
+                conn,
+                tenant=own if role == "tenant" else None,
+                workload=body.workload,
+                cluster=body.cluster,
+                url=body.url,
+                node=body.node,
+            )
+        return _json(made, 201)
+
+    app.router.add_get("/v1/desired", desired)
+    app.router.add_get("/v1/deployments", listing)
+    app.router.add_post("/v1/deployments", observe)

@@ -1,0 +1,1 @@
+"""The machinery side: plane operations, events, components, cache residency and the warm set."""

@@ -1,0 +1,1 @@
+"""Deployments rendered for other systems: NVIDIA Dynamo's `DynamoGraphDeployment` as YAML."""
