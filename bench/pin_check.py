@@ -1,7 +1,7 @@
 """Cost of the per-request pin check (issue 3).
 
 Two aiohttp servers behind the same cluster mTLS in a child process: one whose handler is
-guarded by the pin check (`workload_manager.guard.pinned`, as the inter-node endpoints use it), one
+guarded by the pin check (`netkit.guard.pinned`, as the inter-node endpoints use it), one
 without. The client (this process) sends the same requests to each in turn over
 kept-alive connections, 16 in flight, in paired rounds; the ratio is guarded / unguarded.
 
@@ -22,8 +22,8 @@ from _interleave import report
 from aiohttp import web
 
 from certs import ClientContexts, ClusterDir, ServerContexts, server_hostname_for
-from workload_manager.guard import pinned
-from workload_manager.sites import start_site
+from netkit.guard import pinned
+from netkit.sites import start_site
 
 CONCURRENCY = 16
 

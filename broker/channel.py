@@ -21,6 +21,7 @@ from typing import Annotated, Any, Final
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
+from broker.errors import InvalidCursor
 from workload_manager.dispatch import Deferred, Dispatcher, decode_params
 from workload_manager.jsonrpc import (
     INTERNAL_ERROR,
@@ -36,8 +37,6 @@ from workload_manager.jsonrpc import (
 )
 from workload_manager.manager import Peer, View
 from workload_manager.workload import REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
-
-from .errors import InvalidCursor
 
 __all__ = [
     "MAX_SNAPSHOT_PAGE",

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+from broker.errors import StoreUnavailable
 from workload_manager.workload import Workload
-
-from .errors import StoreUnavailable
 
 __all__ = ["CommitWaiters", "JobKey"]
 

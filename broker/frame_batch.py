@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Final
 
-from .liveness import Drops
+from broker.liveness import Drops
 
 __all__ = ["FrameBatch"]
 

@@ -24,14 +24,13 @@ from typing import Any, Final
 import aiosqlite
 import msgspec
 
+from broker.errors import InvalidCursor, StoreUnavailable
+from broker.jobs_query import Filters, open_filters
+from broker.jobs_query import where as filters_where
+from broker.writer import JobsWriter
+from netkit.tasks import describe
 from workload_manager.manager import View
-from workload_manager.tasks import describe
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
-
-from .errors import InvalidCursor, StoreUnavailable
-from .jobs_query import Filters, open_filters
-from .jobs_query import where as filters_where
-from .writer import JobsWriter
 
 __all__ = ["BUSY_TIMEOUT_S", "MAX_PAGE", "JobsStore", "JobsWriter"]
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .errors import ManagerRefused, ManagerUnavailable
+from broker.errors import ManagerRefused, ManagerUnavailable
 
 __all__ = ["Drops", "Liveness", "watch"]
 

@@ -10,9 +10,8 @@ import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from broker.errors import ManagerPortInUse, ManagerStartFailed
 from workload_manager.errors import port_in_use_from
-
-from .errors import ManagerPortInUse, ManagerStartFailed
 
 __all__ = ["pass_stderr", "spawn_stdio", "start_failure", "stop_process"]
 

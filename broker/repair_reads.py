@@ -13,10 +13,9 @@ from typing import Final
 
 import msgspec
 
+from broker.anti_entropy import JobKey
+from broker.jobs import JobsStore
 from workload_manager.workload import Workload, WorkloadState
-
-from .anti_entropy import JobKey
-from .jobs import JobsStore
 
 __all__ = ["compared_keys", "compared_removals", "data_version", "records_for", "runs_of"]
 

@@ -19,11 +19,10 @@ from typing import Final, Protocol
 
 import msgspec
 
+from broker.channel import BrokerChannel, SnapshotWanted
+from broker.errors import BrokerError, InvalidCursor
 from workload_manager.manager import View
 from workload_manager.workload import Workload, WorkloadRemoval
-
-from .channel import BrokerChannel, SnapshotWanted
-from .errors import BrokerError, InvalidCursor
 
 __all__ = ["PAGE_BUDGET", "ViewSource", "answer_snapshot", "snapshot_page"]
 

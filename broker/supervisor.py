@@ -40,12 +40,7 @@ from typing import Any, Final
 
 import msgspec
 
-from workload_manager.framing import LineFramer
-from workload_manager.manager import Peer
-from workload_manager.tasks import FailureHandler, describe, reporting
-from workload_manager.workload import Workload, WorkloadRemoval
-
-from .channel import (
+from broker.channel import (
     Answered,
     BrokerChannel,
     ChannelAction,
@@ -56,16 +51,20 @@ from .channel import (
     StoreRemove,
     StoreUpsert,
 )
-from .errors import (
+from broker.errors import (
     ManagerRefused,
     ManagerUnavailable,
 )
-from .frame_batch import FrameBatch
-from .jobs import JobsStore, JobsWriter
-from .liveness import Drops, Liveness, watch
-from .process import pass_stderr, spawn_stdio, start_failure, stop_process
-from .restarts import RestartPolicy
-from .snapshot import answer_snapshot
+from broker.frame_batch import FrameBatch
+from broker.jobs import JobsStore, JobsWriter
+from broker.liveness import Drops, Liveness, watch
+from broker.process import pass_stderr, spawn_stdio, start_failure, stop_process
+from broker.restarts import RestartPolicy
+from broker.snapshot import answer_snapshot
+from netkit.tasks import FailureHandler, describe, reporting
+from workload_manager.framing import LineFramer
+from workload_manager.manager import Peer
+from workload_manager.workload import Workload, WorkloadRemoval
 
 __all__ = ["ManagerSupervisor"]
 

@@ -32,11 +32,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
 
-from workload_manager.tasks import FailureHandler, describe, reporting
+from broker.commit_waiters import CommitWaiters
+from broker.errors import StoreUnavailable
+from netkit.tasks import FailureHandler, describe, reporting
 from workload_manager.workload import Workload, WorkloadRemoval
-
-from .commit_waiters import CommitWaiters
-from .errors import StoreUnavailable
 
 __all__ = ["BatchStore", "JobsWriter"]
 

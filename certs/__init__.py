@@ -1,11 +1,11 @@
 """Cluster identity: the CA, node certificates, the `trusted/` pin store, invites and TLS
 contexts. No network I/O and no web framework here: the servers and clients that use it, and
-the aiohttp pin guard (`workload_manager.guard`), live elsewhere.
+the aiohttp pin guard (`netkit.guard`), live elsewhere.
 """
 
-from ._files import make_private_dir, write_atomic
-from .cluster_dir import ClusterDir, Identity, default_cluster_dir
-from .errors import (
+from certs._files import make_private_dir, write_atomic
+from certs.cluster_dir import ClusterDir, Identity, default_cluster_dir
+from certs.errors import (
     BadCertificate,
     BadInviteLifetime,
     BadJoinResponse,
@@ -16,12 +16,19 @@ from .errors import (
     NotCAHolder,
     PinRefused,
 )
-from .identity import NodeCert, spki_sha256
-from .ids import is_node_id, new_node_id, prefixed_ulid
-from .invites import JoinRequest, JoinResponse, admit, complete_join, create_invite, prepare_join
-from .pin_check import pinned_peer
-from .pins import Member, PinStore
-from .tls import ClientContexts, ServerContexts, server_hostname_for
+from certs.identity import NodeCert, spki_sha256
+from certs.ids import is_node_id, new_node_id, prefixed_ulid
+from certs.invites import (
+    JoinRequest,
+    JoinResponse,
+    admit,
+    complete_join,
+    create_invite,
+    prepare_join,
+)
+from certs.pin_check import pinned_peer
+from certs.pins import Member, PinStore
+from certs.tls import ClientContexts, ServerContexts, server_hostname_for
 
 __all__ = [
     "BadCertificate",

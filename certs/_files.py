@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import InsecurePermissions
+from certs.errors import InsecurePermissions
 
 __all__ = [
     "check_private",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from cryptography import x509
 
-from ._files import check_private, ensure_private_dir, write_atomic
-from .errors import CertsError, NoIdentity, NotCAHolder
-from .identity import (
+from certs._files import check_private, ensure_private_dir, write_atomic
+from certs.errors import CertsError, NoIdentity, NotCAHolder
+from certs.identity import (
     NodeCert,
     PrivateKey,
     cert_pem,
@@ -29,8 +29,8 @@ from .identity import (
     new_key,
     operator_sans,
 )
-from .ids import new_node_id
-from .pins import PinStore
+from certs.ids import new_node_id
+from certs.pins import PinStore
 
 __all__ = ["ClusterDir", "Identity", "default_cluster_dir"]
 

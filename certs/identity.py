@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import BadCertificate, PinRefused
-from .ids import DNS_SUFFIX, node_dns_name, node_id_from_uri, node_uri
+from certs.errors import BadCertificate, PinRefused
+from certs.ids import DNS_SUFFIX, node_dns_name, node_id_from_uri, node_uri
 
 # A host name an operator may put in a certificate: letters, digits and hyphens in labels of
 # at most 63, no wildcard (checked lower-cased).

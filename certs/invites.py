@@ -37,10 +37,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from msgspec import Meta
 from ulid import ULID
 
-from ._files import ensure_private_dir, write_atomic
-from .cluster_dir import ClusterDir
-from .errors import BadInviteLifetime, BadJoinResponse, InviteRefused
-from .identity import (
+from certs._files import ensure_private_dir, write_atomic
+from certs.cluster_dir import ClusterDir
+from certs.errors import BadInviteLifetime, BadJoinResponse, InviteRefused
+from certs.identity import (
     PrivateKey,
     ca_fingerprint,
     cert_pem,
@@ -52,7 +52,7 @@ from .identity import (
     operator_sans,
     verify_issued_by,
 )
-from .ids import new_node_id
+from certs.ids import new_node_id
 
 __all__ = [
     "DEFAULT_TTL",

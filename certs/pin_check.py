@@ -2,7 +2,7 @@
 
 TLS proves the peer holds a certificate of the cluster CA; the pin check asks the pin store
 whether that certificate's key belongs to a current member, and whether the certificate is
-still within its validity now. Servers run it on every request (`workload_manager.guard` for
+still within its validity now. Servers run it on every request (`netkit.guard` for
 aiohttp), which is what refuses a removed member, or one whose certificate has expired, on a
 kept-alive connection or a resumed TLS session, where no new handshake verifies anything.
 """
@@ -15,8 +15,8 @@ import time
 
 from cryptography import x509
 
-from .identity import spki_sha256
-from .pins import PinStore
+from certs.identity import spki_sha256
+from certs.pins import PinStore
 
 __all__ = ["pinned_peer"]
 

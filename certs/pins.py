@@ -29,9 +29,9 @@ from typing import Final
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ._files import make_private_dir, write_atomic
-from .errors import PinRefused
-from .identity import (
+from certs._files import make_private_dir, write_atomic
+from certs.errors import PinRefused
+from certs.identity import (
     NodeCert,
     cert_pem,
     describe,
@@ -69,7 +69,7 @@ class Member:
     pin: str  # hex SHA-256 of the SPKI
     added: datetime.datetime | None
     removed: datetime.datetime | None
-    # The removal as its remover signed it (JSON of `broker.records.Removal`; "" for a
+    # The removal as its remover signed it (JSON of `facts.records.Removal`; "" for a
     # tombstone written before removals were signed): what this member pushes on.
     statement: str = ""
 

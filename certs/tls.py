@@ -5,7 +5,7 @@ Server: the listening context has no certificate of its own. Its `sni_callback` 
 gets its identity later starts serving without a rebind; without an identity every handshake
 fails. The outer context is `CERT_REQUIRED` (after the swap, OpenSSL still takes
 `verify_mode` from the outer context) and the inner one trusts the cluster CA; the pin check
-is per HTTP request (`certs.pinned_peer`, run by `workload_manager.guard`). TLS 1.3 only.
+is per HTTP request (`certs.pinned_peer`, run by `netkit.guard`). TLS 1.3 only.
 
 Session tickets stay on: a resumed session still presents the original client certificate
 to `getpeercert()`, and the per-request pin check refuses a removed member on it just as on
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Final
 
-from ._files import check_private, file_stamp
-from .cluster_dir import ClusterDir
-from .errors import CertsError
-from .ids import node_dns_name
+from certs._files import check_private, file_stamp
+from certs.cluster_dir import ClusterDir
+from certs.errors import CertsError
+from certs.ids import node_dns_name
 
 __all__ = ["ClientContexts", "ServerContexts", "server_hostname_for"]
 

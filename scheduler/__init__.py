@@ -1,10 +1,10 @@
 """GPU-aware ranking of nodes for a request, and of a model's replicas on engine load: pure
 functions over snapshots and pending work, with a reason for every refusal. No I/O."""
 
-from .place import Placement, PlacementRequest, rank_placement
-from .rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
-from .refusal import Refusal
-from .replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
+from scheduler.place import Placement, PlacementRequest, rank_placement
+from scheduler.rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
+from scheduler.refusal import Refusal
+from scheduler.replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
 
 __all__ = [
     "Cluster",

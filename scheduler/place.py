@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .rank import NodeView
+from scheduler.rank import NodeView
 
 __all__ = ["Placement", "PlacementRequest", "rank_placement"]
 

@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from .refusal import Refusal
+from scheduler.refusal import Refusal
 
 __all__ = [
     "Cluster",

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .refusal import Refusal
+from scheduler.refusal import Refusal
 
 __all__ = ["ReplicaRanking", "ReplicaView", "ReportedLoad", "rank_replicas"]
 

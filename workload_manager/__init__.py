@@ -4,20 +4,20 @@ and the cluster's pinned peers, de-duplicated, so every member shows the same Jo
 It knows nothing of GPUs, the plane or the Jobs store.
 """
 
-from ._version import VERSION
-from .dispatch import Dispatcher, Reply
-from .errors import ConfigurationError, PortInUse, WorkloadManagerError
-from .framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
-from .jsonrpc import RpcError, parse_payload
-from .manager import Manager, Peer
-from .relay import (
+from workload_manager._version import VERSION
+from workload_manager.dispatch import Dispatcher, Reply
+from workload_manager.errors import ConfigurationError, PortInUse, WorkloadManagerError
+from workload_manager.framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
+from workload_manager.jsonrpc import RpcError, parse_payload
+from workload_manager.manager import Manager, Peer
+from workload_manager.relay import (
     DeliverToBroker,
     Drop,
     DropReason,
     RelayCore,
     SendToPeers,
 )
-from .workload import LIFECYCLE_METHODS, Workload, WorkloadRemoval, WorkloadState
+from workload_manager.workload import LIFECYCLE_METHODS, Workload, WorkloadRemoval, WorkloadState
 
 __all__ = [
     "DEFAULT_MAX_FRAME",

@@ -29,17 +29,30 @@ from msgspec import UNSET
 from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
-
-from .errors import ConfigurationError
-from .guard import PinnedConnector
-from .jsonrpc import Batch, Call, Response, encode_batch, notification, parse_payload, request
-from .keepalive import connector_options
-from .manager import Peer
-from .outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
-from .relay import Event
-from .server import EVENTS_PATH
-from .tasks import describe, reporting
-from .workload import METHOD_FOR_STATE, REMOVE_METHOD, LifecycleParams, Workload, WorkloadRemoval
+from netkit.guard import PinnedConnector
+from netkit.keepalive import connector_options
+from netkit.tasks import describe, reporting
+from workload_manager.errors import ConfigurationError
+from workload_manager.jsonrpc import (
+    Batch,
+    Call,
+    Response,
+    encode_batch,
+    notification,
+    parse_payload,
+    request,
+)
+from workload_manager.manager import Peer
+from workload_manager.outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
+from workload_manager.relay import Event
+from workload_manager.server import EVENTS_PATH
+from workload_manager.workload import (
+    METHOD_FOR_STATE,
+    REMOVE_METHOD,
+    LifecycleParams,
+    Workload,
+    WorkloadRemoval,
+)
 
 __all__ = ["RELAY_MODES", "Broadcaster", "encode_events", "ring_successor"]
 

@@ -21,18 +21,17 @@ from pathlib import Path
 from typing import Final
 
 from certs import CertsError, ClusterDir
-
-from ._version import VERSION
-from .errors import (
+from workload_manager._version import VERSION
+from workload_manager.errors import (
     CannotListen,
     ChannelFailed,
     ConfigurationError,
     IpcPathInUse,
     WorkloadManagerError,
 )
-from .local import serve_stdio, serve_unix
-from .manager import Manager
-from .relay import RelayCore
+from workload_manager.local import serve_stdio, serve_unix
+from workload_manager.manager import Manager
+from workload_manager.relay import RelayCore
 
 __all__ = ["build_parser", "main"]
 
@@ -163,7 +162,7 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
         else:
             # Imported here: the mTLS server and broadcaster (aiohttp, ~0.15 s of start-up)
             # are needed only by a manager with a cluster identity to speak for.
-            from .inter_node import start_inter_node
+            from workload_manager.inter_node import start_inter_node
 
             await start_inter_node(manager, cluster, stack)
         async with asyncio.TaskGroup() as tasks:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import ConfigurationError, UsageError
+from workload_manager.errors import ConfigurationError, UsageError
 
 __all__ = ["DEFAULT_MAX_FRAME", "FrameTooLarge", "LineFramer"]
 

@@ -10,11 +10,10 @@ import random
 from collections.abc import Callable
 
 from certs import ClusterDir
-
-from .broadcaster import Broadcaster
-from .manager import Manager
-from .outbox import Backoff
-from .server import InterNodeServer
+from workload_manager.broadcaster import Broadcaster
+from workload_manager.manager import Manager
+from workload_manager.outbox import Backoff
+from workload_manager.server import InterNodeServer
 
 __all__ = ["start_inter_node"]
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from .errors import UsageError
+from workload_manager.errors import UsageError
 
 __all__ = [
     "INTERNAL_ERROR",

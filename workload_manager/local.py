@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from .errors import ChannelFailed, IpcPathInUse
-from .framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
-from .jsonrpc import INVALID_REQUEST, ErrorObject, encode_error
-from .manager import Manager
-from .tasks import describe, reporting
-from .view_loader import LOADER_PART, load_view
+from netkit.tasks import describe, reporting
+from workload_manager.errors import ChannelFailed, IpcPathInUse
+from workload_manager.framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
+from workload_manager.jsonrpc import INVALID_REQUEST, ErrorObject, encode_error
+from workload_manager.manager import Manager
+from workload_manager.view_loader import LOADER_PART, load_view
 
 __all__ = [
     "FrameWriter",

@@ -23,10 +23,16 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
-from .dispatch import NOTHING, Dispatcher, Reply, decode_params
-from .jsonrpc import INVALID_PARAMS, Response, RpcError, encode_notification, encode_request
-from .relay import Action, DeliverToBroker, Drop, Event, RelayCore, SendToPeers
-from .workload import (
+from workload_manager.dispatch import NOTHING, Dispatcher, Reply, decode_params
+from workload_manager.jsonrpc import (
+    INVALID_PARAMS,
+    Response,
+    RpcError,
+    encode_notification,
+    encode_request,
+)
+from workload_manager.relay import Action, DeliverToBroker, Drop, Event, RelayCore, SendToPeers
+from workload_manager.workload import (
     LIFECYCLE_METHODS,
     REMOVE_METHOD,
     LifecycleParams,

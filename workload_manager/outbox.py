@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import UsageError
-from .relay import Event
-from .workload import Workload, WorkloadRemoval
+from workload_manager.errors import UsageError
+from workload_manager.relay import Event
+from workload_manager.workload import Workload, WorkloadRemoval
 
 __all__ = ["Backoff", "Outbox", "OutboxCounters"]
 

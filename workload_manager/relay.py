@@ -36,8 +36,8 @@ from typing import Final
 
 from msgspec import Struct
 
-from .errors import ConfigurationError
-from .workload import Workload, WorkloadRemoval, WorkloadState
+from workload_manager.errors import ConfigurationError
+from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 __all__ = [
     "Action",

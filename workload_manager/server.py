@@ -22,13 +22,12 @@ from typing import Final
 from aiohttp import web
 
 from certs import ClusterDir, ServerContexts
-
-from .errors import CannotListen, PortInUse
-from .guard import peer_node_id, pinned
-from .jsonrpc import INVALID_PARAMS, RpcError, encode_error
-from .keepalive import server_keepalive_s
-from .manager import Manager
-from .sites import handler_bounds, start_site
+from netkit.guard import peer_node_id, pinned
+from netkit.keepalive import server_keepalive_s
+from netkit.sites import handler_bounds, start_site
+from workload_manager.errors import CannotListen, PortInUse
+from workload_manager.jsonrpc import INVALID_PARAMS, RpcError, encode_error
+from workload_manager.manager import Manager
 
 __all__ = ["EVENTS_PATH", "MAX_BODY", "InterNodeServer"]
 

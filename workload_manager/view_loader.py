@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from .manager import Manager
+from workload_manager.manager import Manager
 
 __all__ = ["LOADER_PART", "load_view"]
 

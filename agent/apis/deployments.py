@@ -39,8 +39,8 @@ from agent.engines.replicas import ReplicaControl
 from agent.engines.templates import check_replica_id
 from agent.serving.in_flight import InFlight
 from agent.serving.routing import replica_views
-from broker.deployments import Deployment
-from broker.records import NodeRecord
+from facts.deployments import Deployment
+from facts.records import NodeRecord
 from scheduler.replicas import rank_replicas
 
 __all__ = ["DeployPorts", "deployment_routes", "deployment_view"]

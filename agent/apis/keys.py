@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from agent.cluster.api_keys import ApiKeys, KeyExists, KeyRefused, KeyRequest
-from broker.api_keys import ApiKey, fingerprint
+from facts.api_keys import ApiKey, fingerprint
 
 __all__ = ["key_routes", "key_view"]
 

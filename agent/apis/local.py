@@ -55,12 +55,12 @@ from agent.metrics.agent import STATES, AgentMetrics
 from agent.serving.run_book import RunNotRecorded
 from agent.serving.view import SchedulingView
 from broker.errors import BrokerError, InvalidCursor, StoreUnavailable
-from broker.inventory import GpuInventory
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import CertsError, PinStore
+from facts.inventory import GpuInventory
+from netkit.sites import handler_bounds, start_site
 from scheduler import Request, rank
-from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import (
     LIFECYCLE_METHODS,
     LifecycleParams,

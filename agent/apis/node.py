@@ -15,7 +15,7 @@ pinned caller (403 otherwise).
   of this node, a forced drain's cancellations.
 - `POST /v1/repair/digest`, `/v1/repair/exchange` (pinned) -- anti-entropy rounds
   (`broker.anti_entropy`): a digest in, the differing keys out; records both ways.
-- `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`broker.probing`).
+- `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`facts.probing`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ from agent.cluster.probes import Probes
 from agent.core.lifetime import SHUTDOWN_S
 from agent.serving.openai_routes import ROUTES, read_body
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
-from broker.api_keys import ApiKey
-from broker.probing import Ping, PingReq
-from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import (
     ClusterDir,
     InviteRefused,
@@ -43,8 +40,11 @@ from certs import (
     admit,
 )
 from certs.invites import Tombstone
-from workload_manager.guard import peer_node_id, pinned
-from workload_manager.sites import PerSourceRate, handler_bounds, start_site
+from facts.api_keys import ApiKey
+from facts.probing import Ping, PingReq
+from facts.records import NodeRecord, RecordsPush, push_decoder
+from netkit.guard import peer_node_id, pinned
+from netkit.sites import PerSourceRate, handler_bounds, start_site
 
 __all__ = ["JoinAnswer", "NodeApi"]
 

@@ -5,7 +5,7 @@ stops them in reverse; it holds no policy of its own. The parts:
 
 - the Jobs store and its group-commit writer (`broker.jobs`);
 - the workload manager child (`broker.supervisor`), told its peers by `Members`;
-- `Members` (records, pins, tombstones; policy in `broker.membership`) and `Heartbeat`
+- `Members` (records, pins, tombstones; policy in `facts.membership`) and `Heartbeat`
   (this node's own record, pushed to every member through `NodeClient`);
 - `Engines` (probed model servers), `SchedulingView`, `LoadPoller`, `Pruner`;
 - the servers: node API (mTLS), local API (loopback), facade;
@@ -61,9 +61,9 @@ from agent.serving.usage_metrics import known_to
 from agent.serving.view import ReplicaViews, SchedulingView
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
-from broker.record_signing import sign_record, sign_removal, sign_statement
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
+from facts.record_signing import sign_record, sign_removal, sign_statement
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 __all__ = ["Agent"]

@@ -18,7 +18,7 @@ from agent.app.run import run_agent
 from agent.cli import calls as cli_http
 from agent.config import ConfigError, load_config, nvpair_home
 from certs import ClusterDir
-from workload_manager.sites import Bounds, raise_open_files_limit
+from netkit.sites import Bounds, raise_open_files_limit
 
 __all__ = ["add_commands"]
 

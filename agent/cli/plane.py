@@ -22,7 +22,7 @@ from agent.cli.plane_workload import add_explain
 from agent.cli.render import add_render
 from agent.config import nvpair_home
 from certs import make_private_dir, write_atomic
-from workload_manager.sites import raise_open_files_limit
+from netkit.sites import raise_open_files_limit
 
 __all__ = ["add_commands"]
 

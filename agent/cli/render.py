@@ -18,7 +18,7 @@ import msgspec
 from agent.cli import calls as cli_http
 from agent.cli.calls import CliError
 from agent.cli.plane_call import plane_call
-from broker.deployments import Deployment
+from facts.deployments import Deployment
 from plane.core.ids import is_id
 from plane.render.dynamo import DynamoSettings, RenderInput, RenderRefused, render
 from plane.render.yaml_text import dump

@@ -2,7 +2,7 @@
 `$NVPAIR_HOME/api-keys.json` (0600), pushed with every records push.
 
 Creating and revoking sign a new version with this node's key (`agent.cluster.signed_facts` says how
-they are kept, `broker.signed_set` how versions converge). Only the SHA-256 of a secret is
+they are kept, `facts.signed_set` how versions converge). Only the SHA-256 of a secret is
 kept, here and in every push; the secret is returned once, to whoever created the key. A
 file that cannot be read is set aside as `api-keys.json.corrupt` and the node starts
 *closed*: it holds no key, but it knows keys existed, so its facade lets nobody in until a
@@ -20,9 +20,9 @@ from cryptography import x509
 from msgspec import Meta
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
-from broker.api_keys import ApiKey, KeySet, hash_secret, new_secret
-from broker.record_signing import RecordVerifier, sign_statement
 from certs import Identity, write_atomic
+from facts.api_keys import ApiKey, KeySet, hash_secret, new_secret
+from facts.record_signing import RecordVerifier, sign_statement
 
 __all__ = ["KEYS_FILE", "ApiKeys", "KeyExists", "KeyRefused", "KeyRequest", "save_joined"]
 

@@ -2,7 +2,7 @@
 kept in `$NVPAIR_HOME/deployments.json` (0600), pushed with every records push.
 
 Declaring, scaling and undeploying sign a new version with this node's key
-(`agent.cluster.signed_facts` says how they are kept, `broker.signed_set` how versions converge). A
+(`agent.cluster.signed_facts` says how they are kept, `facts.signed_set` how versions converge). A
 file that cannot be read is set aside as `deployments.json.corrupt` and the node starts with
 none: the members push theirs.
 """
@@ -14,7 +14,7 @@ from typing import Final
 import msgspec
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
-from broker.deployments import Constraints, Deployment, DeploymentSet
+from facts.deployments import Constraints, Deployment, DeploymentSet
 from plane.core.ids import new_id
 
 __all__ = ["DEPLOYMENTS_FILE", "DeploymentRefused", "DeploymentRequest", "Deployments"]
@@ -41,7 +41,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     constraints: Constraints = Constraints()
     authority: str = "managed"
     url: str = ""
-    engineKey: str = ""  # "", "generate" or "file:PATH" (broker.deployments)
+    engineKey: str = ""  # "", "generate" or "file:PATH" (facts.deployments)
 
 
 class Deployments(SignedFacts[Deployment]):

@@ -26,8 +26,8 @@ from agent.cluster.node_client import NodeClient
 from agent.cluster.probes import member_probes
 from agent.config import AgentConfig
 from agent.core.errors import MemberRefused, MemberUnreachable
-from broker.inventory import GpuInventory
-from broker.records import Engine, NodeRecord, RecordsPush, Replica
+from facts.inventory import GpuInventory
+from facts.records import Engine, NodeRecord, RecordsPush, Replica
 from workload_manager import VERSION
 
 __all__ = ["Heartbeat", "OwnRecord"]
@@ -51,7 +51,7 @@ class OwnRecord:
         replicas: Callable[[], list[Replica]] = list,
     ) -> None:
         self._config = config
-        self._sign = sign  # with this node's key (broker/record_signing.py)
+        self._sign = sign  # with this node's key (facts/record_signing.py)
         self._node_id = node_id
         self.gpus = gpus
         self._engines = engines

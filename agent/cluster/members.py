@@ -1,6 +1,6 @@
-"""This node's side of membership: carrying out what `broker.membership` decides.
+"""This node's side of membership: carrying out what `facts.membership` decides.
 
-`Members` holds the node records (`broker.records.Membership`), applies records pushes
+`Members` holds the node records (`facts.records.Membership`), applies records pushes
 (tombstones unpin, new members' certificates are pinned, members' records offered), answers
 with this node's own push, and tells the workload manager whenever its peers change.
 """
@@ -18,13 +18,13 @@ from cryptography import x509
 
 from agent.cluster.api_keys import ApiKeys
 from agent.cluster.deployments import Deployments
-from broker.membership import manager_peers, plan_push
-from broker.probing import Prober
-from broker.record_deltas import digest, holdings, lacking
-from broker.record_signing import RecordVerifier
-from broker.records import Membership, NodeRecord, RecordsPush, Removal
 from certs import ClusterDir, PinRefused
 from certs.pins import Member
+from facts.membership import manager_peers, plan_push
+from facts.probing import Prober
+from facts.record_deltas import digest, holdings, lacking
+from facts.record_signing import RecordVerifier
+from facts.records import Membership, NodeRecord, RecordsPush, Removal
 from workload_manager.manager import Peer
 
 __all__ = ["SEEDS_FILE", "Members", "read_seeds", "remover"]
@@ -122,7 +122,7 @@ class Members:
         return self.membership.record(node_id)
 
     def reachable(self, node_id: str, now: float) -> bool:
-        """Whether the member is reachable: the probes' verdict (broker/probing.py) for the
+        """Whether the member is reachable: the probes' verdict (facts/probing.py) for the
         members they watch, else whether it was heard from recently."""
         if self.prober is not None and node_id in self.prober:
             return self.prober.reachable(node_id)

@@ -20,10 +20,10 @@ import msgspec
 from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.core.request_identity import outgoing
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
-from broker.probing import Ping, PingReq, PingReqAnswer
-from broker.records import NodeRecord, RecordsPush, push_decoder
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
-from workload_manager.guard import PinnedConnector
+from facts.probing import Ping, PingReq, PingReqAnswer
+from facts.records import NodeRecord, RecordsPush, push_decoder
+from netkit.guard import PinnedConnector
 
 __all__ = ["NodeClient"]
 
@@ -117,7 +117,7 @@ class NodeClient:
         return answer
 
     async def ping(self, node_id: str, ping: Ping) -> Ping:
-        """A probe (broker/probing.py): our digest and rumors there, the member's back."""
+        """A probe (facts/probing.py): our digest and rumors there, the member's back."""
         answer: Ping = await self._call(node_id, "/v1/members/ping", ping, _ping)
         return answer
 

@@ -1,4 +1,4 @@
-"""Carrying out `broker.probing`: pings, indirect pings, verdicts told to every member.
+"""Carrying out `facts.probing`: pings, indirect pings, verdicts told to every member.
 
 `Probes.probe(node_id)` pings a member; when the ping fails it asks a few others to ping it
 (`ping-req`), and when none reaches it the prober suspects it. A ping's answer whose digest
@@ -18,7 +18,7 @@ from typing import Final
 from agent.cluster.members import Members
 from agent.cluster.node_client import NodeClient
 from agent.core.errors import MemberRefused, MemberUnreachable
-from broker.probing import Ping, PingReq, PingReqAnswer, Prober
+from facts.probing import Ping, PingReq, PingReqAnswer, Prober
 
 __all__ = ["Probes", "member_probes"]
 

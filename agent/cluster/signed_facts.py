@@ -1,5 +1,5 @@
 """This node's copy of one kind of signed cluster fact (deployments, API keys): the pure set
-(`broker.signed_set`) loaded from and saved to one file, and edits made here as signed
+(`facts.signed_set`) loaded from and saved to one file, and edits made here as signed
 versions. Each kind is a small subclass that declares its file, its set and its refusals.
 
 The file (`$NVPAIR_HOME/<kind>.json`, 0600, written atomically) holds every version held,
@@ -22,8 +22,8 @@ from typing import ClassVar, Final, Generic
 import msgspec
 
 from agent.core.errors import AgentError
-from broker.signed_set import F, SignedSet
 from certs import write_atomic
+from facts.signed_set import F, SignedSet
 
 __all__ = ["FactRefused", "SignedFacts"]
 

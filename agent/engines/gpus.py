@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from broker.inventory import Device, GpuInventory, TopologyDomain
+from facts.inventory import Device, GpuInventory, TopologyDomain
 
 __all__ = [
     "Device",

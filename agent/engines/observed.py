@@ -28,8 +28,8 @@ import aiohttp
 from agent.engines.auth import EngineAuth
 from agent.engines.gpus import stable_id
 from agent.engines.kinds import ready_path
-from broker.deployments import Deployment, spec_digest
-from broker.records import Replica
+from facts.deployments import Deployment, spec_digest
+from facts.records import Replica
 
 __all__ = ["ObservedEngines"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.deployments import Deployment, spec_digest
-from broker.records import Replica
+from facts.deployments import Deployment, spec_digest
+from facts.records import Replica
 from scheduler.reconcile import Gpu, Running, Want
 
 __all__ = ["gpu_of", "running_of", "want_of"]

@@ -22,7 +22,7 @@ from agent.engines import kinds as engine_kinds
 from agent.engines.auth import EngineAuth
 from agent.engines.client import EngineHttp
 from agent.engines.config import EngineSpec
-from broker.records import Engine
+from facts.records import Engine
 
 __all__ = ["Engines"]
 

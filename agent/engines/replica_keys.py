@@ -16,7 +16,7 @@ from typing import Final, Protocol
 
 from agent.engines.auth import credentials_from, new_engine_key
 from agent.engines.proc_state import ReplicaStatus
-from broker.deployments import MAX_DEPLOYMENTS, Deployment
+from facts.deployments import MAX_DEPLOYMENTS, Deployment
 
 __all__ = ["engine_key", "managed_keys"]
 

@@ -35,10 +35,10 @@ from agent.engines.replica_keys import engine_key, managed_keys
 from agent.engines.supervisor import EngineSupervisor
 from agent.engines.templates import LaunchSpec
 from agent.engines.version import EngineVersions
-from broker.deployments import Deployment, spec_digest
-from broker.inventory import GpuInventory
-from broker.records import NodeRecord, Replica
 from certs import write_atomic
+from facts.deployments import Deployment, spec_digest
+from facts.inventory import GpuInventory
+from facts.records import NodeRecord, Replica
 from plane.core.ids import new_id
 from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
 

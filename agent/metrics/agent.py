@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from agent.core.metric_aliases import DEPRECATED, deprecated_gauge
 from agent.metrics.carried import CarriedCounts, carried_status
 from agent.metrics.peers import peer_metrics
-from broker.inventory import GpuInventory
+from facts.inventory import GpuInventory
 
 __all__ = ["REPAIRS", "STATES", "AgentMetrics"]
 

@@ -17,8 +17,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.core.metric_labels import OTHER, bounded
-from broker.deployments import Deployment
-from broker.records import Replica
+from facts.deployments import Deployment
+from facts.records import Replica
 
 if TYPE_CHECKING:
     from agent.cluster.deployments import Deployments

@@ -40,8 +40,8 @@ from prometheus_client import (
 
 from agent.mock.flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
 from agent.mock.routes import add_routes
+from netkit.sites import start_site
 from workload_manager import VERSION
-from workload_manager.sites import start_site
 
 __all__ = ["MockEngine", "add_command"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
-from broker.deployments import Constraints, Deployment
+from facts.deployments import Constraints, Deployment
 from plane.desired.state import DesiredDeployment, DesiredState
 
 __all__ = ["Declare", "PlaneConverger", "Scale", "Undeploy", "plan", "request_for"]

@@ -26,10 +26,10 @@ from typing import Any, Final
 from agent.cluster.operations import Operations
 from agent.plane_link.ops import PlaneOps
 from agent.plane_link.reports import Reporter
-from broker.deployments import Deployment
-from broker.records import NodeRecord
 from certs import write_atomic
 from certs.ids import prefixed_ulid
+from facts.deployments import Deployment
+from facts.records import NodeRecord
 from plane.desired.state import (
     MAX_EVENTS,
     CacheReport,

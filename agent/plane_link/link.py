@@ -30,8 +30,8 @@ from agent.plane_link.sync import PlaneSync
 from agent.serving.facade import Facade
 from agent.serving.usage_store import UsageStore
 from broker.jobs import JobsStore, JobsWriter
-from broker.records import NodeRecord
 from certs import Identity
+from facts.records import NodeRecord
 from plane.desired.state import DesiredState
 
 __all__ = ["PlaneLink", "plane_link", "plane_routes"]

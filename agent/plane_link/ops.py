@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.cluster.operations import KINDS, OperationRefused, Operations
-from broker.records import NodeRecord
 from certs import write_atomic
+from facts.records import NodeRecord
 from plane.desired.state import DesiredState, OperationReport
 
 __all__ = ["MAX_KEPT", "STATE_FILE", "PlaneOps"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from broker.records import NodeRecord
+from facts.records import NodeRecord
 from plane.desired.state import ReplicaReport
 
 __all__ = ["ReplicaReporter", "facade_url"]

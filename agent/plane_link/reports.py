@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker.records import NodeRecord
+from facts.records import NodeRecord
 
 __all__ = ["Reporter"]
 

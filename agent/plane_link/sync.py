@@ -36,8 +36,8 @@ from agent.plane_link.reports import Reporter
 from agent.serving.usage_store import UsageStore, UsageUnavailable
 from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
-from broker.records import NodeRecord
 from certs import Identity
+from facts.records import NodeRecord
 from plane.core.wire import NodeSummary, SyncBatch
 from plane.fleet.node_signing import sign_sync
 from workload_manager.outbox import Backoff

@@ -44,9 +44,9 @@ from agent.serving.routing import FAILOVER_STATUSES, Target, choose, served_mode
 from agent.serving.usage import Meter, ask_for_usage
 from agent.serving.view import SchedulingView
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
+from netkit.sites import handler_bounds, start_site
 from scheduler import Cluster, Load, Refusal
 from scheduler.replicas import ReplicaView
-from workload_manager.sites import handler_bounds, start_site
 from workload_manager.workload import Workload
 
 __all__ = ["Facade", "facade_address", "openai_error"]

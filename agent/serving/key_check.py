@@ -25,7 +25,7 @@ from aiohttp import web
 from agent.cluster.api_keys import ApiKeys
 from agent.serving.openai_errors import openai_error
 from agent.serving.rate_limit import KeyLimiter
-from broker.api_keys import ApiKey, hash_secret, hashes_match
+from facts.api_keys import ApiKey, hash_secret, hashes_match
 
 __all__ = ["KeyCheck"]
 

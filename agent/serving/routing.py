@@ -18,8 +18,8 @@ from typing import Final
 
 import msgspec
 
-from broker.deployments import Deployment
-from broker.records import NodeRecord
+from facts.deployments import Deployment
+from facts.records import NodeRecord
 from scheduler import Cluster, Load, Refusal, Request, rank
 from scheduler.replicas import ReplicaView, ReportedLoad, rank_replicas
 

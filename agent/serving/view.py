@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from agent.serving.routing import replica_views
-from broker.deployments import Deployment
-from broker.records import NodeRecord
+from facts.deployments import Deployment
+from facts.records import NodeRecord
 from scheduler import Cluster, DeviceView, EngineView, Load, NodeView
 from scheduler.replicas import ReplicaView
 

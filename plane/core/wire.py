@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final
 import msgspec
 from msgspec import Meta, Struct
 
-from broker.inventory import Device, TopologyDomain
+from facts.inventory import Device, TopologyDomain
 from plane.desired.state import (
     MAX_EVENTS,
     CacheReport,

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import msgspec
 
-from broker.deployments import Constraints
+from facts.deployments import Constraints
 from plane.core.errors import PlaneError
 from plane.core.ids import new_id
 from plane.db.connection import Conn

@@ -18,7 +18,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from broker.deployments import Constraints
+from facts.deployments import Constraints
 
 __all__ = [
     "MAX_EVENTS",

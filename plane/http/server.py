@@ -31,6 +31,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from netkit.sites import handler_bounds, start_site
 from plane.core.errors import DatabaseUnavailable, PlaneError
 from plane.core.ids import is_id
 from plane.core.wire import (
@@ -45,7 +46,6 @@ from plane.db.connection import first_line
 from plane.db.store import PlaneStore
 from plane.fleet.node_signing import SyncVerifier, cluster_ca_of_pem, read_signature
 from plane.http.mounts import MOUNTS
-from workload_manager.sites import handler_bounds, start_site
 
 __all__ = ["MAX_BODY", "MAX_WINDOW_S", "PlaneServer"]
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker.deployments import Deployment
+from facts.deployments import Deployment
 from plane.desired.state import DesiredDeployment
 
 __all__ = [

@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from agent.apis.node import JOIN_BURST
 from agent.serving.facade import facade_address
-from workload_manager.sites import PerSourceRate
+from netkit.sites import PerSourceRate
 
 from .harness import TIMEOUT, Node, eventually, make_node, start_cluster
 

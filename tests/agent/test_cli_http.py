@@ -19,7 +19,7 @@ from aiohttp import web
 from agent.cli import calls as cli_http
 from agent.cli.calls import CliError
 from agent.cli.main import main
-from workload_manager.sites import start_site
+from netkit.sites import start_site
 
 TOKEN = "s3cret-token"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

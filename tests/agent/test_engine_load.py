@@ -22,8 +22,8 @@ from agent.engines.load import (
     parse_engine_load,
 )
 from agent.mock.engine import MockEngine
+from netkit.sites import start_site
 from tests.fixtures.waiting import eventually
-from workload_manager.sites import start_site
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -14,11 +14,11 @@ import pytest
 import pytest_asyncio
 
 from agent.cluster.node_client import NodeClient
-from broker.deployments import Deployment
-from broker.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
-from broker.records import NodeRecord, RecordsPush, Removal
 from certs import ClusterDir
 from certs.cluster_dir import Identity
+from facts.deployments import Deployment
+from facts.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
+from facts.records import NodeRecord, RecordsPush, Removal
 from tests.fixtures.records import node_record
 
 from .harness import Node, eventually, make_node, start_cluster

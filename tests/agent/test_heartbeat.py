@@ -15,8 +15,8 @@ from agent.cluster.members import Members
 from agent.cluster.node_client import NodeClient
 from agent.config import AgentConfig
 from agent.core.errors import MemberUnreachable
-from broker.inventory import GpuInventory
-from broker.records import RecordsPush
+from facts.inventory import GpuInventory
+from facts.records import RecordsPush
 from tests.fixtures.waiting import eventually
 
 

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cluster.repair import RepairCounters
 from agent.metrics.agent import REPAIRS, AgentMetrics
-from broker.inventory import GpuInventory
 from broker.jobs import JobsStore, JobsWriter
+from facts.inventory import GpuInventory
 from tests.fixtures.records import workload
 from tests.fixtures.waiting import eventually
 

@@ -34,7 +34,7 @@ from agent.core.metric_labels import OTHER, FirstSeen, bounded
 from agent.metrics.serving import ServingMetrics
 from agent.serving.usage import Meter
 from agent.serving.usage_metrics import NO_KEY, OUTCOMES, UsageMetrics
-from broker.deployments import Deployment
+from facts.deployments import Deployment
 from workload_manager.workload import Workload, WorkloadState
 
 from .deploy_harness import engine_cluster, post, ready_everywhere

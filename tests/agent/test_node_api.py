@@ -17,8 +17,8 @@ from agent.apis.node import NodeApi
 from agent.cluster.node_client import NodeClient
 from agent.core.errors import MemberRefused, MemberUnreachable
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
-from broker.records import RecordsPush
 from certs import ClientContexts, ClusterDir, server_hostname_for
+from facts.records import RecordsPush
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 

@@ -16,10 +16,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.cluster.node_client import NodeClient
 from agent.core.errors import MemberUnreachable
-from broker.records import NodeRecord
 from certs import ClusterDir, ServerContexts
 from certs.identity import load_cert, new_key
 from certs.ids import new_node_id, node_dns_name, node_uri
+from facts.records import NodeRecord
 from tests.fixtures.records import node_record
 from tests.workload_manager.cluster_harness import Member, free_port, make_cluster
 

@@ -14,7 +14,7 @@ from agent.config import PlaneSettings
 from agent.engines.observed import _drift
 from agent.plane_link.deployments import Declare, PlaneConverger, Scale, Undeploy, plan, request_for
 from agent.plane_link.down import DESIRED_FILE, PlaneDown
-from broker.deployments import Deployment
+from facts.deployments import Deployment
 from plane.core.ids import new_id
 from plane.desired.state import DesiredDeployment, DesiredState
 

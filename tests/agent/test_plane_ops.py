@@ -14,9 +14,9 @@ import msgspec
 from agent.engines.gpus import simulate
 from agent.plane_link.events import CacheReports, ComponentReports, EventReports
 from agent.plane_link.ops import INTERRUPTED, PlaneOps
-from broker.deployments import Deployment
-from broker.records import NodeRecord, Replica
 from certs.ids import new_node_id, prefixed_ulid
+from facts.deployments import Deployment
+from facts.records import NodeRecord, Replica
 from plane.core.wire import SyncBatch
 from plane.desired.state import DesiredOperation, DesiredState, WarmArtifact
 from tests.fixtures.operations_node import OperationsNode

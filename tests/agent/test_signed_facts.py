@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
-from broker.signed_set import SignedSet
+from facts.signed_set import SignedSet
 from tests.fixtures.clock import FakeClock
 from tests.fixtures.notes import CAPACITY, NOTE, Note
 

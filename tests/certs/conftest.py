@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from certs import ClientContexts, ClusterDir, ServerContexts, server_hostname_for
-from workload_manager.guard import peer_node_id, pin_guard, pinned
-from workload_manager.sites import start_site
+from netkit.guard import peer_node_id, pin_guard, pinned
+from netkit.sites import start_site
 
 
 @dataclass

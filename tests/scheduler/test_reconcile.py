@@ -12,7 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.deployments import Deployment, DeploymentSet
+from facts.deployments import Deployment, DeploymentSet
 from scheduler.reconcile import (
     Gpu,
     Host,

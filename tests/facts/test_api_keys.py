@@ -1,5 +1,5 @@
-"""API keys as signed, converging cluster facts (`broker.api_keys`), and how a records push
-takes them (`broker.membership.plan_push`)."""
+"""API keys as signed, converging cluster facts (`facts.api_keys`), and how a records push
+takes them (`facts.membership.plan_push`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import time
 import msgspec
 import pytest
 
-from broker.api_keys import (
+from certs import new_node_id
+from certs.identity import issue_node_cert, make_ca, new_key
+from facts.api_keys import (
     MAX_KEYS,
     SECRET_PREFIX,
     ApiKey,
@@ -19,11 +21,9 @@ from broker.api_keys import (
     hashes_match,
     new_secret,
 )
-from broker.membership import plan_push
-from broker.record_signing import RecordVerifier, sign_statement
-from broker.records import RecordsPush, push_decoder
-from certs import new_node_id
-from certs.identity import issue_node_cert, make_ca, new_key
+from facts.membership import plan_push
+from facts.record_signing import RecordVerifier, sign_statement
+from facts.records import RecordsPush, push_decoder
 
 NOW = 1_000_000
 

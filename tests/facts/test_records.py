@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.records import Membership, Removal
+from facts.records import Membership, Removal
 from tests.fixtures.records import node_record as rec
 
 

@@ -2,7 +2,7 @@
 with tombstones, bounded. Sans-I/O; the one mechanism every kind of fact uses.
 
 A cluster fact (a deployment, an API key; next, artifacts) is a statement signed by the
-member that made the version (`broker.record_signing.sign_statement`): members check it
+member that made the version (`facts.record_signing.sign_statement`): members check it
 against the cluster CA before they offer it here. A kind of fact declares only what differs
 (`FactKind`): its type, its key, what a tombstone is, when a version expires, how many the
 cluster holds and how long its tombstones are kept. The rule is the same for every kind:

@@ -13,9 +13,9 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from .api_keys import ApiKey
-from .deployments import Deployment
-from .records import NodeRecord, Removal
+from facts.api_keys import ApiKey
+from facts.deployments import Deployment
+from facts.records import NodeRecord, Removal
 
 __all__ = ["PINNED", "REMOVED", "digest", "holdings", "lacking"]
 

@@ -31,8 +31,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from certs import CertsError
 from certs.identity import cert_pem, describe, load_cert, verify_issued_by
-
-from .records import NodeRecord, Removal
+from facts.records import NodeRecord, Removal
 
 __all__ = [
     "MAX_SKEW_MS",

@@ -1,4 +1,4 @@
-"""The listener's book (workload_manager/sites.py) in memory, with a fake clock: who is
+"""The listener's book (netkit/sites.py) in memory, with a fake clock: who is
 admitted, who is closed to make room, and what is never closed for a newcomer (issue 25,
 item 1). The real sockets are tests/reliability/test_handshake_flood.py's."""
 
@@ -11,8 +11,8 @@ from typing import Any, cast
 
 import pytest
 
+from netkit.sites import STALE_S, Bounds, _Book, _Bounded, quiet_accept_errors
 from tests.fixtures.clock import FakeClock
-from workload_manager.sites import STALE_S, Bounds, _Book, _Bounded, quiet_accept_errors
 
 BOUNDS = Bounds(
     max_connections=20,

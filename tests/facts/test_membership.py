@@ -9,11 +9,11 @@ import msgspec
 import pytest
 from cryptography import x509
 
-from broker.membership import PushPlan, manager_peers, plan_push
-from broker.record_signing import MAX_SKEW_MS, RecordVerifier, sign_record, sign_removal
-from broker.records import NodeRecord, RecordsPush, Removal
 from certs import new_node_id
 from certs.identity import PrivateKey, cert_pem, issue_node_cert, load_cert, make_ca, new_key
+from facts.membership import PushPlan, manager_peers, plan_push
+from facts.record_signing import MAX_SKEW_MS, RecordVerifier, sign_record, sign_removal
+from facts.records import NodeRecord, RecordsPush, Removal
 from tests.fixtures.records import node_record
 
 CA = tuple[PrivateKey, x509.Certificate]

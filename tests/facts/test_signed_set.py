@@ -1,4 +1,4 @@
-"""The one mechanism for signed cluster facts (`broker.signed_set`), tested once on a kind
+"""The one mechanism for signed cluster facts (`facts.signed_set`), tested once on a kind
 made up for it (`tests.fixtures.notes`): any delivery order, duplicated, converges; a
 tombstone is never undone by an older version; the set stays within its capacity and drops
 only what may go; forgetting old tombstones never drops a live fact. Then what the two kinds
@@ -10,9 +10,9 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.api_keys import ApiKey, KeySet
-from broker.deployments import TOMBSTONE_MS, Deployment, DeploymentSet
-from broker.signed_set import SignedSet, order
+from facts.api_keys import ApiKey, KeySet
+from facts.deployments import TOMBSTONE_MS, Deployment, DeploymentSet
+from facts.signed_set import SignedSet, order
 from tests.fixtures.notes import CAPACITY, KEEP_MS, NOTE, Note
 
 

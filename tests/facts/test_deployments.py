@@ -1,4 +1,4 @@
-"""Deployments as declared, signed, converging facts (`broker.deployments`)."""
+"""Deployments as declared, signed, converging facts (`facts.deployments`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import itertools
 
 import msgspec
 
-from broker.deployments import MAX_DEPLOYMENTS, Deployment, DeploymentSet
-from broker.record_signing import RecordVerifier, sign_statement
 from certs import new_node_id
 from certs.identity import issue_node_cert, make_ca, new_key
+from facts.deployments import MAX_DEPLOYMENTS, Deployment, DeploymentSet
+from facts.record_signing import RecordVerifier, sign_statement
 
 DEP = "dep_" + "0" * 26
 

@@ -21,9 +21,9 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .api_keys import MAX_KEYS, ApiKey
-from .deployments import MAX_DEPLOYMENTS, Deployment
-from .inventory import Device, TopologyDomain
+from facts.api_keys import MAX_KEYS, ApiKey
+from facts.deployments import MAX_DEPLOYMENTS, Deployment
+from facts.inventory import Device, TopologyDomain
 
 __all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
 
@@ -82,7 +82,7 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     updatedAt: Annotated[int, Meta(ge=0)]  # epoch ms
     generation: Annotated[int, Meta(ge=1)]
     replicas: Annotated[list[Replica], Meta(max_length=64)] = []
-    # The owner's signature (broker/record_signing.py): base64url ECDSA P-256 over the record
+    # The owner's signature (facts/record_signing.py): base64url ECDSA P-256 over the record
     # with this field empty. Members take a record only when it verifies against its
     # owner's pinned certificate.
     signature: Annotated[str, Meta(max_length=256)] = ""
@@ -90,7 +90,7 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
 
 class Removal(Struct, kw_only=True, frozen=True):
     """A tombstone: this node was removed and stays removed -- a statement signed by the
-    member that made it (`broker/record_signing.py`: `by`, its certificate `byCert`, and
+    member that made it (`facts/record_signing.py`: `by`, its certificate `byCert`, and
     its ECDSA `signature` over the removal with that field empty), so every member can
     check who removed whom, whoever relays it and whatever it pins."""
 

@@ -1,4 +1,4 @@
-"""The probing core (broker/probing.py) in memory: N members on a fake clock, pings that
+"""The probing core (facts/probing.py) in memory: N members on a fake clock, pings that
 either arrive or do not. What a beat costs when nothing changes, how soon a stopped member
 is unreachable everywhere, and that a false verdict is refuted."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.probing import Ping, PingReq, PingReqAnswer, Prober, Rumor, State
-from broker.record_deltas import REMOVED, digest, lacking
+from facts.probing import Ping, PingReq, PingReqAnswer, Prober, Rumor, State
+from facts.record_deltas import REMOVED, digest, lacking
 
 BEAT_S = 2.0  # the default heartbeat
 DIGEST = digest({"nod_x": 1})

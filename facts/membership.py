@@ -19,12 +19,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
+from facts.api_keys import ApiKey
+from facts.deployments import Deployment
+from facts.record_signing import RecordVerifier
+from facts.records import NodeRecord, RecordsPush, Removal
 from workload_manager.manager import Peer
-
-from .api_keys import ApiKey
-from .deployments import Deployment
-from .record_signing import RecordVerifier
-from .records import NodeRecord, RecordsPush, Removal
 
 __all__ = ["NewPin", "PushPlan", "manager_peers", "plan_push"]
 

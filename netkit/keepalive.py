@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .sites import Bounds
+from netkit.sites import Bounds
 
 __all__ = ["client_keepalive_s", "connector_options", "server_keepalive_s"]
 

@@ -6,10 +6,10 @@ at once (`maxInFlight`, for routing: the facade's wait line), where they may go,
 starts the engines (`managed`: the agents; `observed`: an engine that already runs, watched
 and never restarted). Any member may declare, scale or undeploy one (the operator of any
 machine owns the cluster, as with removals); each version is a statement signed by the
-member that made it (`broker.record_signing.sign_statement`), so members check it against
+member that made it (`facts.record_signing.sign_statement`), so members check it against
 the cluster CA alone, whoever relays it.
 
-**Convergence** is that of every signed cluster fact (`broker.signed_set`). Deployments are
+**Convergence** is that of every signed cluster fact (`facts.signed_set`). Deployments are
 keyed by name. Every edit at a member sets `version` to one more than the highest it holds
 for that name; a member takes a version when it is higher in `(version, updatedAt, by)`
 order than the one it holds -- the same total order everywhere, so concurrent edits at two
@@ -28,7 +28,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from .signed_set import FactKind, SignedSet
+from facts.signed_set import FactKind, SignedSet
 
 __all__ = [
     "DEPLOYMENT",

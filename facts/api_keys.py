@@ -5,10 +5,10 @@ its secret (never the secret: `nvpair keys create` shows that once), the models 
 for (none listed: all), its requests and tokens per minute (0: no limit) and when it
 expires. Any member may issue or revoke one, as any member may declare a deployment or
 remove a member: the operator of any machine owns the cluster. Each version is a statement
-signed by the member that made it (`broker.record_signing.sign_statement`), so members check
+signed by the member that made it (`facts.record_signing.sign_statement`), so members check
 it against the cluster CA alone, whoever relays it.
 
-**Convergence** is that of every signed cluster fact (`broker.signed_set`): keyed by name, a
+**Convergence** is that of every signed cluster fact (`facts.signed_set`): keyed by name, a
 member takes a version that is higher in `(version, updatedAt, by)` order than the one it
 holds. A revocation is a version with `revoked` set and no hash (a tombstone). Tombstones are
 not forgotten by age -- a late copy of a key's older version must never bring a revoked key
@@ -25,7 +25,7 @@ from typing import Annotated, Final
 
 from msgspec import Meta, Struct
 
-from .signed_set import FactKind, SignedSet
+from facts.signed_set import FactKind, SignedSet
 
 __all__ = [
     "API_KEY",

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workload_manager.keepalive import client_keepalive_s, connector_options, server_keepalive_s
-
-from .cluster_harness import Member, eventually, make_cluster
+from netkit.keepalive import client_keepalive_s, connector_options, server_keepalive_s
+from tests.workload_manager.cluster_harness import Member, eventually, make_cluster
 
 # The listener bound every nvpair server has. The inter-node server used to close a member's
 # idle connection after it (30 s by default, and the client's aiohttp after 15 s), so every

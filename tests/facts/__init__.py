@@ -1,0 +1,1 @@
+"""Tests of `facts`: the cluster's signed facts and membership, in memory."""

@@ -1,0 +1,1 @@
+"""Tests of `netkit`: the plumbing every server and client shares."""
