@@ -10,7 +10,6 @@ it as one `nvpair: …` line and exits 1. Nothing here raises `SystemExit`.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Final
 
 from agent.apis.local_guard import TOKEN_FILE, read_token
 from agent.config import nvpair_home
+from netkit.processes import alive
 
 __all__ = ["CliError", "agent_headers", "agent_url", "get", "post", "request", "table"]
 
@@ -44,7 +44,7 @@ def agent_url(home: Path | None = None) -> str:
     if not isinstance(state, dict) or not isinstance(state.get("api"), str):
         raise CliError(f"{path} is not an agent's state file (no api address in it)")
     pid = state.get("pid")
-    if isinstance(pid, int) and not isinstance(pid, bool) and not _alive(pid):
+    if isinstance(pid, int) and not isinstance(pid, bool) and not alive(pid):
         # A killed agent cannot remove its file; the pid says which agent left it.
         raise CliError(f"no agent is running (stale agent.json from pid {pid})")
     return str(state["api"]).rstrip("/")
@@ -111,21 +111,6 @@ def _reason(exc: urllib.error.HTTPError) -> str:
     except (ValueError, AttributeError):
         message = None
     return str(message) if message else text[:500] or str(exc.reason)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process `pid` exists (one of another user's counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OverflowError:
-        return False
-    return True
 
 
 def table(rows: list[list[str]]) -> str:

@@ -39,6 +39,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from certs import make_private_dir
+from netkit.processes import alive
 
 __all__ = ["EmbeddedError", "EmbeddedPostgres", "bin_dir", "running_dsn"]
 
@@ -73,22 +74,12 @@ def _pid_file(data: Path) -> list[str] | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def running_dsn(root: Path, database: str = DATABASE) -> str | None:
     """The DSN of the server running on `root/data` now (from its `postmaster.pid`), or None."""
     lines = _pid_file(root / "data")
     if lines is None or len(lines) < 8 or lines[7].strip() != "ready":
         return None
-    if not lines[0].strip().isdigit() or not _alive(int(lines[0])):
+    if not lines[0].strip().isdigit() or not alive(int(lines[0])):
         return None
     port, socket_dir, address = lines[3].strip(), lines[4].strip(), lines[5].strip()
     host = socket_dir or address
@@ -204,7 +195,7 @@ class EmbeddedPostgres:
         if not lines or not lines[0].strip().isdigit():
             return
         pid = int(lines[0])
-        if not _alive(pid):
+        if not alive(pid):
             return
         try:
             ours = Path(os.readlink(f"/proc/{pid}/exe")) == (bindir / "postgres").resolve()

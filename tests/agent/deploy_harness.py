@@ -4,13 +4,13 @@ them."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from netkit.processes import alive as alive
 from tests.workload_manager.cluster_harness import engine_ports
 
 from .harness import Node, engine_pids, eventually, kill_engines, make_node, start_cluster
@@ -70,14 +70,6 @@ async def formed(nodes: list[Node]) -> bool:
         if len(listed) != len(nodes) or not all(n["reachable"] for n in listed):
             return False
     return True
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
 
 
 async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:
