@@ -35,7 +35,7 @@ from agent.serving.endpoint_routes import EndpointRoutes, endpoint_models, ready
 from agent.serving.in_flight import InFlight
 from agent.serving.job_errors import JobError, for_status
 from agent.serving.jobs import JobBook
-from agent.serving.key_check import KeyCheck
+from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
 from agent.serving.openai_errors import openai_error, openai_errors
 from agent.serving.openai_routes import ROUTES, BadBody, model_object, model_of, read_body
@@ -145,7 +145,7 @@ class Facade:
 
     async def _models(self, request: web.Request) -> web.Response:
         requester = self._requester(request)
-        if requester is False:
+        if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         data = self._served(requester, request.host)
         return web.Response(
@@ -155,7 +155,7 @@ class Facade:
 
     async def _model(self, request: web.Request) -> web.Response:
         requester = self._requester(request)
-        if requester is False:
+        if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         model = request.match_info["model"]
         entry = model_object(self._served(requester, request.host), model)
@@ -164,7 +164,7 @@ class Facade:
             return openai_error(404, message, "invalid_request_error", "model_not_found")
         return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
 
-    def _served(self, requester: str | bool | None, host: str) -> list[dict[str, object]]:
+    def _served(self, requester: Requester, host: str) -> list[dict[str, object]]:
         # What the cluster serves, narrowed to the models the caller's key may use.
         served = served_models(self._view.current()[0].models(), self._replicas())
         served += endpoint_models(self.endpoints.models(host), served)
@@ -178,7 +178,7 @@ class Facade:
 
     async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
         requester = self._requester(request)
-        if requester is False:
+        if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         read = await self._read(request, path)
         if isinstance(read, web.Response):
@@ -348,5 +348,5 @@ class Facade:
 
     # -- keys -------------------------------------------------------------------------------
 
-    def _requester(self, request: web.Request) -> str | bool | None:
+    def _requester(self, request: web.Request) -> Requester:
         return self.keys.requester(request.headers.get("Authorization", ""))

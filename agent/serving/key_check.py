@@ -16,9 +16,10 @@ what the lookup's timing could reveal is about the hash, which says nothing abou
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, TypeAlias
 
 from aiohttp import web
 
@@ -27,7 +28,19 @@ from agent.serving.openai_errors import openai_error
 from agent.serving.rate_limit import KeyLimiter
 from facts.api_keys import ApiKey, hash_secret, hashes_match
 
-__all__ = ["KeyCheck"]
+__all__ = ["Access", "KeyCheck", "Requester"]
+
+
+class Access(enum.Enum):
+    """What the key check found when it names no key."""
+
+    OPEN = "open"  # no key is needed: the facade takes requests without one
+    REFUSED = "refused"  # a key is needed and this one is missing, unknown, revoked or expired
+
+
+# Who sent a request: the name of the key it presented (a cluster key's or a static one's),
+# or what the check found without one.
+Requester: TypeAlias = str | Access
 
 SHARE_REFRESH_S: Final = 1.0  # how often the count of members alive is asked again
 
@@ -83,29 +96,29 @@ class KeyCheck:
             scopes[name] = None if key is None else frozenset(key.models) or None
         return scopes
 
-    def requester(self, authorization: str) -> str | bool | None:
-        """The key's name for an `Authorization` header; None when no key is needed, False
-        when the key is missing, unknown, revoked or expired."""
+    def requester(self, authorization: str) -> Requester:
+        """The key's name for an `Authorization` header; `Access.OPEN` when no key is needed,
+        `Access.REFUSED` when the key is missing, unknown, revoked or expired."""
         if not self.in_use():
-            return None
+            return Access.OPEN
         secret = authorization[7:] if authorization.startswith("Bearer ") else ""
         if not secret:
-            return False
+            return Access.REFUSED
         digest = hash_secret(secret)
         self._index()
         key = self._by_hash.get(digest)
         if key is not None and hashes_match(key.keyHash, digest):
-            return key.name if key.usable(int(self._clock() * 1000)) else False
+            return key.name if key.usable(int(self._clock() * 1000)) else Access.REFUSED
         name = self._static.get(digest)
-        return name if name is not None else False
+        return name if name is not None else Access.REFUSED
 
-    def may_use(self, requester: str | bool | None, model: str) -> bool:
+    def may_use(self, requester: Requester, model: str) -> bool:
         """Whether `requester`'s key is scoped to `model` (no limit counted): what
         `/v1/models` lists for it."""
         key = self._by_name.get(requester) if isinstance(requester, str) else None
         return key is None or key.allows(model)
 
-    def admit(self, requester: str | bool | None, model: str) -> web.Response | None:
+    def admit(self, requester: Requester, model: str) -> web.Response | None:
         """None when `requester` (from `requester()`) may send a request for `model` now
         (counted against its limits); else the answer that refuses it."""
         if not isinstance(requester, str):

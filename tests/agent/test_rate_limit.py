@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.cluster.api_keys import ApiKeys, KeyExists, KeyRefused, KeyRequest
-from agent.serving.key_check import KeyCheck
+from agent.serving.key_check import Access, KeyCheck
 from agent.serving.rate_limit import KeyLimiter, Window
 
 
@@ -79,14 +79,14 @@ def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) ->
     wall, mono = Clock(1_700_000_000.0), Clock(500.0)
     keys = _keys(tmp_path, wall)
     check = KeyCheck({}, keys, members_alive=lambda: 3, clock=wall, monotonic=mono)
-    assert check.requester("") is None  # no key anywhere: open, as before
+    assert check.requester("") is Access.OPEN  # no key anywhere: open, as before
     made, secret = keys.create(KeyRequest(name="team-a", models=["m1"], rpm=60, expiresInS=60))
     stored = (tmp_path / "api-keys.json").read_text()
     assert secret not in stored
     assert made.keyHash in stored
     assert check.requester(f"Bearer {secret}") == "team-a"
     for bad in ("", "Bearer ", "Bearer sk-nvp-wrong", secret, f"Basic {secret}"):
-        assert check.requester(bad) is False, bad
+        assert check.requester(bad) is Access.REFUSED, bad
     assert check.admit("team-a", "m1") is None
     forbidden = check.admit("team-a", "m2")
     assert forbidden is not None
@@ -101,14 +101,14 @@ def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) ->
     assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
     wall.at += 61  # expired
-    assert check.requester(f"Bearer {secret}") is False
+    assert check.requester(f"Bearer {secret}") is Access.REFUSED
 
 
 def test_revoked_and_static_keys(tmp_path: Path) -> None:
     wall = Clock(1_700_000_000.0)
     keys = _keys(tmp_path, wall)
     check = KeyCheck({"ops": "sk-static-123"}, keys, clock=wall)
-    assert check.requester("") is False  # a static key alone closes the facade
+    assert check.requester("") is Access.REFUSED  # a static key alone closes the facade
     assert check.requester("Bearer sk-static-123") == "ops"
     assert check.admit("ops", "any-model") is None  # static: no scope, no limit
     _, secret = keys.create(KeyRequest(name="team-b"))
@@ -116,14 +116,14 @@ def test_revoked_and_static_keys(tmp_path: Path) -> None:
         keys.create(KeyRequest(name="team-b"))
     assert check.requester(f"Bearer {secret}") == "team-b"
     keys.revoke("team-b")
-    assert check.requester(f"Bearer {secret}") is False
+    assert check.requester(f"Bearer {secret}") is Access.REFUSED
     with pytest.raises(KeyRefused):
         keys.revoke("team-b")
     with pytest.raises(KeyRefused):
         keys.create(KeyRequest(name="bad name!"))
     # Revoked keys keep the facade closed: a cluster that used keys does not fall open.
     alone = KeyCheck({}, _keys(tmp_path, wall), clock=wall)
-    assert alone.requester("") is False
+    assert alone.requester("") is Access.REFUSED
 
 
 def test_the_requesters_a_request_can_carry_with_their_models(tmp_path: Path) -> None:
@@ -151,5 +151,5 @@ def test_an_unreadable_keys_file_keeps_the_facade_closed(tmp_path: Path) -> None
     keys = ApiKeys(tmp_path, sign=lambda k: k)
     assert keys.all() == []
     assert keys.in_use()
-    assert KeyCheck({}, keys).requester("") is False
+    assert KeyCheck({}, keys).requester("") is Access.REFUSED
     assert (tmp_path / "api-keys.json.corrupt").exists()
