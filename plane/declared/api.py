@@ -20,6 +20,7 @@ from aiohttp import web
 
 from plane.core.errors import BadInput, Conflict, PlaneError
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.core.tenant_keys import mint_tenant_key
 from plane.core.tokens import hash_token
 from plane.declared import sql
@@ -106,13 +107,13 @@ class DeclaredApi:
         """The tenant the caller acts as (None: the admin, or anyone for `any`); 403 when it
         may not do `what`."""
         role, own = await self.server.caller(request)
-        if role == "admin":
+        if role is Role.ADMIN:
             return None
-        if role == "tenant" and need != "admin":
+        if role is Role.TENANT and need != "admin":
             return str(own)
-        if role == "cluster" and need == "any":
+        if role is Role.CLUSTER and need == "any":
             return None
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise Forbidden(f"a cluster token may not {what}")
         raise Forbidden(f"only the admin token may {what}")
 

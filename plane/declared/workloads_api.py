@@ -21,6 +21,7 @@ from aiohttp import web
 
 from plane.core.errors import BadInput, PlaneError
 from plane.core.ids import is_id, new_id
+from plane.core.roles import Role
 from plane.db.connection import Conn, connection
 from plane.declared.workloads import decode_create, decode_patch, digest_of
 from plane.placement.sql import WorkloadNotFound, decision_view, explain, load_workload, place
@@ -78,9 +79,9 @@ class _Routes:
     async def _who(self, request: web.Request) -> str | None:
         """None for the admin, the tenant id for a tenant; 403 for a cluster token."""
         role, own = await self.server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise _Forbidden("workloads are the admin's or a tenant's, not a cluster's")
-        return None if role == "admin" else own
+        return None if role is Role.ADMIN else own
 
     async def _resolve(self, conn: Conn, ref: str, tenant: str | None) -> str:
         """The id of workload `ref` (an id or a name) the caller may see; 404 otherwise."""

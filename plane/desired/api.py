@@ -19,6 +19,7 @@ from aiohttp import web
 from msgspec import Meta, Struct
 
 from plane.core.errors import BadInput
+from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import declare_observed, deployments_of, desired_state
 
@@ -54,7 +55,7 @@ def mount(app: web.Application, server: Any) -> None:
 
     async def desired(request: web.Request) -> web.Response:
         role, cluster = await server.caller(request)
-        if role != "cluster" or cluster is None:
+        if role is not Role.CLUSTER or cluster is None:
             raise _forbidden("only a cluster token fetches its desired state")
         async with connection(server.store.pool) as conn:
             state = await desired_state(conn, cluster)
@@ -66,13 +67,13 @@ def mount(app: web.Application, server: Any) -> None:
 
     async def listing(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise _forbidden("the deployments listing is the admin's or a tenant's")
         query = request.query
         async with connection(server.store.pool) as conn:
             rows = await deployments_of(
                 conn,
-                tenant=own if role == "tenant" else None,
+                tenant=own if role is Role.TENANT else None,
                 workload=query.get("workload") or None,
                 cluster=query.get("cluster") or None,
             )
@@ -80,7 +81,7 @@ def mount(app: web.Application, server: Any) -> None:
 
     async def observe(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise _forbidden("deployments are declared by the admin or a tenant")
         try:
             body = _observed_decoder.decode(await request.read())
@@ -89,7 +90,7 @@ def mount(app: web.Application, server: Any) -> None:
         async with connection(server.store.pool) as conn:
             made = await declare_observed(
                 conn,
-                tenant=own if role == "tenant" else None,
+                tenant=own if role is Role.TENANT else None,
                 workload=body.workload,
                 cluster=body.cluster,
                 url=body.url,

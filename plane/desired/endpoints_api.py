@@ -23,6 +23,7 @@ from aiohttp import web
 
 from plane.core.errors import PlaneError
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired import endpoints_sql
 
@@ -146,9 +147,9 @@ class _Endpoints:
     async def _tenant_or_admin(self, request: web.Request) -> str | None:
         """The calling tenant, or None for the admin; a cluster may not."""
         role, own = await self.server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise _Forbidden("endpoints are a tenant's: use the admin token or a tenant key")
-        return own if role == "tenant" else None
+        return own if role is Role.TENANT else None
 
     async def _owned(self, conn: Any, tenant: str, targets: list[dict[str, Any]]) -> None:
         ids = [t["deployment"] for t in targets]

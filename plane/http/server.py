@@ -34,6 +34,7 @@ from aiohttp.typedefs import Handler
 from netkit.sites import handler_bounds, start_site
 from plane.core.errors import DatabaseUnavailable, PlaneError
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.core.wire import (
     JOB_STATES,
     EnrolRequest,
@@ -153,8 +154,8 @@ class PlaneServer:
 
     # -- who is calling -------------------------------------------------------------------
 
-    async def caller(self, request: web.Request) -> tuple[str, str | None]:
-        """("admin", None), ("cluster", clu_ id) or ("tenant", ten_ id); raises 401
+    async def caller(self, request: web.Request) -> tuple[Role, str | None]:
+        """(Role.ADMIN, None), (Role.CLUSTER, clu_ id) or (Role.TENANT, ten_ id); raises 401
         otherwise."""
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.startswith("Bearer ") else ""
@@ -163,12 +164,12 @@ class PlaneServer:
         if token and token.isprintable():
             cluster = await self.store.cluster_for(token)
             if cluster is not None:
-                return "cluster", cluster
+                return Role.CLUSTER, cluster
             tenant = await self.store.tenant_for(token)
             if tenant is not None:
-                return "tenant", tenant
+                return Role.TENANT, tenant
             if await self.store.is_admin(token):
-                return "admin", None
+                return Role.ADMIN, None
         raise web.HTTPUnauthorized(
             text='{"error": "a valid admin, cluster or tenant token is required"}',
             content_type="application/json",
@@ -177,7 +178,7 @@ class PlaneServer:
     async def admin(self, request: web.Request) -> None:
         """Raise 401 / 403 unless the admin token is the caller."""
         role, _ = await self.caller(request)
-        if role != "admin":
+        if role is not Role.ADMIN:
             raise web.HTTPForbidden(
                 text='{"error": "this call needs the admin token"}',
                 content_type="application/json",
@@ -186,7 +187,7 @@ class PlaneServer:
     async def _fleet_reader(self, request: web.Request) -> tuple[str, str | None]:
         """The admin or a cluster: the fleet's supply side and jobs are not a tenant's."""
         role, own = await self.caller(request)
-        if role == "tenant":
+        if role is Role.TENANT:
             raise web.HTTPForbidden(
                 text='{"error": "a tenant key reads its own tenant\'s objects only"}',
                 content_type="application/json",
@@ -230,7 +231,7 @@ class PlaneServer:
     async def _cluster(self, request: web.Request) -> web.Response:
         role, own = await self._fleet_reader(request)
         cluster_id = request.match_info["id"]
-        if role == "cluster" and own != cluster_id:
+        if role is Role.CLUSTER and own != cluster_id:
             return _error(403, "a cluster token reads its own cluster only")
         if not is_id(cluster_id, "clu"):
             return _error(404, f"no cluster {cluster_id[:40]!r}")
@@ -241,7 +242,7 @@ class PlaneServer:
 
     async def _sync(self, request: web.Request) -> web.Response:
         role, cluster_id = await self.caller(request)
-        if role != "cluster" or cluster_id is None:
+        if role is not Role.CLUSTER or cluster_id is None:
             return _error(403, "sync needs a cluster token")
         if request.content_type != "application/json":
             return _error(415, "use Content-Type: application/json")
@@ -273,7 +274,7 @@ class PlaneServer:
         role, own = await self._fleet_reader(request)
         query = request.query
         cluster = query.get("cluster")
-        if role == "cluster":
+        if role is Role.CLUSTER:
             if cluster not in (None, own):
                 return _error(403, "a cluster token reads its own cluster only")
             cluster = own

@@ -20,6 +20,7 @@ from aiohttp import web
 from msgspec import Meta, Struct
 
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.machinery import sql as machinery_sql
 from plane.machinery import views as machinery_views
@@ -48,12 +49,12 @@ def mount(app: web.Application, server: Any) -> None:
         """The cluster the caller reads: the admin any (the `cluster` parameter, or all), a
         cluster token its own only."""
         role, own = await server.caller(request)
-        if role == "tenant":
+        if role is Role.TENANT:
             raise refuse(403, "a tenant key reads its own tenant's objects only")
         cluster = request.query.get("cluster")
         if cluster is not None and not is_id(cluster, "clu"):
             raise refuse(400, "cluster is a clu_ id")
-        if role == "cluster":
+        if role is Role.CLUSTER:
             if cluster not in (None, own):
                 raise refuse(403, "a cluster token reads its own cluster only")
             return str(own)

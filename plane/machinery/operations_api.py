@@ -20,6 +20,7 @@ from aiohttp import web
 from msgspec import Meta, Struct
 
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.machinery import sql as machinery_sql
 
@@ -79,7 +80,7 @@ def mount(app: web.Application, server: Any) -> None:
 
     async def create(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise refuse(403, "a cluster token cannot start plane operations")
         body = await request.read()
         if len(body) > MAX_REQUEST:
@@ -98,7 +99,7 @@ def mount(app: web.Application, server: Any) -> None:
             raise refuse(400, "a scale needs replicas (at `$.replicas`)")
         if asked.kind != "scale" and asked.replicas is not None:
             raise refuse(400, f"a {asked.kind} takes no replicas (at `$.replicas`)")
-        if node_kind and role != "admin":
+        if node_kind and role is not Role.ADMIN:
             raise refuse(403, f"a {asked.kind} needs the admin token")
         payload: dict[str, Any] = {"force": asked.force, "timeoutS": asked.timeoutS}
         if asked.replicas is not None:
@@ -119,7 +120,7 @@ def mount(app: web.Application, server: Any) -> None:
                     (asked.target,),
                 )
                 row = await cursor.fetchone()
-                if row is None or (role == "tenant" and row[0] != own):
+                if row is None or (role is Role.TENANT and row[0] != own):
                     raise refuse(404, f"no workload {asked.target}")  # another's: as absent
                 cluster_id, tenant_id = None, str(row[0])
             view = await machinery_sql.create_operation(
@@ -128,17 +129,17 @@ def mount(app: web.Application, server: Any) -> None:
                 target=asked.target,
                 cluster_id=cluster_id,
                 tenant_id=tenant_id,
-                requester="admin" if role == "admin" else str(own),
+                requester="admin" if role is Role.ADMIN else str(own),
                 reason=asked.reason,
                 payload=payload,
             )
         return json_response(view, 201)
 
-    def reader(role: str, own: str | None) -> tuple[str | None, str | None]:
+    def reader(role: Role, own: str | None) -> tuple[str | None, str | None]:
         """(tenant filter, cluster filter) the caller is held to."""
-        if role == "tenant":
+        if role is Role.TENANT:
             return own, None
-        if role == "cluster":
+        if role is Role.CLUSTER:
             return None, own
         return None, None
 

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from plane.core.errors import BadInput, PlaneError
 from plane.core.ids import is_id
+from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import deployment_of
 from plane.render.dynamo import DynamoSettings, RenderInput, RenderRefused, render
@@ -45,7 +46,7 @@ def mount(app: web.Application, server: Any) -> None:
 
     async def dynamo(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
-        if role == "cluster":
+        if role is Role.CLUSTER:
             raise web.HTTPForbidden(
                 text='{"error": "rendering is the admin\'s or a tenant\'s"}',
                 content_type="application/json",
@@ -62,7 +63,7 @@ def mount(app: web.Application, server: Any) -> None:
         if is_id(deployment_id, "dep"):
             async with connection(server.store.pool) as conn:
                 found = await deployment_of(
-                    conn, deployment_id, tenant=own if role == "tenant" else None
+                    conn, deployment_id, tenant=own if role is Role.TENANT else None
                 )
         if found is None:
             raise NotFound(f"no deployment {deployment_id[:40]!r}")
