@@ -136,13 +136,32 @@ def signal_group(process: ProcessId, signum: int) -> None:
 
 async def terminate(process: ProcessId, grace_s: float, poll_s: float) -> None:
     """SIGTERM the engine's process group, SIGKILL after `grace_s`; returns once the leader
-    is gone (then SIGKILL again: whatever it left behind in its group)."""
+    is gone and then, SIGKILLed again, whatever it left behind in its group (bounded)."""
     signal_group(process, signal.SIGTERM)
     if not await _gone_within(process, grace_s, poll_s):
         log.warning("pid %d ignored SIGTERM for %.1fs; killing it", process.pid, grace_s)
         signal_group(process, signal.SIGKILL)
         await _gone_within(process, KILL_WAIT_S, poll_s)
     signal_group(process, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while _group_runs(process.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(min(poll_s, 0.05))  # SIGKILL is delivered, not yet acted on
+
+
+def _group_runs(pgid: int) -> bool:
+    # Whether any process of group `pgid` still runs (a zombie does not: it holds no GPU
+    # memory and no port, and init reaps it when it will).
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 async def _gone_within(process: ProcessId, seconds: float, poll_s: float) -> bool:
