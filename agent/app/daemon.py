@@ -1,7 +1,10 @@
 """The node daemon (`nvpair agent run`): the composition root.
 
 It builds the parts, wires each to the few callables it needs, starts them in order and
-stops them in reverse; it holds no policy of its own. The parts:
+stops them in reverse; it holds no policy of its own. Each area has a small builder that
+returns its parts, built only from parts that already exist; where an earlier part must
+tell a later one that something changed (an engine moved: push the record), it fires a
+`Nudge` the later part follows once built. The parts:
 
 - the Jobs store and its group-commit writer (`broker.jobs`);
 - the workload manager child (`broker.supervisor`), told its peers by `Members`;
@@ -25,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Final
 
 from agent.apis.deployments import DeployPorts
@@ -37,7 +40,7 @@ from agent.apis.usage import usage_routes
 from agent.app.upkeep import LoadPoller, Pruner, gpu_reader
 from agent.cluster.api_keys import ApiKeys
 from agent.cluster.deployments import Deployments
-from agent.cluster.heartbeat import Heartbeat, OwnRecord
+from agent.cluster.heartbeat import Heartbeat, NodeState, OwnRecord
 from agent.cluster.members import SEEDS_FILE, Members, read_seeds
 from agent.cluster.node_client import NodeClient
 from agent.cluster.operations import Operations
@@ -45,9 +48,9 @@ from agent.cluster.repair import AntiEntropy
 from agent.config import AgentConfig, port_in_use
 from agent.core.home import forget_state
 from agent.core.lifetime import Health, Tasks
+from agent.core.nudge import Nudge
 from agent.engines.auth import EngineAuth
 from agent.engines.gpus import node_inventory
-from agent.engines.load import LoadScraper
 from agent.engines.registry import Engines
 from agent.engines.replicas import ReplicaControl
 from agent.engines.supervisor import EngineSupervisor
@@ -63,6 +66,7 @@ from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
+from certs.cluster_dir import Identity
 from facts.record_signing import sign_record, sign_removal, sign_statement
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
@@ -97,38 +101,13 @@ class Agent:
         identity = self.cluster.load_identity()
         self.node_id = node_id = identity.node.node_id
         bind = os.environ.get("NVPAIR_BIND") or None
+        # Fired by parts built before the ones that follow them (agent/core/nudge.py).
+        record_changed = Nudge("record-changed")  # this node's record: push it at once
+        loads_moved = Nudge("loads-moved")  # other members' loads: waiting requests look
 
-        self.store = store = await JobsStore.open(config.jobs_db)
-        stack.push_async_callback(store.close)
-        self.writer = writer = await stack.enter_async_context(JobsWriter(store))
-        health.watch("jobs-store", writer.problem)
-        usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
-        health.watch("usage-store", lambda: usage.store.problem)
-
-        gpus = node_inventory(node_id, config.simulate_gpus)
-
-        self.supervisor = supervisor = ManagerSupervisor(
-            store=store,
-            writer=writer,
-            port=config.manager_port,
-            cluster_dir=self.cluster.path,
-            log_level=config.log_level,
-            extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
-        )
-        health.watch("workload-manager", supervisor.problem)
-
-        def known_changed() -> None:
-            # A deployment or key declared here or learnt from a member: in the next push at
-            # once, and its series in /metrics at zero before its first request.
-            heartbeat.push_now()
-            usage.metrics.sync()
-
-        deployments = Deployments(
-            config.home,
-            sign=lambda d: sign_statement(d, identity.key, identity.cert),
-            on_change=known_changed,
-        )
-        api_keys = ApiKeys.signed_by(identity, config.home, known_changed)
+        self.store, self.writer, usage = store, writer, usage = await self._stores()
+        self.supervisor = supervisor = self._manager(bind)
+        deployments, api_keys = self._cluster_facts(identity, record_changed, usage)
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -142,64 +121,31 @@ class Agent:
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
-        auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
-        # An engine that changes is in the next record at once (heartbeat is bound below).
-        engines = Engines(config.engines, on_change=lambda: heartbeat.push_now(), auth=auth)
-        stack.push_async_callback(engines.aclose)
-        key = identity.key
-        started = False
+        here = NodeState(node_inventory(node_id, config.simulate_gpus))
+        engines, control = self._engine_parts(deployments, here, record_changed)
         self.own = own = OwnRecord(
             config,
             node_id,
-            gpus,
+            here,
             lambda: engines.current,
-            sign=lambda record: sign_record(record, key),
-            replicas=lambda: control.replicas() if started else [],
+            sign=lambda record: sign_record(record, identity.key),
+            replicas=control.replicas,
         )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
-        control, scraper = self._replica_parts(deployments, own, lambda: heartbeat.push_now())
-        started = True  # the record carries replicas from here on
-        read_gpus = None if config.simulate_gpus else gpu_reader(node_id)
         heartbeat = Heartbeat(
             own=own,
             members=members,
             client=client,
             interval_s=config.heartbeat_s,
-            read_gpus=read_gpus,
+            read_gpus=None if config.simulate_gpus else gpu_reader(node_id),
         )
-        load = LoadPoller(self._remote_load, on_refresh=lambda: facade.waits.poke())
-        view = SchedulingView(
-            self_id=node_id,
-            records=members.records,
-            record_of=members.record,
-            is_member=members.is_member,
-            reachable=members.reachable,
-            remote_load=lambda: load.remote,
+        record_changed.follow(heartbeat.push_now)
+        load = LoadPoller(self._remote_load, on_refresh=loads_moved)
+        view, facade = self._serving(
+            bind, members, engines, control, deployments, api_keys, client, usage, load
         )
-        keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
-        usage.metrics.follow(known_to(deployments, view, keys))
-        facade_host, facade_why = facade_address(config.facade_bind, bind, keys.in_use())
-        self.facade = facade = Facade(
-            node_id=node_id,
-            view=view,
-            engines=engines,
-            forward=client.forward,
-            replicas=ReplicaViews(
-                self_id=node_id,
-                records=members.records,
-                reachable=members.reachable,
-                deployment_of=deployments.get,
-            ).current,
-            replica_url=control.url_of,
-            submit=self.submit,
-            host=facade_host,
-            port=config.facade_port,
-            api_keys=dict(config.api_keys),
-            key_check=keys,
-            queue_limit=config.queue_limit,
-            wait=config.wait,
-            on_usage=usage.record,
-        )
+        self.facade = facade
+        loads_moved.follow(facade.waits.poke)
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         tasks = Tasks(health)
         self.operations = operations = Operations(
@@ -214,11 +160,6 @@ class Agent:
             peers=lambda: [r.nodeId for r in members.peers()],
             spawn=tasks.spawn,
         )
-
-        def remove_member(target: str) -> None:
-            members.remove(target)
-            heartbeat.push_now()
-
         repair = AntiEntropy(
             node_id=node_id,
             store=store,
@@ -257,6 +198,11 @@ class Agent:
             usage=usage.store,
             parts=PlaneParts(deployments, operations, facade, members, control),
         )
+
+        def remove_member(target: str) -> None:
+            members.remove(target)
+            heartbeat.push_now()
+
         self.local_api = local_api = LocalApi(
             LocalPorts(
                 node_id=node_id,
@@ -270,7 +216,7 @@ class Agent:
                 pins=self.cluster.pins,
                 view=view,
                 operations=operations,
-                gpus=lambda: own.gpus,
+                gpus=lambda: here.gpus,
                 submit=self.submit,
                 remove_job=self.remove_job,
                 remove_member=remove_member,
@@ -296,7 +242,9 @@ class Agent:
         await _bind("api_port", config.api_port, local_api.start())
         stack.push_async_callback(facade.aclose)
         await _bind("facade_port", config.facade_port, facade.start())
-        log.info("facade listening on %s:%d (%s)", facade.host or "*", facade.port, facade_why)
+        log.info(
+            "facade listening on %s:%d (%s)", facade.host or "*", facade.port, self._facade_why
+        )
         stack.push_async_callback(tasks.aclose)
         supervisor.set_peers(members.manager_peers())
         try:
@@ -306,13 +254,13 @@ class Agent:
         await engines.probe()  # engines in the first record, before requests are placed
         await control.start()  # what a previous agent left running, adopted or stopped
         stack.push_async_callback(control.aclose)
-        stack.push_async_callback(scraper.aclose)
+        stack.push_async_callback(control.scraper.aclose)
 
         tasks.spawn("heartbeat", heartbeat.run())
         tasks.spawn("engines", engines.run())
         tasks.spawn("load", load.run())
         tasks.spawn("replicas", control.run())
-        tasks.spawn("engine-load", scraper.run())
+        tasks.spawn("engine-load", control.scraper.run())
         pruner = Pruner(
             lambda older_ms, before: store.prune(older_than_ms=older_ms, removed_before=before),
             retention_h=config.job_retention_h,
@@ -326,33 +274,69 @@ class Agent:
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 
-    async def aclose(self) -> None:
-        """Stop everything, the workload manager child included, within a bound."""
-        try:
-            async with asyncio.timeout(CLOSE_BOUND_S):
-                await self._stack.aclose()
-        except TimeoutError:
-            log.error("the agent did not stop within %.0fs; leaving anyway", CLOSE_BOUND_S)
+    # -- the builders: each returns its area's parts, built from parts that exist --------------
 
-    def _replica_parts(
-        self, deployments: Deployments, own: OwnRecord, push: Callable[[], None]
-    ) -> tuple[ReplicaControl, LoadScraper]:
-        """The engine supervisor, the replica controller over it, and the load scraper."""
+    async def _stores(self) -> tuple[JobsStore, JobsWriter, UsageBook]:
+        """The Jobs store, its group-commit writer and the usage book, closed by the stack."""
+        config, stack, health = self.config, self._stack, self.health
+        store = await JobsStore.open(config.jobs_db)
+        stack.push_async_callback(store.close)
+        writer = await stack.enter_async_context(JobsWriter(store))
+        health.watch("jobs-store", writer.problem)
+        usage = await stack.enter_async_context(UsageBook(config.jobs_db, config.job_retention_h))
+        health.watch("usage-store", lambda: usage.store.problem)
+        return store, writer, usage
+
+    def _manager(self, bind: str | None) -> ManagerSupervisor:
+        """The workload manager child's supervisor (started later, after the ports bind)."""
+        config = self.config
+        supervisor = ManagerSupervisor(
+            store=self.store,
+            writer=self.writer,
+            port=config.manager_port,
+            cluster_dir=self.cluster.path,
+            log_level=config.log_level,
+            extra_env={"NVPAIR_WM_BIND": bind or "", "NVPAIR_WM_DIAL_FROM": config.dial_from or ""},
+        )
+        self.health.watch("workload-manager", supervisor.problem)
+        return supervisor
+
+    def _cluster_facts(
+        self, identity: Identity, record_changed: Nudge, usage: UsageBook
+    ) -> tuple[Deployments, ApiKeys]:
+        """The signed deployments and API keys; one changing is in the next push at once,
+        and its series in /metrics at zero before its first request."""
+
+        def known_changed() -> None:
+            record_changed()
+            usage.metrics.sync()
+
+        deployments = Deployments(
+            self.config.home,
+            sign=lambda d: sign_statement(d, identity.key, identity.cert),
+            on_change=known_changed,
+        )
+        return deployments, ApiKeys.signed_by(identity, self.config.home, known_changed)
+
+    def _engine_parts(
+        self, deployments: Deployments, here: NodeState, record_changed: Nudge
+    ) -> tuple[Engines, ReplicaControl]:
+        """The engine registry, and the replica controller over the engine supervisor (with
+        its load scraper); an engine or replica that changes is in the next record at once."""
         config, members = self.config, self.members
-        launch = config.launch
-
-        def changed() -> None:  # an engine moved: a round soon, and the record at once
-            control.engines_changed()
-            push()
-
+        stack, launch = self._stack, config.launch
+        auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
+        engines = Engines(config.engines, on_change=record_changed, auth=auth)
+        stack.push_async_callback(engines.aclose)
+        engines_moved = Nudge("engines-moved")  # a replica's engine: a round soon
+        engines_moved.follow(record_changed)
         engine_supervisor = EngineSupervisor(
             config.home,
             templates={t.name: t for t in launch.templates},
             port_range=launch.port_range,
             stop_grace_s=launch.stop_grace_s,
-            on_change=changed,
+            on_change=engines_moved,
         )
-        scraper = LoadScraper(lambda: control.urls(), auth=self.engine_auth)
         control = ReplicaControl(
             config.home,
             self_id=self.node_id,
@@ -360,14 +344,70 @@ class Agent:
             deployments=deployments.live,
             records=members.records,
             reachable=lambda n: members.reachable(n, time.monotonic()),
-            gpus=lambda: own.gpus,
-            cordoned=lambda: own.cordoned,
-            loads=scraper.current,
+            gpus=lambda: here.gpus,
+            cordoned=lambda: here.cordoned,
             name=config.name,
-            auth=self.engine_auth,
-            on_change=push,
+            auth=auth,
+            on_change=record_changed,
         )
-        return control, scraper
+        engines_moved.follow(control.engines_changed)
+        return engines, control
+
+    def _serving(
+        self,
+        bind: str | None,
+        members: Members,
+        engines: Engines,
+        control: ReplicaControl,
+        deployments: Deployments,
+        api_keys: ApiKeys,
+        client: NodeClient,
+        usage: UsageBook,
+        load: LoadPoller,
+    ) -> tuple[SchedulingView, Facade]:
+        """The scheduling view, the API-key check and the OpenAI-compatible facade."""
+        config, node_id = self.config, self.node_id
+        view = SchedulingView(
+            self_id=node_id,
+            records=members.records,
+            record_of=members.record,
+            is_member=members.is_member,
+            reachable=members.reachable,
+            remote_load=lambda: load.remote,
+        )
+        keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
+        usage.metrics.follow(known_to(deployments, view, keys))
+        host, self._facade_why = facade_address(config.facade_bind, bind, keys.in_use())
+        facade = Facade(
+            node_id=node_id,
+            view=view,
+            engines=engines,
+            forward=client.forward,
+            replicas=ReplicaViews(
+                self_id=node_id,
+                records=members.records,
+                reachable=members.reachable,
+                deployment_of=deployments.get,
+            ).current,
+            replica_url=control.url_of,
+            submit=self.submit,
+            host=host,
+            port=config.facade_port,
+            api_keys=dict(config.api_keys),
+            key_check=keys,
+            queue_limit=config.queue_limit,
+            wait=config.wait,
+            on_usage=usage.record,
+        )
+        return view, facade
+
+    async def aclose(self) -> None:
+        """Stop everything, the workload manager child included, within a bound."""
+        try:
+            async with asyncio.timeout(CLOSE_BOUND_S):
+                await self._stack.aclose()
+        except TimeoutError:
+            log.error("the agent did not stop within %.0fs; leaving anyway", CLOSE_BOUND_S)
 
     # -- the few things parts share -----------------------------------------------------------
 

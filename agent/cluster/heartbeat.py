@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Final
 
 from agent.cluster.members import Members
@@ -30,12 +31,21 @@ from facts.inventory import GpuInventory
 from facts.records import Engine, NodeRecord, RecordsPush, Replica
 from workload_manager import VERSION
 
-__all__ = ["Heartbeat", "OwnRecord"]
+__all__ = ["Heartbeat", "NodeState", "OwnRecord"]
 
 log = logging.getLogger(__name__)
 
 GPU_REFRESH_BEATS: Final = 5  # GPUs are read again every fifth heartbeat (10 s by default)
 REFRESH_S: Final = 300.0  # an unchanged record is renewed this often (reachability is the probes')
+
+
+@dataclass(slots=True)
+class NodeState:
+    """What this node is now: its GPUs (read again by the heartbeat) and whether it is
+    cordoned. The record is built from it, and the replica controller reads it."""
+
+    gpus: GpuInventory
+    cordoned: bool = False
 
 
 class OwnRecord:
@@ -45,7 +55,7 @@ class OwnRecord:
         self,
         config: AgentConfig,
         node_id: str,
-        gpus: GpuInventory,
+        state: NodeState,
         engines: Callable[[], list[Engine]],
         sign: Callable[[NodeRecord], NodeRecord] = lambda record: record,
         replicas: Callable[[], list[Replica]] = list,
@@ -53,10 +63,9 @@ class OwnRecord:
         self._config = config
         self._sign = sign  # with this node's key (facts/record_signing.py)
         self._node_id = node_id
-        self.gpus = gpus
+        self.state = state
         self._engines = engines
         self._replicas = replicas  # this node's replicas and their engine load
-        self.cordoned = False
         self._generation = 0
         self._content: NodeRecord | None = None
         self.current = self.renew()
@@ -90,13 +99,13 @@ class OwnRecord:
             nodePort=node_port,
             facadePort=facade_port,
             version=VERSION,
-            devices=self.gpus.devices,
-            domains=self.gpus.domains,
+            devices=self.state.gpus.devices,
+            domains=self.state.gpus.domains,
             engines=self._engines(),
             replicas=self._replicas(),
             queueLimit=config.queue_limit,
-            cordoned=self.cordoned,
-            gpuNote=self.gpus.reason,
+            cordoned=self.state.cordoned,
+            gpuNote=self.state.gpus.reason,
             updatedAt=now_ms,
             generation=generation,
         )
@@ -146,8 +155,8 @@ class Heartbeat:
 
     def set_cordon(self, cordoned: bool) -> None:
         """Cordon (no new placements) or uncordon this node; members learn at once."""
-        if cordoned != self._own.cordoned:
-            self._own.cordoned = cordoned
+        if cordoned != self._own.state.cordoned:
+            self._own.state.cordoned = cordoned
             self._members.offer([self._own.renew()])
             self.push_now()
             log.info("node %s", "cordoned" if cordoned else "uncordoned")
@@ -160,7 +169,7 @@ class Heartbeat:
             while True:
                 beats += 1
                 if self._read_gpus is not None and beats % GPU_REFRESH_BEATS == 0:
-                    self._own.gpus = await self._read_gpus()
+                    self._own.state.gpus = await self._read_gpus()
                 changed = self._own.renew_if_changed() or changed
                 self._members.offer([self._own.current])
                 forced, self._forced = self._forced, False

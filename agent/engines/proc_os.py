@@ -144,8 +144,10 @@ async def terminate(process: ProcessId, grace_s: float, poll_s: float) -> None:
         await _gone_within(process, KILL_WAIT_S, poll_s)
     signal_group(process, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WAIT_S
-    while _group_runs(process.pid) and time.monotonic() < deadline:
-        await asyncio.sleep(min(poll_s, 0.05))  # SIGKILL is delivered, not yet acted on
+    while True:  # SIGKILL is sent, not yet acted on by every process of the group
+        if not _group_runs(process.pid) or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(min(poll_s, 0.05))
 
 
 def _group_runs(pgid: int) -> bool:

@@ -20,14 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
 from agent.engines.auth import EngineAuth
-from agent.engines.load import EngineLoad
+from agent.engines.load import LoadScraper
 from agent.engines.observed import ObservedEngines
 from agent.engines.placement_view import gpu_of, running_of, want_of
 from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
@@ -88,15 +88,15 @@ class ReplicaControl:
         reachable: Callable[[str], bool],
         gpus: Callable[[], GpuInventory],
         cordoned: Callable[[], bool],
-        loads: Callable[[], Mapping[str, EngineLoad]] = dict,
         name: str = "",
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         auth: EngineAuth | None = None,
     ) -> None:
         self.path = home / ALLOCATIONS_FILE
-        self._loads = loads
         self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
+        # The engines' own load, read from every replica that runs here (`run()` it).
+        self.scraper = LoadScraper(self.urls, auth=auth)
         self.self_id = self_id
         self.supervisor = supervisor
         self._deployments = deployments
@@ -331,7 +331,7 @@ class ReplicaControl:
     def replicas(self) -> list[Replica]:
         """This node's replicas as its record says them."""
         status = {s.replica_id: s for s in self.supervisor.replicas()}
-        loads = self._loads()
+        loads = self.scraper.current()
         out = []
         for a in sorted(self.allocations.values(), key=_by_id):
             s = status.get(a.replica)

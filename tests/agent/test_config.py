@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cluster.heartbeat import OwnRecord
+from agent.cluster.heartbeat import NodeState, OwnRecord
 from agent.config import ConfigError, load_config
 from agent.engines.gpus import simulate
 from agent.plane_link.sync import plane_settings
@@ -202,14 +202,15 @@ def test_a_malformed_advertise_is_refused_naming_the_key(tmp_path: Path, value: 
 
 def test_the_record_carries_the_advertised_address_and_ports(tmp_path: Path) -> None:
     config = load_config(tmp_path, {"advertise": "203.0.113.7:24320,24321,24323"})
-    record = OwnRecord(config, "nod_x", simulate("l4:1", "nod_x"), list).current
+    record = OwnRecord(config, "nod_x", NodeState(simulate("l4:1", "nod_x")), list).current
     assert (record.addresses, record.managerPort, record.nodePort, record.facadePort) == (
         ["203.0.113.7"],
         24320,
         24321,
         24323,
     )
-    plain = OwnRecord(load_config(tmp_path, {}), "nod_x", simulate("l4:1", "nod_x"), list).current
+    here = NodeState(simulate("l4:1", "nod_x"))
+    plain = OwnRecord(load_config(tmp_path, {}), "nod_x", here, list).current
     assert (plain.addresses, plain.managerPort, plain.nodePort) == (["127.0.0.1"], 14320, 14321)
 
 

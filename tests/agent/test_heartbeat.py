@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from agent.cluster.heartbeat import Heartbeat, OwnRecord
+from agent.cluster.heartbeat import Heartbeat, NodeState, OwnRecord
 from agent.cluster.members import Members
 from agent.cluster.node_client import NodeClient
 from agent.config import AgentConfig
@@ -80,7 +80,7 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
     tmp_path: Any, client: FakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     members = FakeMembers()
-    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", GpuInventory(), list)
+    own = OwnRecord(AgentConfig(home=tmp_path), "nod_self", NodeState(GpuInventory()), list)
     heartbeat = Heartbeat(
         own=own,
         members=cast(Members, members),
@@ -115,7 +115,7 @@ async def test_a_push_that_raises_anything_fails_alone_and_the_beats_go_on(
 @contextlib.asynccontextmanager
 async def beating(members: FakeMembers, client: FakeClient, home: Any) -> AsyncIterator[OwnRecord]:
     """A heartbeat of `nod_self` every 10 ms (no probes) over the fakes, for the block."""
-    own = OwnRecord(AgentConfig(home=home), "nod_self", GpuInventory(), list)
+    own = OwnRecord(AgentConfig(home=home), "nod_self", NodeState(GpuInventory()), list)
     heartbeat = Heartbeat(
         own=own,
         members=cast(Members, members),
@@ -188,7 +188,7 @@ async def test_a_delta_leaves_out_newer_records_of_members_the_peer_knows(tmp_pa
     members, client = Holding(), Synced()
     async with beating(members, client, tmp_path) as own:
         await eventually(lambda: len(members.deltas) >= 1, "the sync (what nod_a lacks)")
-        own.cordoned = True  # a change of this node's own record: a delta to every peer
+        own.state.cordoned = True  # a change of this node's own record: a delta to every peer
         await eventually(lambda: len(members.deltas) >= 2, "the change's delta")
     made = members.deltas[-1]
     assert made["nod_x"] == 9  # not sent again: nod_a gets it from nod_x
