@@ -1,4 +1,4 @@
-"""The page in a real browser, for tests/agent/test_ui_browser.py: logging in with `nvpair
+"""The page in a real browser, for tests/agent/apis/test_ui_browser.py: logging in with `nvpair
 ui`'s one-time link, every request and console error the page makes, the states each job's
 row went through (recorded in the page itself, so a transient state is not missed by a
 poll), and the page's Nodes view read back as data by the DOM contract (docs/ui.md)."""
