@@ -13,8 +13,8 @@ import yarl
 from plane.core.ids import new_id
 from plane.core.wire import SyncBatch
 
-from ..plane_client import ADMIN, Plane, enrol
 from ..db.test_store import batch
+from ..plane_client import ADMIN, Plane, enrol
 
 JSON = {"headers": {"Content-Type": "application/json"}}
 

@@ -25,8 +25,8 @@ from plane.fleet.node_signing import (
     read_signature,
 )
 
-from ..plane_client import ADMIN, ClusterCa, Plane, enrol, signed
 from ..db.test_store import batch, job
+from ..plane_client import ADMIN, ClusterCa, Plane, enrol, signed
 
 JSON = {"Content-Type": "application/json"}
 TABLES = ("nodes", "devices", "topology_domains", "jobs", "job_rollup")

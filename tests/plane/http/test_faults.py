@@ -19,8 +19,8 @@ from plane.db.devserver import free_port, throwaway_postgres
 from plane.http.service import PlaneService
 from tests.fixtures.waiting import eventually
 
-from ..plane_client import ADMIN, Plane, enrol
 from ..db.test_store import batch, job
+from ..plane_client import ADMIN, Plane, enrol
 
 JSON = {"Content-Type": "application/json"}
 

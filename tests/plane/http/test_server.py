@@ -11,8 +11,8 @@ import pytest
 from plane.core.ids import new_id
 from plane.http.server import MAX_BODY
 
-from ..plane_client import ADMIN, Plane, enrol
 from ..db.test_store import batch, job
+from ..plane_client import ADMIN, Plane, enrol
 
 
 async def test_tokens(plane: Plane) -> None:
