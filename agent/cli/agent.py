@@ -14,7 +14,6 @@ import time
 import urllib.parse
 from typing import Any
 
-from agent.app.run import run_agent
 from agent.cli import calls as cli_http
 from agent.config import ConfigError, load_config, nvpair_home
 from certs import ClusterDir
@@ -151,6 +150,10 @@ def _agent_run(args: argparse.Namespace) -> int:
         limit,
         Bounds.from_env().max_connections,
     )
+    # Imported here: the daemon's parts (~0.2 s of imports) serve `agent run` only, and every
+    # other command (invite, join, status ...) starts faster without them.
+    from agent.app.run import run_agent
+
     return run_agent(config)
 
 

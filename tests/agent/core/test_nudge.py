@@ -1,3 +1,5 @@
+"""The `Nudge` the daemon wires its parts with, in memory."""
+
 from agent.core.nudge import Nudge
 
 
