@@ -29,6 +29,7 @@ from msgspec import UNSET
 from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from netkit.backoff import Backoff
 from netkit.guard import PinnedConnector
 from netkit.keepalive import connector_options
 from netkit.tasks import describe, reporting
@@ -43,7 +44,7 @@ from workload_manager.jsonrpc import (
     request,
 )
 from workload_manager.manager import Peer
-from workload_manager.outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
+from workload_manager.outbox import DEFAULT_MAX_BATCH, Outbox
 from workload_manager.relay import Event
 from workload_manager.server import EVENTS_PATH
 from workload_manager.workload import (

@@ -10,9 +10,9 @@ import random
 from collections.abc import Callable
 
 from certs import ClusterDir
+from netkit.backoff import Backoff
 from workload_manager.broadcaster import Broadcaster
 from workload_manager.manager import Manager
-from workload_manager.outbox import Backoff
 from workload_manager.server import InterNodeServer
 
 __all__ = ["start_inter_node"]

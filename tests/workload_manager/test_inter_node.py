@@ -20,9 +20,9 @@ import pytest
 
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from certs.identity import load_cert
+from netkit.backoff import Backoff
 from workload_manager.inter_node import start_inter_node
 from workload_manager.manager import Manager, Peer
-from workload_manager.outbox import Backoff
 
 from .cluster_harness import (
     Member,
