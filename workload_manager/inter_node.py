@@ -33,23 +33,14 @@ async def start_inter_node(
     `backoff` and `draw` shape the outboxes' retries (tests pass fixed ones).
     """
     broadcaster = await stack.enter_async_context(
-        Broadcaster(
-            cluster,
-            manager.relay.view,
-            backoff=backoff,
-            draw=draw,
-            own_id=lambda: manager.relay.own_id,
-        )
+        Broadcaster(cluster, manager.relay, backoff=backoff, draw=draw)
     )
     manager.send_to_peers = broadcaster.enqueue
     manager.on_peers = broadcaster.set_peers
     manager.on_sync_request = broadcaster.enqueue_view
     manager.on_view_loaded = broadcaster.view_loaded
     manager.on_peer_heard = broadcaster.peer_heard
-    manager.status_extras = lambda: {
-        "broadcast": broadcaster.status(),
-        "relay": broadcaster.relay_mode,
-    }
+    manager.status_extras = broadcaster.manager_status
     server = InterNodeServer(
         manager,
         cluster,
