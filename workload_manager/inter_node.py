@@ -1,17 +1,14 @@
-"""The inter-node half of a manager with `--cluster-dir`: the mTLS server on `--port` and
-the broadcaster, wired to the manager."""
+"""The inter-node half of a manager with `--cluster-dir`: the mTLS server on `--port`, in
+front of a manager whose peer sinks are a `Broadcaster`'s (`cli.py` builds the broadcaster
+first, then the manager, then this server)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import random
-from collections.abc import Callable
 
 from certs import ClusterDir
-from netkit.backoff import Backoff
-from workload_manager.broadcaster import Broadcaster
 from workload_manager.manager import Manager
 from workload_manager.server import InterNodeServer
 
@@ -21,26 +18,10 @@ log = logging.getLogger("workload_manager")
 
 
 async def start_inter_node(
-    manager: Manager,
-    cluster: ClusterDir,
-    stack: contextlib.AsyncExitStack,
-    *,
-    backoff: Backoff | None = None,
-    draw: Callable[[], float] = random.random,
-) -> Broadcaster:
-    """The mTLS server on --port and the broadcaster, both bound to the cluster dir.
-
-    `backoff` and `draw` shape the outboxes' retries (tests pass fixed ones).
-    """
-    broadcaster = await stack.enter_async_context(
-        Broadcaster(cluster, manager.relay, backoff=backoff, draw=draw)
-    )
-    manager.send_to_peers = broadcaster.enqueue
-    manager.on_peers = broadcaster.set_peers
-    manager.on_sync_request = broadcaster.enqueue_view
-    manager.on_view_loaded = broadcaster.view_loaded
-    manager.on_peer_heard = broadcaster.peer_heard
-    manager.status_extras = broadcaster.manager_status
+    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
+) -> None:
+    """The mTLS server on `manager.port` (0: a free one, which `manager.port` then holds),
+    bound to the cluster dir; `stack` closes it."""
     server = InterNodeServer(
         manager,
         cluster,
@@ -59,4 +40,3 @@ async def start_inter_node(
             "nothing is broadcast until this node joins",
             cluster.path,
         )
-    return broadcaster
