@@ -5,7 +5,7 @@
 core's actions into frames for the broker and events for the peers. It does no I/O itself:
 frames for the broker go to `send_to_broker`, events for peers to `send_to_peers`, and what
 it learns to the other `on_*` sinks -- all given to it when it is built (`cli.py` builds the
-parts that own the sockets first).
+parts that own the sockets first), and never re-pointed after.
 
 Lifecycle notifications are the hot path. A payload made only of them (one, or a batch) is
 decoded in one typed pass straight into records; anything else -- requests, removals, bad
@@ -126,21 +126,23 @@ class Manager:
         self.identity = identity
         self.relay = relay or RelayCore()
         self.clock = clock
-        self.send_to_broker = send_to_broker
+        # The sinks: fixed once built (Final), so what a frame or event does can be read
+        # where the manager is built (cli.py), not traced through later assignments.
+        self.send_to_broker: Final = send_to_broker
         # Whether frames for the broker can be taken now (a broker is connected and keeping
         # up); the inter-node server refuses peers' events with 503 while it cannot.
-        self.broker_ready = broker_ready
+        self.broker_ready: Final = broker_ready
         # Each answer to our snapshot request: True a page came, False it failed. The view
         # loader times and bounds the retries (view_loader.py); this core only says what
         # happened.
-        self.on_snapshot_answer = on_snapshot_answer
-        self.send_to_peers = send_to_peers
-        self.on_peers = on_peers
-        self.on_sync_request = on_sync_request
-        self.on_view_loaded = on_view_loaded
+        self.on_snapshot_answer: Final = on_snapshot_answer
+        self.send_to_peers: Final = send_to_peers
+        self.on_peers: Final = on_peers
+        self.on_sync_request: Final = on_sync_request
+        self.on_view_loaded: Final = on_view_loaded
         # Anything at all arrived from this peer (it is up again): its outbox may stop waiting.
-        self.on_peer_heard = on_peer_heard
-        self.status_extras = status_extras
+        self.on_peer_heard: Final = on_peer_heard
+        self.status_extras: Final = status_extras
         self.fast_path = fast_path
         self.peers: tuple[Peer, ...] = ()
         self._sender: str | None = None  # the peer whose payload is being handled
