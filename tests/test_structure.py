@@ -153,6 +153,7 @@ LAYERS = (
 # The pure cores: decisions without I/O, tested in memory. Nothing they load, directly or
 # through our other modules, may be an event loop, a web framework or a database driver.
 PURE_CORES = (
+    "netkit.backoff",
     "workload_manager.relay",
     "workload_manager.jsonrpc",
     "workload_manager.outbox",

@@ -29,6 +29,7 @@ from msgspec import UNSET
 from yarl import URL
 
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from netkit.backoff import Backoff
 from netkit.guard import PinnedConnector
 from netkit.keepalive import connector_options
 from netkit.tasks import describe, reporting
@@ -43,15 +44,14 @@ from workload_manager.jsonrpc import (
     request,
 )
 from workload_manager.manager import Peer
-from workload_manager.outbox import DEFAULT_MAX_BATCH, Backoff, Outbox
-from workload_manager.relay import Event
+from workload_manager.outbox import DEFAULT_MAX_BATCH, Outbox
+from workload_manager.relay import Event, RelayCore
 from workload_manager.server import EVENTS_PATH
 from workload_manager.workload import (
     METHOD_FOR_STATE,
     REMOVE_METHOD,
     LifecycleParams,
     Workload,
-    WorkloadRemoval,
 )
 
 __all__ = ["RELAY_MODES", "Broadcaster", "encode_events", "ring_successor"]
@@ -75,8 +75,6 @@ _SYNC_ID: Final = "sync"
 # kept for comparison in bench/scale.py).
 RELAY_MODES: Final = ("ring", "flood")
 _CANNOT_SEND: Final = frozenset({"retrying", "no identity", "not pinned"})
-
-View = Callable[[], tuple[list[Workload], list[WorkloadRemoval]]]
 
 
 def encode_events(events: list[Event], *, sync: bool = False) -> bytes:
@@ -111,22 +109,25 @@ def ring_successor(
 
 
 class Broadcaster:
-    """Per-peer outboxes and sender tasks; `async with` owns their lifetime."""
+    """Per-peer outboxes and sender tasks; `async with` owns their lifetime.
+
+    Of the relay core it reads only its view (what catch-up sends) and this node's id (where
+    it stands on the ring), so it is built before the `Manager` that feeds it.
+    """
 
     def __init__(
         self,
         cluster: ClusterDir,
-        view: View,
+        relay: RelayCore,
         *,
         backoff: Backoff | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         request_timeout_s: float = 10.0,
         draw: Callable[[], float] = random.random,
-        own_id: Callable[[], str | None] = lambda: None,
         relay_mode: str | None = None,
     ) -> None:
         self.cluster = cluster
-        self.view = view
+        self.relay = relay
         self.backoff = backoff or Backoff()
         self.max_batch = max_batch
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=3.0)
@@ -136,7 +137,6 @@ class Broadcaster:
         self._senders: dict[str, _Sender] = {}
         self._ring: list[str] = []  # the peers' node ids, sorted: the relay's ring
         self.linger_s = LINGER_S  # the least gap between two batches to one peer
-        self.own_id = own_id
         self.relay_mode = relay_mode or os.environ.get("NVPAIR_WM_RELAY") or "ring"
         if self.relay_mode not in RELAY_MODES:
             raise ConfigurationError(
@@ -216,7 +216,7 @@ class Broadcaster:
         senders = self._senders
         node_id = ring_successor(
             self._ring,
-            self.own_id() or "",
+            self.relay.own_id or "",
             exclude,
             lambda peer: (
                 senders[peer].outbox.failures == 0 and senders[peer].state not in _CANNOT_SEND
@@ -250,6 +250,10 @@ class Broadcaster:
         if sender.outbox.resume():
             log.info("%s is back; sending to it now", node_id)
             sender.wake.set()
+
+    def manager_status(self) -> dict[str, Any]:
+        """What `manager:status` shows of the broadcaster: per-peer counters, the relay mode."""
+        return {"broadcast": self.status(), "relay": self.relay_mode}
 
     def status(self) -> list[dict[str, Any]]:
         """Per-peer counters for `manager:status`."""
@@ -291,7 +295,7 @@ class _Sender:
         self.state = f"failed: {describe(exc)}"
 
     def queue_view(self) -> int:
-        workloads, removals = self.owner.view()
+        workloads, removals = self.owner.relay.view()
         # Not the peer's own jobs: it is their only writer, and drops them from anyone else.
         peer = self.peer.nodeId
         queued = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -29,9 +30,10 @@ from workload_manager.errors import (
     IpcPathInUse,
     WorkloadManagerError,
 )
-from workload_manager.local import serve_stdio, serve_unix
+from workload_manager.local import BrokerLink, serve_stdio, serve_unix
 from workload_manager.manager import Manager
 from workload_manager.relay import RelayCore
+from workload_manager.view_loader import ViewLoader
 
 __all__ = ["build_parser", "main"]
 
@@ -150,8 +152,22 @@ def relay_from_env(environ: Mapping[str, str]) -> RelayCore:
 
 
 async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
+    # The parts are built first and the manager last, given every sink it will use; nothing
+    # re-points them later. The broker's side: its connection, if any (local.py attaches
+    # each one), and the loader that asks again for pages of its view that fail.
     cluster = ClusterDir(args.cluster_dir) if args.cluster_dir is not None else None
-    manager = Manager(version=VERSION, port=args.port, relay=relay, identity=_identity(cluster))
+    broker = BrokerLink()
+    loader = ViewLoader()
+    built = functools.partial(
+        Manager,
+        version=VERSION,
+        port=args.port,
+        relay=relay,
+        identity=_identity(cluster),
+        send_to_broker=broker.send,
+        broker_ready=broker.has_room,
+        on_snapshot_answer=loader.on_answer,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -159,16 +175,31 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
     async with contextlib.AsyncExitStack() as stack:
         if cluster is None:
             log.info("no --cluster-dir: no cluster identity, no inter-node traffic")
+            manager = built()
         else:
             # Imported here: the mTLS server and broadcaster (aiohttp, ~0.15 s of start-up)
             # are needed only by a manager with a cluster identity to speak for.
+            from workload_manager.broadcaster import Broadcaster
             from workload_manager.inter_node import start_inter_node
 
+            # The peers' side: the broadcaster, whose senders the manager feeds, then the
+            # server that hands the manager what peers send.
+            peers = await stack.enter_async_context(Broadcaster(cluster, relay))
+            manager = built(
+                send_to_peers=peers.enqueue,
+                on_peers=peers.set_peers,
+                on_sync_request=peers.enqueue_view,
+                on_view_loaded=peers.view_loaded,
+                on_peer_heard=peers.peer_heard,
+                status_extras=peers.manager_status,
+            )
             await start_inter_node(manager, cluster, stack)
         async with asyncio.TaskGroup() as tasks:
             pruner = tasks.create_task(_prune_forever(manager))
             serving = tasks.create_task(
-                serve_stdio(manager) if args.ipc is None else serve_unix(manager, args.ipc)
+                serve_stdio(manager, broker, loader)
+                if args.ipc is None
+                else serve_unix(manager, broker, loader, args.ipc)
             )
             stopping = tasks.create_task(stop.wait())
             await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)

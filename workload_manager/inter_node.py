@@ -1,18 +1,15 @@
-"""The inter-node half of a manager with `--cluster-dir`: the mTLS server on `--port` and
-the broadcaster, wired to the manager."""
+"""The inter-node half of a manager with `--cluster-dir`: the mTLS server on `--port`, in
+front of a manager whose peer sinks are a `Broadcaster`'s (`cli.py` builds the broadcaster
+first, then the manager, then this server)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import random
-from collections.abc import Callable
 
 from certs import ClusterDir
-from workload_manager.broadcaster import Broadcaster
 from workload_manager.manager import Manager
-from workload_manager.outbox import Backoff
 from workload_manager.server import InterNodeServer
 
 __all__ = ["start_inter_node"]
@@ -21,35 +18,10 @@ log = logging.getLogger("workload_manager")
 
 
 async def start_inter_node(
-    manager: Manager,
-    cluster: ClusterDir,
-    stack: contextlib.AsyncExitStack,
-    *,
-    backoff: Backoff | None = None,
-    draw: Callable[[], float] = random.random,
-) -> Broadcaster:
-    """The mTLS server on --port and the broadcaster, both bound to the cluster dir.
-
-    `backoff` and `draw` shape the outboxes' retries (tests pass fixed ones).
-    """
-    broadcaster = await stack.enter_async_context(
-        Broadcaster(
-            cluster,
-            manager.relay.view,
-            backoff=backoff,
-            draw=draw,
-            own_id=lambda: manager.relay.own_id,
-        )
-    )
-    manager.send_to_peers = broadcaster.enqueue
-    manager.on_peers = broadcaster.set_peers
-    manager.on_sync_request = broadcaster.enqueue_view
-    manager.on_view_loaded = broadcaster.view_loaded
-    manager.on_peer_heard = broadcaster.peer_heard
-    manager.status_extras = lambda: {
-        "broadcast": broadcaster.status(),
-        "relay": broadcaster.relay_mode,
-    }
+    manager: Manager, cluster: ClusterDir, stack: contextlib.AsyncExitStack
+) -> None:
+    """The mTLS server on `manager.port` (0: a free one, which `manager.port` then holds),
+    bound to the cluster dir; `stack` closes it."""
     server = InterNodeServer(
         manager,
         cluster,
@@ -68,4 +40,3 @@ async def start_inter_node(
             "nothing is broadcast until this node joins",
             cluster.path,
         )
-    return broadcaster

@@ -26,9 +26,10 @@ from workload_manager.errors import ChannelFailed, IpcPathInUse
 from workload_manager.framing import DEFAULT_MAX_FRAME, FrameTooLarge, LineFramer
 from workload_manager.jsonrpc import INVALID_REQUEST, ErrorObject, encode_error
 from workload_manager.manager import Manager
-from workload_manager.view_loader import LOADER_PART, load_view
+from workload_manager.view_loader import LOADER_PART, ViewLoader
 
 __all__ = [
+    "BrokerLink",
     "FrameWriter",
     "open_stdio",
     "serve_connection",
@@ -130,8 +131,43 @@ class FrameWriter:
             await self._writer.wait_closed()
 
 
+class BrokerLink:
+    """The broker's connection, if any: where the `Manager` sends its frames for the broker.
+
+    The manager is given `send` and `has_room` when it is built; each connection the local
+    channel serves is attached for as long as it lasts. With none attached, frames are
+    dropped and counted, and the inter-node server answers peers 503 (`has_room` is False).
+    """
+
+    def __init__(self) -> None:
+        self.counters = WriterCounters()  # shared by every connection's writer
+        self._out: FrameWriter | None = None
+
+    def attach(self, out: FrameWriter) -> None:
+        """Frames go to `out` from now on (a broker connected)."""
+        self._out = out
+
+    def detach(self) -> None:
+        """Frames are dropped from now on (the broker went away)."""
+        self._out = None
+
+    def send(self, frame: bytes) -> bool:
+        """Queue one frame for the broker; `False` (and a count) when it cannot take it."""
+        out = self._out
+        if out is None:
+            self.counters.frames_dropped += 1
+            return False
+        return out.send(frame)
+
+    def has_room(self) -> bool:
+        """Whether a broker is connected and keeping up."""
+        out = self._out
+        return out is not None and out.has_room()
+
+
 async def serve_connection(
     manager: Manager,
+    loader: ViewLoader,
     reader: asyncio.StreamReader,
     out: FrameWriter,
     *,
@@ -140,18 +176,18 @@ async def serve_connection(
     """Run one broker connection until end of stream: `ready` first, then answer frames.
 
     Right after `ready` the manager asks the broker for its view (`workloads:snapshot`);
-    a page refused, failed or unanswered is asked for again (`load_view`).
+    a page refused, failed or unanswered is asked for again (`loader`).
     """
     out.send(manager.ready_frame())
     out.send(manager.snapshot_request())
     async with asyncio.TaskGroup() as tasks:
-        loader = tasks.create_task(
-            reporting(LOADER_PART, load_view(manager, out.send)), name=LOADER_PART
+        loading = tasks.create_task(
+            reporting(LOADER_PART, loader.load(manager, out.send)), name=LOADER_PART
         )
         try:
             await _answer_frames(manager, reader, out, max_frame)
         finally:
-            loader.cancel()
+            loading.cancel()
 
 
 async def _answer_frames(
@@ -268,8 +304,10 @@ class _FileWriteTransport(asyncio.WriteTransport):
             self._loop.call_soon(self._protocol.connection_lost, None)
 
 
-async def serve_stdio(manager: Manager, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-    """Serve the broker over stdin/stdout until stdin closes.
+async def serve_stdio(
+    manager: Manager, broker: BrokerLink, loader: ViewLoader, *, max_frame: int = DEFAULT_MAX_FRAME
+) -> None:
+    """Serve the broker over stdin/stdout until stdin closes, attached to `broker`.
 
     Raises `ChannelFailed` when reading stdin failed (the traceback is logged): the channel
     ended, but not because the broker closed it.
@@ -277,13 +315,12 @@ async def serve_stdio(manager: Manager, *, max_frame: int = DEFAULT_MAX_FRAME) -
     failures: list[BaseException] = []
     async with asyncio.TaskGroup() as tasks:
         reader, writer = await open_stdio(tasks, lambda part, exc: failures.append(exc))
-        counters = WriterCounters()
-        out = FrameWriter(writer, counters=counters)
-        manager.send_to_broker = out.send
-        manager.broker_ready = out.has_room
+        out = FrameWriter(writer, counters=broker.counters)
+        broker.attach(out)
         try:
-            await serve_connection(manager, reader, out, max_frame=max_frame)
+            await serve_connection(manager, loader, reader, out, max_frame=max_frame)
         finally:
+            broker.detach()
             await out.aclose()
     if failures:
         raise ChannelFailed(f"reading stdin failed: {describe(failures[0])}") from failures[0]
@@ -291,23 +328,25 @@ async def serve_stdio(manager: Manager, *, max_frame: int = DEFAULT_MAX_FRAME) -
 
 async def serve_unix(
     manager: Manager,
+    broker: BrokerLink,
+    loader: ViewLoader,
     path: Path,
     *,
     max_frame: int = DEFAULT_MAX_FRAME,
     ready: asyncio.Future[None] | None = None,
 ) -> None:
-    """Listen on a Unix socket (mode 0600) and serve one broker connection at a time.
+    """Listen on a Unix socket (mode 0600) and serve one broker connection at a time,
+    attached to `broker` while it lasts.
 
     A second connection while one is open is told so and closed: the socket belongs to the
     supervising broker, and a broker that reconnects after a restart gets a fresh `ready`.
     Runs until cancelled.
     """
     _clear_stale_socket(path)
-    counters = WriterCounters()
     busy = asyncio.Lock()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        out = FrameWriter(writer, counters=counters)
+        out = FrameWriter(writer, counters=broker.counters)
         if busy.locked():
             out.send(
                 encode_error(
@@ -322,17 +361,13 @@ async def serve_unix(
             await out.aclose()
             return
         async with busy:
-            manager.send_to_broker = out.send
-            manager.broker_ready = out.has_room
+            broker.attach(out)
             try:
-                await serve_connection(manager, reader, out, max_frame=max_frame)
+                await serve_connection(manager, loader, reader, out, max_frame=max_frame)
             finally:
-                manager.send_to_broker = _drop_frame(counters)
-                manager.broker_ready = _no_broker
+                broker.detach()
                 await out.aclose()
 
-    manager.send_to_broker = _drop_frame(counters)
-    manager.broker_ready = _no_broker
     old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
     try:
         server = await asyncio.start_unix_server(on_connect, path=str(path), limit=READ_CHUNK)
@@ -347,18 +382,6 @@ async def serve_unix(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-
-def _no_broker() -> bool:
-    return False
-
-
-def _drop_frame(counters: WriterCounters) -> Callable[[bytes], bool]:
-    def drop(frame: bytes) -> bool:
-        counters.frames_dropped += 1
-        return False
-
-    return drop
 
 
 def _clear_stale_socket(path: Path) -> None:

@@ -3,8 +3,9 @@
 `Manager` answers JSON-RPC payloads from the broker (lifecycle events, removals, `peers:set`,
 `manager:status`) and from peers (lifecycle events and removals only), and turns the relay
 core's actions into frames for the broker and events for the peers. It does no I/O itself:
-frames for the broker go to `send_to_broker`, events for peers to `send_to_peers`, both
-supplied by the layer that owns the sockets.
+frames for the broker go to `send_to_broker`, events for peers to `send_to_peers`, and what
+it learns to the other `on_*` sinks -- all given to it when it is built (`cli.py` builds the
+parts that own the sockets first), and never re-pointed after.
 
 Lifecycle notifications are the hot path. A payload made only of them (one, or a batch) is
 decoded in one typed pass straight into records; anything else -- requests, removals, bad
@@ -110,10 +111,13 @@ class Manager:
         relay: RelayCore | None = None,
         clock: Callable[[], float] = time.monotonic,
         send_to_broker: Callable[[bytes], object] = lambda frame: None,
+        broker_ready: Callable[[], bool] = lambda: True,
+        on_snapshot_answer: Callable[[bool], object] = lambda ok: None,
         send_to_peers: Callable[[Event, tuple[str, ...]], object] = lambda event, exclude: None,
         on_peers: Callable[[tuple[Peer, ...]], object] = lambda peers: None,
         on_sync_request: Callable[[str], int] = lambda node_id: 0,
         on_view_loaded: Callable[[], object] = lambda: None,
+        on_peer_heard: Callable[[str], object] = lambda node_id: None,
         status_extras: Callable[[], dict[str, Any]] = dict,
         fast_path: bool = True,
     ) -> None:
@@ -122,16 +126,24 @@ class Manager:
         self.identity = identity
         self.relay = relay or RelayCore()
         self.clock = clock
-        self.send_to_broker = send_to_broker
-        self.send_to_peers = send_to_peers
-        self.on_peers = on_peers
-        self.on_sync_request = on_sync_request
-        self.on_view_loaded = on_view_loaded
-        self.status_extras = status_extras
+        # The sinks: fixed once built (Final), so what a frame or event does can be read
+        # where the manager is built (cli.py), not traced through later assignments.
+        self.send_to_broker: Final = send_to_broker
+        # Whether frames for the broker can be taken now (a broker is connected and keeping
+        # up); the inter-node server refuses peers' events with 503 while it cannot.
+        self.broker_ready: Final = broker_ready
+        # Each answer to our snapshot request: True a page came, False it failed. The view
+        # loader times and bounds the retries (view_loader.py); this core only says what
+        # happened.
+        self.on_snapshot_answer: Final = on_snapshot_answer
+        self.send_to_peers: Final = send_to_peers
+        self.on_peers: Final = on_peers
+        self.on_sync_request: Final = on_sync_request
+        self.on_view_loaded: Final = on_view_loaded
+        # Anything at all arrived from this peer (it is up again): its outbox may stop waiting.
+        self.on_peer_heard: Final = on_peer_heard
+        self.status_extras: Final = status_extras
         self.fast_path = fast_path
-        # Whether frames for the broker can be taken now (set by the local channel); the
-        # inter-node server refuses peers' events with 503 while it cannot.
-        self.broker_ready: Callable[[], bool] = lambda: True
         self.peers: tuple[Peer, ...] = ()
         self._sender: str | None = None  # the peer whose payload is being handled
         self._requests = 0
@@ -141,11 +153,6 @@ class Manager:
         # never answered well enough (manager:status shows it: an empty view is not silent).
         self.view_state = "loading"
         self.snapshot_retries = 0
-        # Each answer to our snapshot request: True a page came, False it failed. The local
-        # channel times and bounds the retries (local.py); this core only says what happened.
-        self.on_snapshot_answer: Callable[[bool], object] = lambda ok: None
-        # Anything at all arrived from this peer (it is up again): its outbox may stop waiting.
-        self.on_peer_heard: Callable[[str], object] = lambda node_id: None
 
         events: dict[str, Handler] = {
             method: self._lifecycle_handler(method) for method in LIFECYCLE_METHODS

@@ -6,9 +6,9 @@ So its memory is bounded by live workloads, not by events, and a cap bounds even
 Batches go out one at a time, oldest first: per workload, a peer sees `seq` only rise.
 
 Time is passed in. `next_batch(now)` says what to send, if anything, given the backoff;
-the runner reports the outcome with `ack()` or `fail()`. Backoff is exponential with full
-jitter and a cap (the AWS architecture blog's "full jitter"), drawn from an injected
-random source so tests are deterministic.
+the runner reports the outcome with `ack()` or `fail()`. A failed batch waits a
+`netkit.backoff.Backoff` delay, drawn from an injected random source so tests are
+deterministic.
 """
 
 from __future__ import annotations
@@ -19,29 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from netkit.backoff import Backoff
 from workload_manager.errors import UsageError
 from workload_manager.relay import Event
 from workload_manager.workload import Workload, WorkloadRemoval
 
-__all__ = ["Backoff", "Outbox", "OutboxCounters"]
+__all__ = ["Outbox", "OutboxCounters"]
 
 DEFAULT_MAX_BATCH: Final = 1024
 DEFAULT_MAX_PENDING: Final = 100_000
 
 _Key = tuple[str, str, str]  # ("w", runId, id) or ("r", originatedFrom, id)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with full jitter: delay in [0, min(cap, base * 2**attempt))."""
-
-    base_s: float = 0.1
-    cap_s: float = 30.0
-
-    def delay(self, attempt: int, draw: Callable[[], float]) -> float:
-        """The delay before retry number `attempt` (1 = the first retry)."""
-        ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 30)))
-        return float(draw() * ceiling)
 
 
 @dataclass(slots=True)

@@ -36,8 +36,8 @@ from msgspec import Meta, Struct
 from agent.config import PlaneSettings
 from agent.plane_link.sync import PlaneRefused
 from certs import write_atomic
+from netkit.backoff import Backoff
 from plane.desired.state import DesiredState
-from workload_manager.outbox import Backoff
 
 __all__ = ["DESIRED_FILE", "MAX_DESIRED", "MAX_PLACED", "PlaneDown"]
 

@@ -38,9 +38,9 @@ from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
 from certs import Identity
 from facts.records import NodeRecord
+from netkit.backoff import Backoff
 from plane.core.wire import NodeSummary, SyncBatch
 from plane.fleet.node_signing import sign_sync
-from workload_manager.outbox import Backoff
 
 __all__ = ["PlaneRefused", "PlaneSync", "plane_settings"]
 

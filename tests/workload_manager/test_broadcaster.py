@@ -7,6 +7,7 @@ from pathlib import Path
 from certs import ClusterDir
 from workload_manager.broadcaster import Broadcaster
 from workload_manager.manager import Peer
+from workload_manager.relay import RelayCore
 
 from .cluster_harness import free_port
 
@@ -14,7 +15,7 @@ from .cluster_harness import free_port
 async def test_a_view_that_loads_late_is_caught_up_again(tmp_path: Path) -> None:
     cluster = ClusterDir(tmp_path / "a")
     cluster.init("t", "a", ["127.0.0.1"])
-    async with Broadcaster(cluster, lambda: ([], [])) as broadcaster:
+    async with Broadcaster(cluster, RelayCore()) as broadcaster:
         broadcaster.set_peers((Peer(nodeId="nod_b", host="127.0.0.1", port=free_port()),))
         [sender] = broadcaster._senders.values()
         broadcaster.view_loaded()  # the first load: senders start with their catch-up
@@ -27,7 +28,7 @@ async def test_a_view_that_loads_late_is_caught_up_again(tmp_path: Path) -> None
 async def test_hearing_from_a_peer_ends_its_backoff(tmp_path: Path) -> None:
     cluster = ClusterDir(tmp_path / "a")
     cluster.init("t", "a", ["127.0.0.1"])
-    async with Broadcaster(cluster, lambda: ([], [])) as broadcaster:
+    async with Broadcaster(cluster, RelayCore()) as broadcaster:
         broadcaster.set_peers((Peer(nodeId="nod_b", host="127.0.0.1", port=free_port()),))
         [sender] = broadcaster._senders.values()
         sender.outbox.note_failure(0.0, "down")

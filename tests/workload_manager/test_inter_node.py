@@ -20,9 +20,11 @@ import pytest
 
 from certs import ClientContexts, ClusterDir, server_hostname_for
 from certs.identity import load_cert
+from netkit.backoff import Backoff
+from workload_manager.broadcaster import Broadcaster
 from workload_manager.inter_node import start_inter_node
 from workload_manager.manager import Manager, Peer
-from workload_manager.outbox import Backoff
+from workload_manager.relay import RelayCore
 
 from .cluster_harness import (
     Member,
@@ -347,11 +349,27 @@ async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
     # first. When b comes back, its catch-up reaches a, and a must send to b at once.
     monkeypatch.setenv("NVPAIR_WM_BIND", "127.0.0.1")
     a_member, b = make_cluster(tmp_path, ["a", "b"])
-    a = Manager(version="t", port=a_member.port, identity=a_member.cluster.node_id)
+    relay = RelayCore()
     async with contextlib.AsyncExitStack() as stack:
-        broadcaster = await start_inter_node(
-            a, a_member.cluster, stack, backoff=Backoff(base_s=40.0, cap_s=40.0), draw=lambda: 0.9
+        # Built as cli.py builds a manager with --cluster-dir: broadcaster, manager, server.
+        broadcaster = await stack.enter_async_context(
+            Broadcaster(
+                a_member.cluster, relay, backoff=Backoff(base_s=40.0, cap_s=40.0), draw=lambda: 0.9
+            )
         )
+        a = Manager(
+            version="t",
+            port=a_member.port,
+            identity=a_member.cluster.node_id,
+            relay=relay,
+            send_to_peers=broadcaster.enqueue,
+            on_peers=broadcaster.set_peers,
+            on_sync_request=broadcaster.enqueue_view,
+            on_view_loaded=broadcaster.view_loaded,
+            on_peer_heard=broadcaster.peer_heard,
+            status_extras=broadcaster.manager_status,
+        )
+        await start_inter_node(a, a_member.cluster, stack)
         a.on_peers((Peer(nodeId=b.node_id, host="127.0.0.1", port=b.port),))
         a.view_state = "loaded"  # no broker here: a's view is empty, and complete
         a.on_view_loaded()

@@ -222,8 +222,8 @@ def test_a_failed_snapshot_page_is_asked_for_again_and_the_view_never_silently_e
         port=1,
         send_to_broker=frames.append,
         on_view_loaded=lambda: loaded.append(True),
+        on_snapshot_answer=answers.append,
     )
-    manager.on_snapshot_answer = answers.append
     first = json.loads(manager.snapshot_request())
     page = {"workloads": [], "removed": [{"workloadId": "9", "originatedFrom": "n"}]}
     reply = {"jsonrpc": "2.0", "result": {**page, "next": "c2"}, "id": first["id"]}
@@ -263,8 +263,7 @@ def test_a_view_that_never_comes_is_said_to_be_incomplete() -> None:
 
 def test_anything_from_a_peer_says_it_is_up() -> None:
     heard: list[str] = []
-    manager = Manager(version="1", port=1)
-    manager.on_peer_heard = heard.append
+    manager = Manager(version="1", port=1, on_peer_heard=heard.append)
     manager.handle_remote(b"[]", "nod_b")  # even a payload it refuses
     manager.handle_remote(remote_record(), "nod_c")
     assert heard == ["nod_b", "nod_c"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workload_manager.outbox import Backoff, Outbox
+from netkit.backoff import Backoff
+from workload_manager.outbox import Outbox
 from workload_manager.relay import Event
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
@@ -106,12 +107,6 @@ def test_resume_ends_the_backoff_at_once() -> None:
     assert ids(box.next_batch(101.0)) == ["1"]
     box.fail(101.0, "down again")
     assert box.retry_at() == 101.0 + 20.0  # a first failure again, not a fourth
-
-
-def test_jitter_draws_below_the_ceiling() -> None:
-    backoff = Backoff(base_s=1.0, cap_s=30.0)
-    assert backoff.delay(3, lambda: 0.25) == 2.0
-    assert backoff.delay(100, lambda: 0.5) == 15.0
 
 
 def test_malformed_verdict_drops_the_batch() -> None:

@@ -7,18 +7,21 @@ import asyncio
 import json
 
 from workload_manager.manager import Manager
-from workload_manager.view_loader import load_view
+from workload_manager.view_loader import ViewLoader
 
 
 async def test_a_broker_that_never_answers_leaves_an_incomplete_view_not_a_silent_one() -> None:
     loaded: list[bool] = []
     sent: list[bytes] = []
-    manager = Manager(version="1", port=1, on_view_loaded=lambda: loaded.append(True))
-    manager.snapshot_request()
-    await asyncio.wait_for(
-        load_view(manager, sent.append, wait_s=0.01, retries=3, backoff_s=(0.001, 0.002)),
-        timeout=5,
+    loader = ViewLoader(wait_s=0.01, retries=3, backoff_s=(0.001, 0.002))
+    manager = Manager(
+        version="1",
+        port=1,
+        on_view_loaded=lambda: loaded.append(True),
+        on_snapshot_answer=loader.on_answer,
     )
+    manager.snapshot_request()
+    await asyncio.wait_for(loader.load(manager, sent.append), timeout=5)
     assert len(sent) == 3  # asked again three times, then gave up
     assert {json.loads(frame)["method"] for frame in sent} == {"workloads:snapshot"}
     assert manager.view_state == "incomplete"
@@ -27,7 +30,13 @@ async def test_a_broker_that_never_answers_leaves_an_incomplete_view_not_a_silen
 
 async def test_a_page_answered_after_a_retry_completes_the_view() -> None:
     loaded: list[bool] = []
-    manager = Manager(version="1", port=1, on_view_loaded=lambda: loaded.append(True))
+    loader = ViewLoader(wait_s=0.01, retries=3, backoff_s=(0.001, 0.002))
+    manager = Manager(
+        version="1",
+        port=1,
+        on_view_loaded=lambda: loaded.append(True),
+        on_snapshot_answer=loader.on_answer,
+    )
     manager.snapshot_request()
 
     def broker(frame: bytes) -> None:
@@ -36,7 +45,5 @@ async def test_a_page_answered_after_a_retry_completes_the_view() -> None:
         reply = {"jsonrpc": "2.0", "result": {"workloads": [], "removed": []}}
         manager.handle_local(json.dumps({**reply, "id": request["id"]}).encode())
 
-    await asyncio.wait_for(
-        load_view(manager, broker, wait_s=0.01, retries=3, backoff_s=(0.001, 0.002)), timeout=5
-    )
+    await asyncio.wait_for(loader.load(manager, broker), timeout=5)
     assert (manager.view_state, manager.snapshot_retries, loaded) == ("loaded", 1, [True])
