@@ -46,6 +46,7 @@ from plane.core.wire import (
 from plane.db.connection import first_line
 from plane.db.store import PlaneStore
 from plane.fleet.node_signing import SyncVerifier, cluster_ca_of_pem, read_signature
+from plane.http.answers import JsonBody, error_answer, json_answer, refusal
 from plane.http.mounts import MOUNTS
 
 __all__ = ["MAX_BODY", "MAX_WINDOW_S", "PlaneServer"]
@@ -55,22 +56,12 @@ log = logging.getLogger(__name__)
 MAX_BODY: Final = 32 * 1024 * 1024
 MAX_WINDOW_S: Final = 366 * 86400
 _MAX_MODEL: Final = 256
-_batch_decoder: Final = msgspec.json.Decoder(SyncBatch)
-_enrol_decoder: Final = msgspec.json.Decoder(EnrolRequest)
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
-
-
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status)
+_SYNC_BATCH: Final = JsonBody(SyncBatch, malformed=lambda why: f"malformed sync batch: {why}")
+_ENROL: Final = JsonBody(EnrolRequest, malformed='the body is {"name": "1 to 128 characters"}')
 
 
 def _unavailable(message: str, retry_after_s: int) -> web.Response:
-    response = _error(503, message)
+    response = error_answer(503, message)
     response.headers["Retry-After"] = str(retry_after_s)
     return response
 
@@ -144,13 +135,13 @@ class PlaneServer:
             log.warning("%s %s: %s (%s)", request.method, request.path, exc, cause)
             return _unavailable(str(exc), exc.retry_after_s)
         except PlaneError as exc:
-            return _error(exc.status, str(exc))
+            return error_answer(exc.status, str(exc))
         except web.HTTPException as exc:
             # aiohttp's own refusals (413 past MAX_BODY, 404, 405) are plain text: every
             # error body here is {"error": "..."}.
             if exc.status < 400 or exc.content_type == "application/json":
                 raise
-            return _error(exc.status, exc.text or exc.reason)
+            return error_answer(exc.status, exc.text or exc.reason)
 
     # -- who is calling -------------------------------------------------------------------
 
@@ -170,28 +161,19 @@ class PlaneServer:
                 return Role.TENANT, tenant
             if await self.store.is_admin(token):
                 return Role.ADMIN, None
-        raise web.HTTPUnauthorized(
-            text='{"error": "a valid admin, cluster or tenant token is required"}',
-            content_type="application/json",
-        )
+        raise refusal(401, "a valid admin, cluster or tenant token is required", spaced=True)
 
     async def admin(self, request: web.Request) -> None:
         """Raise 401 / 403 unless the admin token is the caller."""
         role, _ = await self.caller(request)
         if role is not Role.ADMIN:
-            raise web.HTTPForbidden(
-                text='{"error": "this call needs the admin token"}',
-                content_type="application/json",
-            )
+            raise refusal(403, "this call needs the admin token", spaced=True)
 
     async def _fleet_reader(self, request: web.Request) -> tuple[str, str | None]:
         """The admin or a cluster: the fleet's supply side and jobs are not a tenant's."""
         role, own = await self.caller(request)
         if role is Role.TENANT:
-            raise web.HTTPForbidden(
-                text='{"error": "a tenant key reads its own tenant\'s objects only"}',
-                content_type="application/json",
-            )
+            raise refusal(403, "a tenant key reads its own tenant's objects only", spaced=True)
         return role, own
 
     # -- routes -------------------------------------------------------------------------------
@@ -199,61 +181,53 @@ class PlaneServer:
     async def _healthz(self, request: web.Request) -> web.Response:
         why = self.not_ready()
         if why is not None:
-            response = _json({"ok": False, "error": why}, 503)
+            response = json_answer({"ok": False, "error": why}, 503)
             response.headers["Retry-After"] = "1"
             return response
-        return _json({"ok": True})
+        return json_answer({"ok": True})
 
     async def _enrol(self, request: web.Request) -> web.Response:
         await self.admin(request)
-        try:
-            asked = _enrol_decoder.decode(await request.read())
-        except (msgspec.DecodeError, RecursionError):
-            return _error(400, 'the body is {"name": "1 to 128 characters"}')
+        asked = _ENROL.decode(await request.read())
         try:
             ca = None if asked.ca is None else cluster_ca_of_pem(asked.ca.encode())
         except ValueError:
-            return _error(400, "ca is the PEM of the cluster's CA certificate")
+            return error_answer(400, "ca is the PEM of the cluster's CA certificate")
         cluster_id, token = await self.store.enrol(asked.name, ca)  # 409: the name is taken
-        return _json({"id": cluster_id, "name": asked.name, "token": token}, 201)
+        return json_answer({"id": cluster_id, "name": asked.name, "token": token}, 201)
 
     async def _revoke(self, request: web.Request) -> web.Response:
         await self.admin(request)
         cluster_id = request.match_info["id"]
         if not is_id(cluster_id, "clu") or not await self.store.revoke(cluster_id):
-            return _error(404, f"no active cluster {cluster_id[:40]!r}")
-        return _json({"revoked": cluster_id})
+            return error_answer(404, f"no active cluster {cluster_id[:40]!r}")
+        return json_answer({"revoked": cluster_id})
 
     async def _clusters(self, request: web.Request) -> web.Response:
         await self.admin(request)
-        return _json(await self.store.clusters())
+        return json_answer(await self.store.clusters())
 
     async def _cluster(self, request: web.Request) -> web.Response:
         role, own = await self._fleet_reader(request)
         cluster_id = request.match_info["id"]
         if role is Role.CLUSTER and own != cluster_id:
-            return _error(403, "a cluster token reads its own cluster only")
+            return error_answer(403, "a cluster token reads its own cluster only")
         if not is_id(cluster_id, "clu"):
-            return _error(404, f"no cluster {cluster_id[:40]!r}")
+            return error_answer(404, f"no cluster {cluster_id[:40]!r}")
         summary = await self.store.fleet_summary(cluster_id=cluster_id)
         if not summary["clusters"]:
-            return _error(404, f"no cluster {cluster_id[:40]!r}")
-        return _json(summary["clusters"][0])
+            return error_answer(404, f"no cluster {cluster_id[:40]!r}")
+        return json_answer(summary["clusters"][0])
 
     async def _sync(self, request: web.Request) -> web.Response:
         role, cluster_id = await self.caller(request)
         if role is not Role.CLUSTER or cluster_id is None:
-            return _error(403, "sync needs a cluster token")
+            return error_answer(403, "sync needs a cluster token")
         if request.content_type != "application/json":
-            return _error(415, "use Content-Type: application/json")
+            return error_answer(415, "use Content-Type: application/json")
         signed = read_signature(request.headers)  # none: 403; malformed: 400
         body = await request.read()
-        try:
-            batch = _batch_decoder.decode(body)
-        except msgspec.DecodeError as exc:
-            return _error(400, f"malformed sync batch: {exc}")
-        except RecursionError:  # msgspec's answer to JSON nested past the recursion limit
-            return _error(400, "malformed sync batch: nested too deeply")
+        batch = _SYNC_BATCH.decode(body)
         # Only a node speaks for itself: its certificate names batch.nodeId and its key
         # signed these very bytes (SignatureRefused: 403). The CA is bound or checked in
         # the sync's own transaction.
@@ -261,14 +235,14 @@ class PlaneServer:
         if b"\\u0000" in body:  # a NUL in a string (JSON must escape it): rare, walk it
             batch = without_nul(batch)
         written = await self.store.sync(cluster_id, batch, ca=ca)  # SyncRefused: 400
-        return _json({"written": written})
+        return json_answer({"written": written})
 
     async def _summary(self, request: web.Request) -> web.Response:
         _, own = await self._fleet_reader(request)
         window = _int_param(request, "window", 3600)
         if window is None or not 1 <= window <= MAX_WINDOW_S:
-            return _error(400, f"window is a number of seconds from 1 to {MAX_WINDOW_S}")
-        return _json(await self.store.fleet_summary(window_s=window, cluster_id=own))
+            return error_answer(400, f"window is a number of seconds from 1 to {MAX_WINDOW_S}")
+        return json_answer(await self.store.fleet_summary(window_s=window, cluster_id=own))
 
     async def _jobs(self, request: web.Request) -> web.Response:
         role, own = await self._fleet_reader(request)
@@ -276,23 +250,23 @@ class PlaneServer:
         cluster = query.get("cluster")
         if role is Role.CLUSTER:
             if cluster not in (None, own):
-                return _error(403, "a cluster token reads its own cluster only")
+                return error_answer(403, "a cluster token reads its own cluster only")
             cluster = own
         if cluster is not None and not is_id(cluster, "clu"):
-            return _error(400, "cluster is a clu_ id")
+            return error_answer(400, "cluster is a clu_ id")
         state = query.get("state")
         if state is not None and state not in JOB_STATES:
-            return _error(400, f"state is one of {', '.join(JOB_STATES)}")
+            return error_answer(400, f"state is one of {', '.join(JOB_STATES)}")
         model = query.get("model")
         if model is not None and (len(model) > _MAX_MODEL or "\x00" in model):
-            return _error(400, f"model is a model name of at most {_MAX_MODEL} characters")
+            return error_answer(400, f"model is a model name of at most {_MAX_MODEL} characters")
         limit = _int_param(request, "limit", 100)
         if limit is None:
-            return _error(400, "limit is a number of jobs (1 to 1000)")
+            return error_answer(400, "limit is a number of jobs (1 to 1000)")
         try:
             after = decode_cursor(query["after"]) if "after" in query else None
         except msgspec.DecodeError:
-            return _error(400, "after is the `next` cursor a previous page gave")
+            return error_answer(400, "after is the `next` cursor a previous page gave")
         limit = max(1, min(limit, 1000))
         page, next_cursor = await self.store.jobs(
             cluster_id=cluster, state=state, model=model, after=after, limit=limit
@@ -300,7 +274,7 @@ class PlaneServer:
         body: dict[str, Any] = {"jobs": page}
         if next_cursor is not None:
             body["next"] = encode_cursor(next_cursor)
-        return _json(body)
+        return json_answer(body)
 
 
 def _int_param(request: web.Request, name: str, default: int) -> int | None:
