@@ -15,16 +15,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final
 
-import msgspec
 from aiohttp import web
 from msgspec import Meta, Struct
 
 from plane.core.ids import is_id
 from plane.core.roles import Role
 from plane.db.connection import connection
+from plane.http.answers import JsonBody, json_answer, refusal
 from plane.machinery import sql as machinery_sql
 from plane.machinery import views as machinery_views
-from plane.machinery.operations_api import MAX_REQUEST, json_response, limit_param, refuse
+from plane.machinery.operations_api import MAX_REQUEST, limit_param
 
 __all__ = ["WarmRequest", "mount"]
 
@@ -38,7 +38,14 @@ class WarmRequest(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True)
     artifacts: Annotated[list[Annotated[str, Meta(pattern=_ART)]], Meta(max_length=4096)]
 
 
-_warm_decoder: Final = msgspec.json.Decoder(WarmRequest)
+_WARM: Final = JsonBody(
+    WarmRequest,
+    most=MAX_REQUEST * 16,
+    too_large="the warm set's body is too large",
+    invalid=lambda why: f"invalid warm set: {why}",
+    malformed='the body is {"artifacts": ["art_...", ...]}',
+    refuse=refusal,
+)
 
 
 def mount(app: web.Application, server: Any) -> None:
@@ -50,13 +57,13 @@ def mount(app: web.Application, server: Any) -> None:
         cluster token its own only."""
         role, own = await server.caller(request)
         if role is Role.TENANT:
-            raise refuse(403, "a tenant key reads its own tenant's objects only")
+            raise refusal(403, "a tenant key reads its own tenant's objects only")
         cluster = request.query.get("cluster")
         if cluster is not None and not is_id(cluster, "clu"):
-            raise refuse(400, "cluster is a clu_ id")
+            raise refusal(400, "cluster is a clu_ id")
         if role is Role.CLUSTER:
             if cluster not in (None, own):
-                raise refuse(403, "a cluster token reads its own cluster only")
+                raise refusal(403, "a cluster token reads its own cluster only")
             return str(own)
         return cluster
 
@@ -64,49 +71,41 @@ def mount(app: web.Application, server: Any) -> None:
         cluster = await scope(request)
         kind = request.query.get("kind")
         if kind is not None and not _KIND.match(kind):
-            raise refuse(400, "kind is an event kind such as node-joined")
+            raise refusal(400, "kind is an event kind such as node-joined")
         limit = limit_param(request)
         async with connection(pool) as conn:
             page = await machinery_views.events_view(
                 conn, cluster_id=cluster, kind=kind, limit=limit
             )
-        return json_response({"items": page})
+        return json_answer({"items": page})
 
     async def components(request: web.Request) -> web.Response:
         cluster = await scope(request)
         node = request.query.get("node")
         if node is not None and not is_id(node, "nod"):
-            raise refuse(400, "node is a nod_ id")
+            raise refusal(400, "node is a nod_ id")
         async with connection(pool) as conn:
             rows = await machinery_views.components_view(conn, cluster_id=cluster, node_id=node)
-        return json_response({"items": rows})
+        return json_answer({"items": rows})
 
     async def cache(request: web.Request) -> web.Response:
         cluster = await scope(request)
         async with connection(pool) as conn:
             rows = await machinery_views.cache_view(conn, cluster_id=cluster)
-        return json_response({"items": rows})
+        return json_answer({"items": rows})
 
     async def warm(request: web.Request) -> web.Response:
         await server.admin(request)
         cluster = request.match_info["id"]
-        body = await request.read()
-        if len(body) > MAX_REQUEST * 16:
-            raise refuse(413, "the warm set's body is too large")
-        try:
-            asked = _warm_decoder.decode(body)
-        except msgspec.ValidationError as exc:
-            raise refuse(400, f"invalid warm set: {exc}") from exc
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise refuse(400, 'the body is {"artifacts": ["art_...", ...]}') from exc
+        asked = await _WARM.read(request)
         async with connection(pool) as conn:
             cursor = await conn.execute("SELECT 1 FROM clusters WHERE id = %s", (cluster,))
             if not is_id(cluster, "clu") or await cursor.fetchone() is None:
-                raise refuse(404, f"no cluster {cluster[:40]!r}")
+                raise refusal(404, f"no cluster {cluster[:40]!r}")
             unknown = await machinery_sql.set_warm(conn, cluster, asked.artifacts)
         if unknown:
-            raise refuse(404, f"no artifact {', '.join(unknown[:5])}")
-        return json_response({"cluster": cluster, "artifacts": sorted(set(asked.artifacts))})
+            raise refusal(404, f"no artifact {', '.join(unknown[:5])}")
+        return json_answer({"cluster": cluster, "artifacts": sorted(set(asked.artifacts))})
 
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/components", components)
