@@ -18,10 +18,10 @@ import msgspec
 from aiohttp import web
 from msgspec import Meta, Struct
 
-from plane.core.errors import BadInput
 from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import declare_observed, deployments_of, desired_state
+from plane.http.answers import JsonBody, json_answer, refusal
 
 __all__ = ["ObservedRequest", "mount"]
 
@@ -35,19 +35,9 @@ class ObservedRequest(Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
     node: Annotated[str, Meta(max_length=256, pattern=r"^[^\x00]*$")] = ""
 
 
-_observed_decoder: Final = msgspec.json.Decoder(ObservedRequest)
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
-
-
-def _forbidden(message: str) -> web.HTTPForbidden:
-    return web.HTTPForbidden(
-        text=msgspec.json.encode({"error": message}).decode(), content_type="application/json"
-    )
+_OBSERVED: Final = JsonBody(
+    ObservedRequest, malformed=lambda why: f"bad observed deployment: {why}"
+)
 
 
 def mount(app: web.Application, server: Any) -> None:
@@ -56,7 +46,7 @@ def mount(app: web.Application, server: Any) -> None:
     async def desired(request: web.Request) -> web.Response:
         role, cluster = await server.caller(request)
         if role is not Role.CLUSTER or cluster is None:
-            raise _forbidden("only a cluster token fetches its desired state")
+            raise refusal(403, "only a cluster token fetches its desired state")
         async with connection(server.store.pool) as conn:
             state = await desired_state(conn, cluster)
         body = msgspec.json.encode(state)
@@ -68,7 +58,7 @@ def mount(app: web.Application, server: Any) -> None:
     async def listing(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
         if role is Role.CLUSTER:
-            raise _forbidden("the deployments listing is the admin's or a tenant's")
+            raise refusal(403, "the deployments listing is the admin's or a tenant's")
         query = request.query
         async with connection(server.store.pool) as conn:
             rows = await deployments_of(
@@ -77,16 +67,13 @@ def mount(app: web.Application, server: Any) -> None:
                 workload=query.get("workload") or None,
                 cluster=query.get("cluster") or None,
             )
-        return _json({"items": rows})
+        return json_answer({"items": rows})
 
     async def observe(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
         if role is Role.CLUSTER:
-            raise _forbidden("deployments are declared by the admin or a tenant")
-        try:
-            body = _observed_decoder.decode(await request.read())
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadInput(f"bad observed deployment: {exc}") from None
+            raise refusal(403, "deployments are declared by the admin or a tenant")
+        body = await _OBSERVED.read(request)
         async with connection(server.store.pool) as conn:
             made = await declare_observed(
                 conn,
@@ -96,7 +83,7 @@ def mount(app: web.Application, server: Any) -> None:
                 url=body.url,
                 node=body.node,
             )
-        return _json(made, 201)
+        return json_answer(made, 201)
 
     app.router.add_get("/v1/desired", desired)
     app.router.add_get("/v1/deployments", listing)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import msgspec
 from aiohttp import web
 
 from plane.core.errors import PlaneError
@@ -26,6 +25,7 @@ from plane.core.ids import is_id
 from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired import endpoints_sql
+from plane.http.answers import JsonBody, json_answer
 
 __all__ = ["MAX_TARGETS", "EndpointRefused", "checked_targets", "mount"]
 
@@ -49,12 +49,6 @@ class _Forbidden(PlaneError):
 
 class _NotFound(PlaneError):
     status = 404
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
 
 
 def _model_name(value: Any) -> str:
@@ -118,13 +112,11 @@ def checked_targets(value: Any, mode: str) -> list[dict[str, Any]]:
     return targets
 
 
+_ENDPOINT: Final = JsonBody(dict[str, Any], malformed="the body is a JSON object")
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(await request.read())
-    except (msgspec.DecodeError, RecursionError):
-        raise EndpointRefused("the body is a JSON object") from None
-    if not isinstance(body, dict):
-        raise EndpointRefused("the body is a JSON object")
+    body = await _ENDPOINT.read(request)
     unknown = sorted(str(k) for k in body if k not in _FIELDS)
     if unknown:
         raise EndpointRefused(f"{unknown[0][:64]}: not a field of an endpoint")
@@ -177,7 +169,7 @@ class _Endpoints:
                 raise EndpointRefused(f"tenant: no tenant {tenant}")
             await self._owned(conn, tenant, targets)
             made = await endpoints_sql.create(conn, tenant, name, mode, targets)
-        return _json(made, 201)
+        return json_answer(made, 201)
 
     async def listing(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
@@ -186,10 +178,10 @@ class _Endpoints:
             raise EndpointRefused("tenant: a Tenant id (ten_...)")
         if own is not None:
             if tenant not in (None, own):
-                return _json({"items": []})  # another tenant's: as if it had none
+                return json_answer({"items": []})  # another tenant's: as if it had none
             tenant = own
         async with connection(self.server.store.pool) as conn:
-            return _json({"items": await endpoints_sql.list_endpoints(conn, tenant)})
+            return json_answer({"items": await endpoints_sql.list_endpoints(conn, tenant)})
 
     async def one(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
@@ -198,7 +190,7 @@ class _Endpoints:
             found = await endpoints_sql.get(conn, endpoint, own)
         if found is None:
             raise _NotFound(f"no endpoint {endpoint}")
-        return _json(found)
+        return json_answer(found)
 
     async def patch(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
@@ -223,7 +215,7 @@ class _Endpoints:
             changed = await endpoints_sql.update(conn, endpoint, found["tenant"], changes)
         if changed is None:
             raise _NotFound(f"no endpoint {endpoint}")
-        return _json(changed)
+        return json_answer(changed)
 
     async def delete(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
@@ -231,7 +223,7 @@ class _Endpoints:
         async with connection(self.server.store.pool) as conn:
             if not await endpoints_sql.delete(conn, endpoint, own):
                 raise _NotFound(f"no endpoint {endpoint}")
-        return _json({"deleted": endpoint})
+        return json_answer({"deleted": endpoint})
 
 
 def mount(app: web.Application, server: Any) -> None:

@@ -21,6 +21,7 @@ from plane.core.ids import is_id
 from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import deployment_of
+from plane.http.answers import refusal
 from plane.render.dynamo import DynamoSettings, RenderInput, RenderRefused, render
 from plane.render.yaml_text import dump
 
@@ -47,10 +48,7 @@ def mount(app: web.Application, server: Any) -> None:
     async def dynamo(request: web.Request) -> web.Response:
         role, own = await server.caller(request)
         if role is Role.CLUSTER:
-            raise web.HTTPForbidden(
-                text='{"error": "rendering is the admin\'s or a tenant\'s"}',
-                content_type="application/json",
-            )
+            raise refusal(403, "rendering is the admin's or a tenant's", spaced=True)
         deployment_id = request.match_info["id"]
         query = request.query
         fmt = query.get("format", "yaml")
