@@ -42,6 +42,7 @@ from plane.declared.objects import (
     TenantPatch,
 )
 from plane.declared.rules import CREATES, PATCHES, Forbidden, NotFound
+from plane.http.answers import JsonBody, json_answer
 
 __all__ = ["MAX_BODY", "MAX_KEYS", "PATHS", "mount"]
 
@@ -61,40 +62,33 @@ PATHS: Final[dict[str, tuple[str, Access, Access, type[Any], type[Any] | None]]]
     "pool": ("pools", "admin", "admin", PoolCreate, PoolPatch),
     "artifact": ("artifacts", "own", "own", ArtifactCreate, None),
 }
-_decoders: Final[dict[type[Any], msgspec.json.Decoder[Any]]] = {}
+_bodies: Final[dict[type[Any], JsonBody[Any]]] = {}
 
 
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
+def _body_of(shape: type[T]) -> JsonBody[T]:
+    """A declared object's body of type `shape` (made once): at most MAX_BODY bytes, and a
+    refusal that names the field when its types are wrong."""
+    body = _bodies.get(shape)
+    if body is None:
+        body = _bodies[shape] = JsonBody(
+            shape,
+            most=MAX_BODY,
+            too_large=f"the body is at most {MAX_BODY} bytes",
+            invalid=lambda why: why,
+            malformed=lambda why: f"the body is not a JSON object: {why}",
+            nested="the body is nested too deeply",
+        )
+    return body
 
 
 async def _body(request: web.Request, shape: type[T], *, empty_ok: bool = False) -> T:
-    """The request body as `shape`; `BadInput` (400) naming the field, 413 past MAX_BODY."""
-    if (request.content_length or 0) > MAX_BODY:
-        raise _TooLarge(f"the body is at most {MAX_BODY} bytes")
-    raw = await request.read()
-    if len(raw) > MAX_BODY:
-        raise _TooLarge(f"the body is at most {MAX_BODY} bytes")
+    """The request body as `shape` (an empty one as `{}` where `empty_ok`); 400 naming the
+    field, 413 past MAX_BODY."""
+    body = _body_of(shape)
+    raw = await body.read_bytes(request)
     if not raw.strip() and empty_ok:
         raw = b"{}"
-    decoder = _decoders.get(shape)
-    if decoder is None:
-        decoder = _decoders[shape] = msgspec.json.Decoder(shape)
-    try:
-        decoded: T = decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise BadInput(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise BadInput(f"the body is not a JSON object: {exc}") from None
-    except RecursionError:
-        raise BadInput("the body is nested too deeply") from None
-    return decoded
-
-
-class _TooLarge(PlaneError):
-    status = 413
+    return body.decode(raw)
 
 
 class DeclaredApi:
@@ -135,7 +129,7 @@ class DeclaredApi:
             body = await _body(request, create_body)
             async with sql.transaction(pool) as conn:
                 row = await CREATES[kind_name](conn, kind, body, scope)
-            return _json(row, 201)
+            return json_answer(row, 201)
 
         async def listing(request: web.Request) -> web.Response:
             scope = await self.scope(request, reads, f"list {plural}")
@@ -147,7 +141,7 @@ class DeclaredApi:
             answer: dict[str, Any] = {"items": rows}
             if len(rows) == limit:
                 answer["next"] = rows[-1]["id"]
-            return _json(answer)
+            return json_answer(answer)
 
         async def read(request: web.Request) -> web.Response:
             scope = await self.scope(request, reads, f"read {plural}")
@@ -156,7 +150,7 @@ class DeclaredApi:
                 row = await sql.get(conn, kind, object_id, scope)
             if row is None:
                 raise NotFound(f"no {kind.label} {object_id!r}")
-            return _json(row)
+            return json_answer(row)
 
         async def patch(request: web.Request) -> web.Response:
             if patch_body is None:
@@ -166,7 +160,7 @@ class DeclaredApi:
             body = await _body(request, patch_body)
             async with sql.transaction(pool) as conn:
                 row = await PATCHES[kind_name](conn, kind, object_id, body, scope)
-            return _json(row)
+            return json_answer(row)
 
         async def remove(request: web.Request) -> web.Response:
             scope = await self.scope(request, writes, f"delete {plural}")
@@ -174,7 +168,7 @@ class DeclaredApi:
             async with sql.transaction(pool) as conn:
                 if not await sql.delete(conn, kind, object_id, scope):
                     raise NotFound(f"no {kind.label} {object_id!r}")
-            return _json({"deleted": object_id})
+            return json_answer({"deleted": object_id})
 
         app.router.add_post(f"/v1/{segment}", create)
         app.router.add_get(f"/v1/{segment}", listing)
@@ -203,7 +197,7 @@ class DeclaredApi:
             if await sql.live_keys(conn, tenant_id) >= MAX_KEYS:
                 raise Conflict(f"the tenant has {MAX_KEYS} unrevoked keys: revoke one first")
             row = await sql.add_key(conn, tenant_id, hash_token(key), body.name)
-        return _json({**row, "key": key}, 201)
+        return json_answer({**row, "key": key}, 201)
 
     async def list_keys(self, request: web.Request) -> web.Response:
         """`GET /v1/tenants/{id}/keys` (admin, or that tenant): ids and names, no secret."""
@@ -212,7 +206,7 @@ class DeclaredApi:
             if not await sql.exists(conn, sql.KINDS["tenant"], tenant_id, None):
                 raise NotFound(f"no tenant {tenant_id!r}")
             rows = await sql.keys(conn, tenant_id)
-        return _json({"items": rows})
+        return json_answer({"items": rows})
 
     async def revoke_key(self, request: web.Request) -> web.Response:
         """`DELETE /v1/tenants/{id}/keys/{keyId}` (admin, or that tenant): refused from now."""
@@ -221,7 +215,7 @@ class DeclaredApi:
         async with sql.transaction(self.server.store.pool) as conn:
             if not await sql.revoke_key(conn, tenant_id, key_id):
                 raise NotFound(f"no key {key_id[:64]!r} of tenant {tenant_id!r}")
-        return _json({"revoked": key_id})
+        return json_answer({"revoked": key_id})
 
     async def patch_cluster(self, request: web.Request) -> web.Response:
         """`PATCH /v1/clusters/{id}` (admin): the attributes policies test."""
@@ -246,7 +240,7 @@ class DeclaredApi:
         if row is None:
             raise NotFound(f"no cluster {cluster_id[:64]!r}")
         keys = ("id", "name", "region", "residency", "costPerDeviceHour")
-        return _json(dict(zip(keys, row, strict=True)))
+        return json_answer(dict(zip(keys, row, strict=True)))
 
 
 class _Immutable(PlaneError):

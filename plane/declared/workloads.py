@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 from plane.core.digest import serving_digest
 from plane.core.errors import BadInput
+from plane.http.answers import JsonBody, decoded_or_none
 
 __all__ = [
     "MAX_REPLICAS",
@@ -86,39 +87,35 @@ class WorkloadPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
 
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")  # workloads.name's CHECK
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `([^`]{0,64})`")
-_create: Final = msgspec.json.Decoder(WorkloadCreate)
-_patch: Final = msgspec.json.Decoder(WorkloadPatch)
 
 
-def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        # msgspec says "... - at `$.serving.gpus`": lead with the field.
-        text = str(exc)
-        message, at, where = text.rpartition(" - at `$.")
-        if not at:
-            message, where = text, ""
-        where = where.rstrip("`")
-        unknown = _UNKNOWN.match(message)
-        if unknown is not None:  # the field is the unknown one itself
-            where = f"{where}.{unknown[1]}" if where else unknown[1]
-            message = "not a field this object has (docs/placement.md)"
-        raise BadInput(f"{where}: {message}" if where else message) from None
-    except (msgspec.DecodeError, RecursionError):
-        raise BadInput("the body is a JSON object (docs/placement.md)") from None
+def _field_first(text: str) -> str:
+    """msgspec's "... - at `$.serving.gpus`", led by the field: "serving.gpus: ..."."""
+    message, at, where = text.rpartition(" - at `$.")
+    if not at:
+        message, where = text, ""
+    where = where.rstrip("`")
+    unknown = _UNKNOWN.match(message)
+    if unknown is not None:  # the field is the unknown one itself
+        where = f"{where}.{unknown[1]}" if where else unknown[1]
+        message = "not a field this object has (docs/placement.md)"
+    return f"{where}: {message}" if where else message
+
+
+_MALFORMED: Final = "the body is a JSON object (docs/placement.md)"
+_CREATE: Final = JsonBody(WorkloadCreate, invalid=_field_first, malformed=_MALFORMED)
+_PATCH: Final = JsonBody(WorkloadPatch, invalid=_field_first, malformed=_MALFORMED)
+_ANY_OBJECT: Final = msgspec.json.Decoder(dict[str, Any])
 
 
 def decode_create(body: bytes) -> WorkloadCreate:
-    """The checked create body; `BadInput` naming the field otherwise."""
+    """The checked create body; a 400 (`BodyRefused`, `BadInput`) naming the field otherwise."""
     if b'"kind"' in body:  # refuse the reserved kinds by name, before anything else
-        try:
-            kind = msgspec.json.decode(body).get("kind")
-        except (msgspec.DecodeError, RecursionError, AttributeError):
-            kind = None
+        peek = decoded_or_none(_ANY_OBJECT, body)
+        kind = None if peek is None else peek.get("kind")
         if kind in RESERVED_KINDS:
             raise BadInput(f"kind: {kind!r} is reserved; only 'service' is accepted")
-    asked: WorkloadCreate = _decode(_create, body)
+    asked = _CREATE.decode(body)
     if asked.kind != "service":
         raise BadInput(f"kind: {asked.kind[:32]!r} is not a workload kind; only 'service'")
     if not _NAME.match(asked.name):
@@ -140,9 +137,8 @@ def decode_create(body: bytes) -> WorkloadCreate:
 
 
 def decode_patch(body: bytes) -> WorkloadPatch:
-    """The checked patch body; `BadInput` naming the field otherwise."""
-    patch: WorkloadPatch = _decode(_patch, body)
-    return patch
+    """The checked patch body; a 400 (`BodyRefused`) naming the field otherwise."""
+    return _PATCH.decode(body)
 
 
 def check_scale(replicas: int, low: int, high: int) -> None:

@@ -24,6 +24,7 @@ from plane.core.ids import is_id, new_id
 from plane.core.roles import Role
 from plane.db.connection import Conn, connection
 from plane.declared.workloads import decode_create, decode_patch, digest_of
+from plane.http.answers import json_answer
 from plane.placement.sql import WorkloadNotFound, decision_view, explain, load_workload, place
 from plane.placement.workload_ops import pause_workload, remove_workload, scale_workload, set_bounds
 
@@ -34,12 +35,6 @@ _LIST_LIMIT: Final = 1000
 
 class _Forbidden(PlaneError):
     status = 403
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
 
 
 def mount(app: web.Application, server: Any) -> None:
@@ -140,7 +135,7 @@ class _Routes:
             decision = await place(conn, workload)  # PlacementRefused: 409, rolled back
             body = await self._read(conn, workload_id)
         body["placement"] = decision_view(workload, decision)
-        return _json(body, 201)
+        return json_answer(body, 201)
 
     async def list(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
@@ -153,13 +148,13 @@ class _Routes:
                     (tenant, _LIST_LIMIT),
                 )
             rows = await cursor.fetchall()
-        return _json({"items": [_view(r) for r in rows]})
+        return json_answer({"items": [_view(r) for r in rows]})
 
     async def get(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
         async with connection(self.server.store.pool) as conn:
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
-            return _json(await self._read(conn, workload_id))
+            return json_answer(await self._read(conn, workload_id))
 
     async def patch(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
@@ -179,21 +174,21 @@ class _Routes:
                 await scale_workload(conn, workload_id, patch.replicas)
             if patch.paused is not None:
                 await pause_workload(conn, workload_id, patch.paused)
-            return _json(await self._read(conn, workload_id))
+            return json_answer(await self._read(conn, workload_id))
 
     async def delete(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
         async with connection(self.server.store.pool) as conn, conn.transaction():
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             touched = await remove_workload(conn, workload_id)
-        return _json({"deleted": workload_id, "clusters": touched})
+        return json_answer({"deleted": workload_id, "clusters": touched})
 
     async def explain(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
         async with connection(self.server.store.pool) as conn, conn.transaction():
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             workload = await load_workload(conn, workload_id)
-            return _json(await explain(conn, workload))
+            return json_answer(await explain(conn, workload))
 
 
 class _NameTaken(PlaneError):
