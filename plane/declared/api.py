@@ -43,6 +43,7 @@ from plane.declared.objects import (
 )
 from plane.declared.rules import CREATES, PATCHES, Forbidden, NotFound
 from plane.http.answers import JsonBody, json_answer
+from plane.http.context import ApiContext
 
 __all__ = ["MAX_BODY", "MAX_KEYS", "PATHS", "mount"]
 
@@ -92,15 +93,15 @@ async def _body(request: web.Request, shape: type[T], *, empty_ok: bool = False)
 
 
 class DeclaredApi:
-    """The routes, over the `PlaneServer` (for `caller()` and the store's pool)."""
+    """The routes, over the `ApiContext` they are mounted with (`caller()`, the pool)."""
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, context: ApiContext) -> None:
+        self.context = context
 
     async def scope(self, request: web.Request, need: Access, what: str) -> str | None:
         """The tenant the caller acts as (None: the admin, or anyone for `any`); 403 when it
         may not do `what`."""
-        role, own = await self.server.caller(request)
+        role, own = await self.context.caller(request)
         if role is Role.ADMIN:
             return None
         if role is Role.TENANT and need != "admin":
@@ -116,7 +117,7 @@ class DeclaredApi:
         segment, reads, writes, create_body, patch_body = PATHS[kind_name]
         kind = sql.KINDS[kind_name]
         plural = segment.replace("-", " ")
-        pool = self.server.store.pool
+        pool = self.context.pool
 
         def target(request: web.Request) -> str:
             object_id = request.match_info["id"]
@@ -191,7 +192,7 @@ class DeclaredApi:
         tenant_id = await self._key_tenant(request, "admin", "mint tenant keys")
         body = await _body(request, KeyCreate, empty_ok=True)
         key = mint_tenant_key()
-        async with sql.transaction(self.server.store.pool) as conn:
+        async with sql.transaction(self.context.pool) as conn:
             if not await sql.exists(conn, sql.KINDS["tenant"], tenant_id, None):
                 raise NotFound(f"no tenant {tenant_id!r}")
             if await sql.live_keys(conn, tenant_id) >= MAX_KEYS:
@@ -202,7 +203,7 @@ class DeclaredApi:
     async def list_keys(self, request: web.Request) -> web.Response:
         """`GET /v1/tenants/{id}/keys` (admin, or that tenant): ids and names, no secret."""
         tenant_id = await self._key_tenant(request, "own", "list tenant keys")
-        async with sql.transaction(self.server.store.pool) as conn:
+        async with sql.transaction(self.context.pool) as conn:
             if not await sql.exists(conn, sql.KINDS["tenant"], tenant_id, None):
                 raise NotFound(f"no tenant {tenant_id!r}")
             rows = await sql.keys(conn, tenant_id)
@@ -212,7 +213,7 @@ class DeclaredApi:
         """`DELETE /v1/tenants/{id}/keys/{keyId}` (admin, or that tenant): refused from now."""
         tenant_id = await self._key_tenant(request, "own", "revoke tenant keys")
         key_id = request.match_info["key"]
-        async with sql.transaction(self.server.store.pool) as conn:
+        async with sql.transaction(self.context.pool) as conn:
             if not await sql.revoke_key(conn, tenant_id, key_id):
                 raise NotFound(f"no key {key_id[:64]!r} of tenant {tenant_id!r}")
         return json_answer({"revoked": key_id})
@@ -230,7 +231,7 @@ class DeclaredApi:
             if getattr(body, field) is not msgspec.UNSET
         }
         assignments = ", ".join(f"{column} = %s" for column in sets) or "region = region"
-        async with sql.transaction(self.server.store.pool) as conn:
+        async with sql.transaction(self.context.pool) as conn:
             cursor = await conn.execute(
                 f"UPDATE clusters SET {assignments} WHERE id = %s RETURNING id, name, region, "
                 "residency, cost_per_device_hour",
@@ -272,9 +273,9 @@ def _list_query(request: web.Request, kind: sql.Kind) -> tuple[dict[str, str], s
     return filters, after, limit
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the declared objects' routes to the plane's application."""
-    api = DeclaredApi(server)
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the declared objects' routes to the plane's application, served over `context`."""
+    api = DeclaredApi(context)
     for kind_name in PATHS:
         api.kind_routes(app, kind_name)
     handlers: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [

@@ -25,6 +25,7 @@ from plane.core.roles import Role
 from plane.db.connection import Conn, connection
 from plane.declared.workloads import decode_create, decode_patch, digest_of
 from plane.http.answers import json_answer
+from plane.http.context import ApiContext
 from plane.placement.sql import WorkloadNotFound, decision_view, explain, load_workload, place
 from plane.placement.workload_ops import pause_workload, remove_workload, scale_workload, set_bounds
 
@@ -37,9 +38,9 @@ class _Forbidden(PlaneError):
     status = 403
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the workload routes to `app`, calling `server` for the caller and the pool."""
-    routes = _Routes(server)
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the workload routes to `app`, served over `context` (the caller, the pool)."""
+    routes = _Routes(context)
     app.router.add_post("/v1/workloads", routes.create)
     app.router.add_get("/v1/workloads", routes.list)
     app.router.add_get("/v1/workloads/{ref:[^/]+}", routes.get)
@@ -68,12 +69,14 @@ def _view(row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 class _Routes:
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    """The workload handlers, over the `ApiContext` they are mounted with."""
+
+    def __init__(self, context: ApiContext) -> None:
+        self.context = context
 
     async def _who(self, request: web.Request) -> str | None:
         """None for the admin, the tenant id for a tenant; 403 for a cluster token."""
-        role, own = await self.server.caller(request)
+        role, own = await self.context.caller(request)
         if role is Role.CLUSTER:
             raise _Forbidden("workloads are the admin's or a tenant's, not a cluster's")
         return None if role is Role.ADMIN else own
@@ -102,7 +105,7 @@ class _Routes:
         tenant = await self._who(request)
         asked = decode_create(await request.read())
         serving, digest = digest_of(asked.serving)
-        async with connection(self.server.store.pool) as conn, conn.transaction():
+        async with connection(self.context.pool) as conn, conn.transaction():
             project = await _project(conn, asked.project, tenant)
             owner = await _owner(conn, project)
             await _artifact(conn, asked.artifact, owner)
@@ -139,7 +142,7 @@ class _Routes:
 
     async def list(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             if tenant is None:
                 cursor = await conn.execute(_VIEW + b"ORDER BY w.name LIMIT %s", (_LIST_LIMIT,))
             else:
@@ -152,14 +155,14 @@ class _Routes:
 
     async def get(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             return json_answer(await self._read(conn, workload_id))
 
     async def patch(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
         patch = decode_patch(await request.read())
-        async with connection(self.server.store.pool) as conn, conn.transaction():
+        async with connection(self.context.pool) as conn, conn.transaction():
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             if patch.priorityClass is not None:
                 await conn.execute(
@@ -178,14 +181,14 @@ class _Routes:
 
     async def delete(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
-        async with connection(self.server.store.pool) as conn, conn.transaction():
+        async with connection(self.context.pool) as conn, conn.transaction():
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             touched = await remove_workload(conn, workload_id)
         return json_answer({"deleted": workload_id, "clusters": touched})
 
     async def explain(self, request: web.Request) -> web.Response:
         tenant = await self._who(request)
-        async with connection(self.server.store.pool) as conn, conn.transaction():
+        async with connection(self.context.pool) as conn, conn.transaction():
             workload_id = await self._resolve(conn, request.match_info["ref"], tenant)
             workload = await load_workload(conn, workload_id)
             return json_answer(await explain(conn, workload))

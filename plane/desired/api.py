@@ -12,7 +12,7 @@ whatever changed it (or did not) in the tables behind it.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 import msgspec
 from aiohttp import web
@@ -22,6 +22,7 @@ from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import declare_observed, deployments_of, desired_state
 from plane.http.answers import JsonBody, json_answer, refusal
+from plane.http.context import ApiContext
 
 __all__ = ["ObservedRequest", "mount"]
 
@@ -40,14 +41,14 @@ _OBSERVED: Final = JsonBody(
 )
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the desired-state routes to `app`, served over `server`'s store."""
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the desired-state routes to `app`, served over `context`."""
 
     async def desired(request: web.Request) -> web.Response:
-        role, cluster = await server.caller(request)
+        role, cluster = await context.caller(request)
         if role is not Role.CLUSTER or cluster is None:
             raise refusal(403, "only a cluster token fetches its desired state")
-        async with connection(server.store.pool) as conn:
+        async with connection(context.pool) as conn:
             state = await desired_state(conn, cluster)
         body = msgspec.json.encode(state)
         etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
@@ -56,11 +57,11 @@ def mount(app: web.Application, server: Any) -> None:
         return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
     async def listing(request: web.Request) -> web.Response:
-        role, own = await server.caller(request)
+        role, own = await context.caller(request)
         if role is Role.CLUSTER:
             raise refusal(403, "the deployments listing is the admin's or a tenant's")
         query = request.query
-        async with connection(server.store.pool) as conn:
+        async with connection(context.pool) as conn:
             rows = await deployments_of(
                 conn,
                 tenant=own if role is Role.TENANT else None,
@@ -70,11 +71,11 @@ def mount(app: web.Application, server: Any) -> None:
         return json_answer({"items": rows})
 
     async def observe(request: web.Request) -> web.Response:
-        role, own = await server.caller(request)
+        role, own = await context.caller(request)
         if role is Role.CLUSTER:
             raise refusal(403, "deployments are declared by the admin or a tenant")
         body = await _OBSERVED.read(request)
-        async with connection(server.store.pool) as conn:
+        async with connection(context.pool) as conn:
             made = await declare_observed(
                 conn,
                 tenant=own if role is Role.TENANT else None,

@@ -26,6 +26,7 @@ from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired import endpoints_sql
 from plane.http.answers import JsonBody, json_answer
+from plane.http.context import ApiContext
 
 __all__ = ["MAX_TARGETS", "EndpointRefused", "checked_targets", "mount"]
 
@@ -131,14 +132,14 @@ def _endpoint_id(request: web.Request) -> str:
 
 
 class _Endpoints:
-    """The handlers, over the `PlaneServer` they are mounted on."""
+    """The handlers, over the `ApiContext` they are mounted with."""
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
+    def __init__(self, context: ApiContext) -> None:
+        self.context = context
 
     async def _tenant_or_admin(self, request: web.Request) -> str | None:
         """The calling tenant, or None for the admin; a cluster may not."""
-        role, own = await self.server.caller(request)
+        role, own = await self.context.caller(request)
         if role is Role.CLUSTER:
             raise _Forbidden("endpoints are a tenant's: use the admin token or a tenant key")
         return own if role is Role.TENANT else None
@@ -164,7 +165,7 @@ class _Endpoints:
         name = _model_name(body.get("modelName"))
         mode = _mode(body.get("mode", "weighted"))
         targets = checked_targets(body.get("targets"), mode)
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             if not await endpoints_sql.tenant_exists(conn, tenant):
                 raise EndpointRefused(f"tenant: no tenant {tenant}")
             await self._owned(conn, tenant, targets)
@@ -180,13 +181,13 @@ class _Endpoints:
             if tenant not in (None, own):
                 return json_answer({"items": []})  # another tenant's: as if it had none
             tenant = own
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             return json_answer({"items": await endpoints_sql.list_endpoints(conn, tenant)})
 
     async def one(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
         endpoint = _endpoint_id(request)
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             found = await endpoints_sql.get(conn, endpoint, own)
         if found is None:
             raise _NotFound(f"no endpoint {endpoint}")
@@ -201,7 +202,7 @@ class _Endpoints:
         changes: dict[str, Any] = {}
         if "modelName" in body:
             changes["modelName"] = _model_name(body["modelName"])
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             found = await endpoints_sql.get(conn, endpoint, own)
             if found is None:
                 raise _NotFound(f"no endpoint {endpoint}")
@@ -220,15 +221,15 @@ class _Endpoints:
     async def delete(self, request: web.Request) -> web.Response:
         own = await self._tenant_or_admin(request)
         endpoint = _endpoint_id(request)
-        async with connection(self.server.store.pool) as conn:
+        async with connection(self.context.pool) as conn:
             if not await endpoints_sql.delete(conn, endpoint, own):
                 raise _NotFound(f"no endpoint {endpoint}")
         return json_answer({"deleted": endpoint})
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the endpoints' routes to `app`, served over `server` (a `PlaneServer`)."""
-    handlers = _Endpoints(server)
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the endpoints' routes to `app`, served over `context`."""
+    handlers = _Endpoints(context)
     app.router.add_post("/v1/endpoints", handlers.create)
     app.router.add_get("/v1/endpoints", handlers.listing)
     app.router.add_get("/v1/endpoints/{id}", handlers.one)

@@ -1,26 +1,26 @@
 """The plane API's route groups beyond the supply side, each in its own module: a mount adds
-its routes to the application and keeps the `PlaneServer` (for `caller()`, `admin()` and the
-store's pool)."""
+its routes to the application, served over the `ApiContext` it is handed (the pool, and
+`caller()` / `admin()`; plane/http/context.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
+
+from aiohttp import web
 
 from plane.declared import api as declared_api
 from plane.declared import workloads_api
 from plane.desired import api as desired_api
 from plane.desired import endpoints_api
+from plane.http.context import ApiContext
 from plane.machinery import api as machinery_api
 from plane.machinery import operations_api
 from plane.render import api as render_api
 
-if TYPE_CHECKING:
-    from aiohttp import web
-
 __all__ = ["MOUNTS"]
 
-Mount = Callable[["web.Application", Any], None]
+Mount = Callable[[web.Application, ApiContext], None]
 
 MOUNTS: Final[list[Mount]] = [
     workloads_api.mount,  # workloads, placement, explain (issue 16, item 3)

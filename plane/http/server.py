@@ -47,6 +47,7 @@ from plane.db.connection import first_line
 from plane.db.store import PlaneStore
 from plane.fleet.node_signing import SyncVerifier, cluster_ca_of_pem, read_signature
 from plane.http.answers import JsonBody, error_answer, json_answer, refusal
+from plane.http.context import ApiContext
 from plane.http.mounts import MOUNTS
 
 __all__ = ["MAX_BODY", "MAX_WINDOW_S", "PlaneServer"]
@@ -92,6 +93,7 @@ class PlaneServer:
         now: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
         self.store = store
+        self.context = ApiContext(store)  # what the route groups get: the pool, who calls
         self.verifier = SyncVerifier()  # a sync is written only when its node signed it
         self._now = now
         self.host = host
@@ -108,7 +110,7 @@ class PlaneServer:
         app.router.add_get("/v1/fleet/summary", self._summary)
         app.router.add_get("/v1/jobs", self._jobs)
         for mount in MOUNTS:  # the demand side's routes (plane/http/mounts.py)
-            mount(app, self)
+            mount(app, self.context)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
 
     async def start(self) -> int:
@@ -145,33 +147,9 @@ class PlaneServer:
 
     # -- who is calling -------------------------------------------------------------------
 
-    async def caller(self, request: web.Request) -> tuple[Role, str | None]:
-        """(Role.ADMIN, None), (Role.CLUSTER, clu_ id) or (Role.TENANT, ten_ id); raises 401
-        otherwise."""
-        header = request.headers.get("Authorization", "")
-        token = header[7:].strip() if header.startswith("Bearer ") else ""
-        # Tokens are printable text; a header of raw bytes that are not UTF-8 (kept as lone
-        # surrogates) or control characters is no token at all, not a 500 when hashed.
-        if token and token.isprintable():
-            cluster = await self.store.cluster_for(token)
-            if cluster is not None:
-                return Role.CLUSTER, cluster
-            tenant = await self.store.tenant_for(token)
-            if tenant is not None:
-                return Role.TENANT, tenant
-            if await self.store.is_admin(token):
-                return Role.ADMIN, None
-        raise refusal(401, "a valid admin, cluster or tenant token is required", spaced=True)
-
-    async def admin(self, request: web.Request) -> None:
-        """Raise 401 / 403 unless the admin token is the caller."""
-        role, _ = await self.caller(request)
-        if role is not Role.ADMIN:
-            raise refusal(403, "this call needs the admin token", spaced=True)
-
-    async def _fleet_reader(self, request: web.Request) -> tuple[str, str | None]:
+    async def _fleet_reader(self, request: web.Request) -> tuple[Role, str | None]:
         """The admin or a cluster: the fleet's supply side and jobs are not a tenant's."""
-        role, own = await self.caller(request)
+        role, own = await self.context.caller(request)
         if role is Role.TENANT:
             raise refusal(403, "a tenant key reads its own tenant's objects only", spaced=True)
         return role, own
@@ -187,7 +165,7 @@ class PlaneServer:
         return json_answer({"ok": True})
 
     async def _enrol(self, request: web.Request) -> web.Response:
-        await self.admin(request)
+        await self.context.admin(request)
         asked = _ENROL.decode(await request.read())
         try:
             ca = None if asked.ca is None else cluster_ca_of_pem(asked.ca.encode())
@@ -197,14 +175,14 @@ class PlaneServer:
         return json_answer({"id": cluster_id, "name": asked.name, "token": token}, 201)
 
     async def _revoke(self, request: web.Request) -> web.Response:
-        await self.admin(request)
+        await self.context.admin(request)
         cluster_id = request.match_info["id"]
         if not is_id(cluster_id, "clu") or not await self.store.revoke(cluster_id):
             return error_answer(404, f"no active cluster {cluster_id[:40]!r}")
         return json_answer({"revoked": cluster_id})
 
     async def _clusters(self, request: web.Request) -> web.Response:
-        await self.admin(request)
+        await self.context.admin(request)
         return json_answer(await self.store.clusters())
 
     async def _cluster(self, request: web.Request) -> web.Response:
@@ -220,7 +198,7 @@ class PlaneServer:
         return json_answer(summary["clusters"][0])
 
     async def _sync(self, request: web.Request) -> web.Response:
-        role, cluster_id = await self.caller(request)
+        role, cluster_id = await self.context.caller(request)
         if role is not Role.CLUSTER or cluster_id is None:
             return error_answer(403, "sync needs a cluster token")
         if request.content_type != "application/json":

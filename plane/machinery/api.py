@@ -13,7 +13,7 @@ none of them (403), as with the fleet summary.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 from aiohttp import web
 from msgspec import Meta, Struct
@@ -22,6 +22,7 @@ from plane.core.ids import is_id
 from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.http.answers import JsonBody, json_answer, refusal
+from plane.http.context import ApiContext
 from plane.machinery import sql as machinery_sql
 from plane.machinery import views as machinery_views
 from plane.machinery.operations_api import MAX_REQUEST, limit_param
@@ -48,14 +49,14 @@ _WARM: Final = JsonBody(
 )
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the events, components, cache and warm-set routes."""
-    pool = server.store.pool
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the events, components, cache and warm-set routes, served over `context`."""
+    pool = context.pool
 
     async def scope(request: web.Request) -> str | None:
         """The cluster the caller reads: the admin any (the `cluster` parameter, or all), a
         cluster token its own only."""
-        role, own = await server.caller(request)
+        role, own = await context.caller(request)
         if role is Role.TENANT:
             raise refusal(403, "a tenant key reads its own tenant's objects only")
         cluster = request.query.get("cluster")
@@ -95,7 +96,7 @@ def mount(app: web.Application, server: Any) -> None:
         return json_answer({"items": rows})
 
     async def warm(request: web.Request) -> web.Response:
-        await server.admin(request)
+        await context.admin(request)
         cluster = request.match_info["id"]
         asked = await _WARM.read(request)
         async with connection(pool) as conn:

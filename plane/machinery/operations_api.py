@@ -22,6 +22,7 @@ from plane.core.ids import is_id
 from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.http.answers import JsonBody, json_answer, refusal
+from plane.http.context import ApiContext
 from plane.machinery import sql as machinery_sql
 
 __all__ = ["OperationRequest", "limit_param", "mount"]
@@ -59,12 +60,12 @@ def limit_param(request: web.Request, default: int = 100, most: int = 1000) -> i
     return max(1, min(int(text), most))
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the operations routes."""
-    pool = server.store.pool
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the operations routes, served over `context`."""
+    pool = context.pool
 
     async def create(request: web.Request) -> web.Response:
-        role, own = await server.caller(request)
+        role, own = await context.caller(request)
         if role is Role.CLUSTER:
             raise refusal(403, "a cluster token cannot start plane operations")
         asked = await _OPERATION.read(request)
@@ -121,7 +122,7 @@ def mount(app: web.Application, server: Any) -> None:
         return None, None
 
     async def listing(request: web.Request) -> web.Response:
-        tenant, held = reader(*await server.caller(request))
+        tenant, held = reader(*await context.caller(request))
         cluster = request.query.get("cluster")
         if cluster is not None and not is_id(cluster, "clu"):
             raise refusal(400, "cluster is a clu_ id")
@@ -140,7 +141,7 @@ def mount(app: web.Application, server: Any) -> None:
         return json_answer({"items": page})
 
     async def one(request: web.Request) -> web.Response:
-        tenant, held = reader(*await server.caller(request))
+        tenant, held = reader(*await context.caller(request))
         op_id = request.match_info["id"]
         view = None
         if is_id(op_id, "opr"):

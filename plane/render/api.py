@@ -12,7 +12,7 @@ serving configuration, that cluster's share of the replicas. `nvpair plane rende
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 
@@ -22,6 +22,7 @@ from plane.core.roles import Role
 from plane.db.connection import connection
 from plane.desired.sql import deployment_of
 from plane.http.answers import refusal
+from plane.http.context import ApiContext
 from plane.render.dynamo import DynamoSettings, RenderInput, RenderRefused, render
 from plane.render.yaml_text import dump
 
@@ -42,11 +43,11 @@ class Unrenderable(PlaneError):
     status = 422
 
 
-def mount(app: web.Application, server: Any) -> None:
-    """Add the rendering route to `app`, served over `server`'s store."""
+def mount(app: web.Application, context: ApiContext) -> None:
+    """Add the rendering route to `app`, served over `context`."""
 
     async def dynamo(request: web.Request) -> web.Response:
-        role, own = await server.caller(request)
+        role, own = await context.caller(request)
         if role is Role.CLUSTER:
             raise refusal(403, "rendering is the admin's or a tenant's", spaced=True)
         deployment_id = request.match_info["id"]
@@ -59,7 +60,7 @@ def mount(app: web.Application, server: Any) -> None:
             raise BadInput("image and frontendType are short strings")
         found = None
         if is_id(deployment_id, "dep"):
-            async with connection(server.store.pool) as conn:
+            async with connection(context.pool) as conn:
                 found = await deployment_of(
                     conn, deployment_id, tenant=own if role is Role.TENANT else None
                 )
