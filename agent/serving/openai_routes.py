@@ -19,6 +19,8 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
+from agent.core.json_input import BadJson, decode_json
+
 __all__ = [
     "AUDIO_MAX_BODY",
     "JSON_MAX_BODY",
@@ -107,9 +109,8 @@ _whole: Final = msgspec.json.Decoder(dict[str, Any])
 def json_model(body: bytes) -> str:
     """The `model` string of a JSON object (the last one, as Python's json reads it)."""
     try:
-        model = _whole.decode(body).get("model")
-    except (msgspec.DecodeError, RecursionError):
-        # RecursionError: msgspec's answer to JSON nested past the recursion limit.
+        model = decode_json(_whole, body).get("model")
+    except BadJson:
         raise BadBody("the body must be JSON with a model") from None
     if not isinstance(model, str) or not model:
         raise BadBody("the body must be JSON with a model")

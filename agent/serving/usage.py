@@ -24,6 +24,8 @@ from typing import Annotated, Any, Final
 import msgspec
 from msgspec import Meta, Struct
 
+from agent.core.json_input import BadJson, decode_json
+
 __all__ = [
     "MAX_EVENT",
     "STREAMED_PATHS",
@@ -93,8 +95,8 @@ def read_usage(body: bytes) -> Usage | None:
     if _USAGE.search(body) is None:
         return None
     try:
-        return _counts(_answer.decode(body))
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _counts(decode_json(_answer, body))
+    except BadJson:
         return None
 
 
@@ -105,8 +107,8 @@ def ask_for_usage(raw: bytes, path: str) -> tuple[bytes, bool]:
     if path not in STREAMED_PATHS or b'"stream"' not in raw:
         return raw, False
     try:
-        body = _body.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+        body = decode_json(_body, raw)
+    except BadJson:
         return raw, False
     if body.get("stream") is not True:
         return raw, False
@@ -196,8 +198,8 @@ class StreamScanner:
         """Read one event's usage; True when it is a usage-only chunk to strip."""
         data = _event_data(event)
         try:
-            answer = _answer.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            answer = decode_json(_answer, data)
+        except BadJson:
             return False
         usage = _counts(answer)
         if usage is not None:
