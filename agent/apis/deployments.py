@@ -30,6 +30,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
+from agent.apis.answers import bad_request, json_answer, read_json
 from agent.apis.keys import key_routes
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from agent.cluster.members import Members
@@ -91,30 +92,30 @@ def deployment_routes(
 
     async def listing(request: web.Request) -> web.Response:
         held = records()
-        return _json([deployment_view(d, held) for d in deployments.live()])
+        return json_answer([deployment_view(d, held) for d in deployments.live()])
 
     async def declare(request: web.Request) -> web.Response:
-        body = await request.read()
+        wanted = await read_json(request, _request)
         try:
-            made = deployments.declare(_request.decode(body))
-        except (msgspec.DecodeError, msgspec.ValidationError, DeploymentRefused) as exc:
-            raise web.HTTPBadRequest(text=f"{_reason(exc)}\n") from None
-        return _json(deployment_view(made, records()), status=201)
+            made = deployments.declare(wanted)
+        except DeploymentRefused as exc:
+            raise bad_request(exc) from None
+        return json_answer(deployment_view(made, records()), status=201)
 
     async def scale(request: web.Request) -> web.Response:
+        wanted = (await read_json(request, _scale)).replicas
         try:
-            wanted = _scale.decode(await request.read()).replicas
             made = deployments.scale(request.match_info["name"], wanted)
-        except (msgspec.DecodeError, msgspec.ValidationError, DeploymentRefused) as exc:
+        except DeploymentRefused as exc:
             raise _refused(exc) from None
-        return _json(deployment_view(made, records()))
+        return json_answer(deployment_view(made, records()))
 
     async def undeploy(request: web.Request) -> web.Response:
         try:
             made = deployments.undeploy(request.match_info["name"])
         except DeploymentRefused as exc:
             raise _refused(exc) from None
-        return _json({"undeployed": made.name, "version": made.version})
+        return json_answer({"undeployed": made.name, "version": made.version})
 
     async def replicas(request: web.Request) -> web.Response:
         rows = []
@@ -124,7 +125,9 @@ def deployment_routes(
                 if record.nodeId == control.self_id:
                     row |= _log_tail(control, r.id)
                 rows.append(row)
-        return _json(sorted(rows, key=lambda row: (row["deployment"], row["node"], row["id"])))
+        return json_answer(
+            sorted(rows, key=lambda row: (row["deployment"], row["node"], row["id"]))
+        )
 
     async def log(request: web.Request) -> web.Response:
         rid = request.match_info["id"]
@@ -133,7 +136,7 @@ def deployment_routes(
             lines = int(request.query.get("tail", replica_logs.DEFAULT_LINES))
             offset = int(request.query["from"]) if "from" in request.query else None
         except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"{_reason(exc)}\n") from None
+            raise bad_request(exc) from None
         if not path.exists():
             raise web.HTTPNotFound(text=_elsewhere(rid, records(), control.self_id))
         try:
@@ -144,7 +147,7 @@ def deployment_routes(
             )
         except OSError as exc:
             raise web.HTTPServiceUnavailable(text=f"cannot read {path.name}: {exc}\n") from None
-        return _json({"replica": rid, **msgspec.to_builtins(chunk)})
+        return json_answer({"replica": rid, **msgspec.to_builtins(chunk)})
 
     async def explain_deployment(request: web.Request) -> web.Response:
         name, only = request.match_info["name"], request.query.get("node", "")
@@ -170,13 +173,13 @@ def deployment_routes(
         if only and not rows:
             raise web.HTTPNotFound(text=f"no member {only!r} in this node's view\n")
         unplaced = [why for dep, why in control.last_plan.unplaced if dep == name]
-        return _json({"deployment": name, "nodes": rows, "unplaced": unplaced})
+        return json_answer({"deployment": name, "nodes": rows, "unplaced": unplaced})
 
     async def explain_replicas(request: web.Request) -> web.Response:
         model = request.query.get("model")
         if not model:
             raise web.HTTPBadRequest(text="model=NAME is required\n")
-        return _json(_replica_ranking(model, ports, records()))
+        return json_answer(_replica_ranking(model, ports, records()))
 
     return [
         web.get("/v1/deployments", listing),
@@ -251,17 +254,7 @@ def _replica_ranking(model: str, ports: DeployPorts, records: list[NodeRecord]) 
     return {"model": model, "deployment": bool(mine), "ranked": ranked, "refused": refused}
 
 
-def _refused(exc: Exception) -> web.HTTPException:
-    if isinstance(exc, DeploymentRefused) and str(exc).startswith("no deployment named"):
+def _refused(exc: DeploymentRefused) -> web.HTTPException:
+    if str(exc).startswith("no deployment named"):
         return web.HTTPNotFound(text=f"{exc}\n")
-    return web.HTTPBadRequest(text=f"{_reason(exc)}\n")
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc)[:500]
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )
+    return bad_request(exc)

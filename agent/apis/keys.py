@@ -18,6 +18,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
+from agent.apis.answers import json_answer, read_json
 from agent.cluster.api_keys import ApiKeys, KeyExists, KeyRefused, KeyRequest
 from facts.api_keys import ApiKey, fingerprint
 
@@ -51,33 +52,28 @@ def key_routes(keys: ApiKeys | None) -> list[web.RouteDef]:
 
     async def listing(request: web.Request) -> web.Response:
         now_ms = int(time.time() * 1000)
-        return _json([key_view(k, now_ms) for k in keys.all()])
+        return json_answer([key_view(k, now_ms) for k in keys.all()])
 
     async def create(request: web.Request) -> web.Response:
+        wanted = await read_json(request, _request)
         try:
-            made, secret = keys.create(_request.decode(await request.read()))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise web.HTTPBadRequest(text=f"{str(exc)[:500]}\n") from None
+            made, secret = keys.create(wanted)
         except KeyRefused as exc:
             refusal = web.HTTPConflict if isinstance(exc, KeyExists) else web.HTTPBadRequest
             raise refusal(text=f"{str(exc)[:500]}\n") from None
-        return _json({**key_view(made, int(time.time() * 1000)), "secret": secret}, status=201)
+        return json_answer(
+            {**key_view(made, int(time.time() * 1000)), "secret": secret}, status=201
+        )
 
     async def revoke(request: web.Request) -> web.Response:
         try:
             made = keys.revoke(request.match_info["name"])
         except KeyRefused as exc:
             raise web.HTTPNotFound(text=f"{str(exc)[:500]}\n") from None
-        return _json({"revoked": made.name, "version": made.version})
+        return json_answer({"revoked": made.name, "version": made.version})
 
     return [
         web.get("/v1/keys", listing),
         web.post("/v1/keys", create),
         web.post("/v1/keys/{name}/revoke", revoke),
     ]
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(value), status=status, content_type="application/json"
-    )

@@ -46,6 +46,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from agent.apis.answers import bad_request, decoded, json_answer, read_json
 from agent.apis.deployments import DeployPorts, deployment_routes
 from agent.apis.page import UiPorts, UiServer
 from agent.cluster.members import Members, remover
@@ -181,11 +182,7 @@ class LocalApi:
             "failing": failing,
             "uptimeS": round(time.time() - ports.started_at, 1),
         }
-        return web.Response(
-            status=200 if ok else 503,
-            body=msgspec.json.encode(body),
-            content_type="application/json",
-        )
+        return json_answer(body, 200 if ok else 503)
 
     async def _jobs(self, request: web.Request) -> web.Response:
         query = request.query
@@ -212,25 +209,20 @@ class LocalApi:
             raise web.HTTPBadRequest(
                 text="after is not a cursor this node gave out (a page's `next`)\n"
             ) from None
-        return _json({"jobs": jobs, "next": more} if paged else jobs)
+        return json_answer({"jobs": jobs, "next": more} if paged else jobs)
 
     async def _remove_job(self, request: web.Request) -> web.Response:
         # A removal as seed 002 has it (`workloads:remove {workloadId, originatedFrom}`), for
         # a job this node originated: only a node speaks for its own jobs.
         ports, wid = self.ports, request.match_info["id"]
         raw = await request.read()
+        body = decoded(_event_decoder, raw, "bad removal") if raw.strip() else {}
+        origin = body.get("originatedFrom", ports.node_id)
         try:
-            body = _event_decoder.decode(raw) if raw.strip() else {}
-            origin = body.get("originatedFrom", ports.node_id)
             removal = WorkloadRemoval(workloadId=wid, originatedFrom=str(origin))
             removal = msgspec.convert(msgspec.to_builtins(removal), WorkloadRemoval)
-        except (
-            msgspec.DecodeError,
-            msgspec.ValidationError,
-            AttributeError,
-            RecursionError,
-        ) as exc:
-            raise web.HTTPBadRequest(text=f"bad removal: {_reason(exc)}\n") from None
+        except msgspec.ValidationError as exc:
+            raise bad_request(exc, "bad removal") from None
         if removal.originatedFrom != ports.node_id:
             raise web.HTTPBadRequest(text=_not_ours(wid, [removal.originatedFrom]))
         try:
@@ -248,7 +240,7 @@ class LocalApi:
                 await ports.remove_job(removal)
             except StoreUnavailable as exc:
                 raise _unavailable(exc) from None
-        return _json({"removed": wid, "originatedFrom": ports.node_id, "already": already})
+        return json_answer({"removed": wid, "originatedFrom": ports.node_id, "already": already})
 
     async def _manager(self, request: web.Request) -> web.Response:
         # `manager:status` (relay counters, per-peer broadcast) and the supervisor's own view;
@@ -262,16 +254,14 @@ class LocalApi:
             body["status"] = await supervisor.request("manager:status")
         except (TimeoutError, BrokerError) as exc:
             body["error"] = str(exc)
-            return web.Response(
-                status=503, body=msgspec.json.encode(body), content_type="application/json"
-            )
-        return _json(body)
+            return json_answer(body, 503)
+        return json_answer(body)
 
     async def _nodes(self, request: web.Request) -> web.Response:
-        return _json(self.ports.members.nodes())
+        return json_answer(self.ports.members.nodes())
 
     async def _members(self, request: web.Request) -> web.Response:
-        return _json(
+        return json_answer(
             [
                 {
                     "nodeId": m.node_id,
@@ -302,7 +292,7 @@ class LocalApi:
             raise web.HTTPBadRequest(text="model=NAME is required\n")
         cluster, load = self.ports.view.current()
         ranking = rank(Request(model, origin=self.ports.node_id), cluster, load)
-        return _json(
+        return json_answer(
             {
                 "model": model,
                 "ranked": [{"nodeId": n, "score": s} for n, s in ranking.top(len(cluster))],
@@ -313,11 +303,11 @@ class LocalApi:
         )
 
     async def _ops(self, request: web.Request) -> web.Response:
-        return _json(self.ports.operations.views())
+        return json_answer(self.ports.operations.views())
 
     async def _start_op(self, request: web.Request) -> web.Response:
+        body = await read_json(request, _event_decoder, "bad operation")
         try:
-            body = _event_decoder.decode(await request.read())
             timeout = body.get("timeoutS")
             op = self.ports.operations.start(
                 str(body["kind"]),
@@ -326,18 +316,17 @@ class LocalApi:
                 timeout_s=float(timeout) if timeout is not None else None,
                 force=bool(body.get("force", False)),
             )
-        except (msgspec.DecodeError, KeyError, TypeError, ValueError, RecursionError,
-                OperationRefused) as exc:  # fmt: skip
-            raise web.HTTPBadRequest(text=f"bad operation: {_reason(exc)}\n") from None
-        return _json(op.view())
+        except (KeyError, TypeError, ValueError, OperationRefused) as exc:
+            raise bad_request(exc, "bad operation") from None
+        return json_answer(op.view())
 
     async def _event(self, request: web.Request) -> web.Response:
+        body = await read_json(request, _event_decoder, "bad event")
         try:
-            body = _event_decoder.decode(await request.read())
             method = body["method"]
-            params = _params_decoder.decode(msgspec.json.encode(body.get("params")))
-        except (msgspec.DecodeError, KeyError, TypeError, RecursionError) as exc:
-            raise web.HTTPBadRequest(text=f"bad event: {_reason(exc)}\n") from None
+        except KeyError as exc:
+            raise bad_request(exc, "bad event") from None
+        params = decoded(_params_decoder, msgspec.json.encode(body.get("params")), "bad event")
         if not isinstance(method, str) or method not in LIFECYCLE_METHODS:
             raise web.HTTPBadRequest(text=f"method is one of {', '.join(LIFECYCLE_METHODS)}\n")
         mismatch = lifecycle_mismatch(method, params.workloadInfo)
@@ -373,13 +362,7 @@ class LocalApi:
             self.ports.remove_member(request.match_info["node_id"])
         except CertsError as exc:
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
-        return _json({"removed": request.match_info["node_id"]})
-
-
-def _reason(exc: Exception) -> str:
-    # msgspec gives up on JSON nested past Python's recursion limit with a RecursionError,
-    # not a DecodeError: a body of 100,000 `[` is bad input all the same (a 400, not a 500).
-    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return json_answer({"removed": request.match_info["node_id"]})
 
 
 def _this_task_cancelled() -> bool:
@@ -397,7 +380,3 @@ def _not_ours(wid: str, origins: list[str]) -> str:
 def _unavailable(exc: StoreUnavailable | RunNotRecorded) -> web.HTTPServiceUnavailable:
     # The store (or the run book) is not taking writes: what was handed in is kept; ask again.
     return web.HTTPServiceUnavailable(text=f"{exc}\n", headers={"Retry-After": "1"})
-
-
-def _json(value: Any) -> web.Response:
-    return web.Response(body=msgspec.json.encode(value), content_type="application/json")

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import msgspec
 from aiohttp import web
 
+from agent.apis.answers import json_answer, read_json
 from agent.cluster.probes import Probes
 from agent.core.lifetime import SHUTDOWN_S
 from agent.serving.openai_routes import ROUTES, read_body
@@ -71,9 +72,8 @@ _cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
 _ping_decoder: Final = msgspec.json.Decoder(Ping)
 _ping_req_decoder: Final = msgspec.json.Decoder(PingReq)
 _JSON: Final = "application/json"
-# msgspec gives up on JSON nested past Python's recursion limit (100,000 `{"a":`, even in a
-# field it skips) with a RecursionError, not a DecodeError: bad input all the same, a 400.
-_BAD_JSON: Final = (msgspec.DecodeError, RecursionError)
+
+T = TypeVar("T")
 
 
 class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
@@ -180,10 +180,7 @@ class NodeApi:
             )
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
-        try:
-            join = _join_decoder.decode(await request.read())
-        except _BAD_JSON as exc:
-            raise web.HTTPBadRequest(text=f"not a join request: {exc}\n") from None
+        join = await read_json(request, _join_decoder, "not a join request")
         try:
             answer = admit(self.cluster, join)
         except NotCAHolder:
@@ -202,7 +199,7 @@ class NodeApi:
             removed=answer.removed,
             apiKeys=self.api_keys(),
         )
-        return web.Response(body=msgspec.json.encode(body), content_type=_JSON)
+        return json_answer(body)
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         # A member placed a request here: run it on a local engine and stream the answer.
@@ -219,19 +216,13 @@ class NodeApi:
 
     async def _cordon(self, request: web.Request) -> web.Response:
         # A member's cordon or drain operation targets this node: only it speaks for itself.
-        try:
-            cordoned = _cordon_decoder.decode(await request.read()).cordoned
-        except _BAD_JSON as exc:
-            raise web.HTTPBadRequest(text=f"not a cordon request: {exc}\n") from None
+        cordoned = (await read_json(request, _cordon_decoder, "not a cordon request")).cordoned
         self.on_cordon(cordoned)
         return web.json_response({"cordoned": cordoned})
 
     async def _cancel(self, request: web.Request) -> web.Response:
         # A forced drain: cancel what this node's facade placed on the target.
-        try:
-            target = _cancel_decoder.decode(await request.read()).target
-        except _BAD_JSON as exc:
-            raise web.HTTPBadRequest(text=f"not a cancel request: {exc}\n") from None
+        target = (await read_json(request, _cancel_decoder, "not a cancel request")).target
         return web.json_response({"cancelled": self.on_cancel(target)})
 
     async def _repair_digest(self, request: web.Request) -> web.Response:
@@ -255,12 +246,8 @@ class NodeApi:
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
-        try:
-            push = push_decoder.decode(await request.read())
-        except _BAD_JSON as exc:
-            raise web.HTTPBadRequest(text=f"not a records push: {exc}\n") from None
-        answer = self.on_push(push, peer_node_id(request))
-        return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
+        push = await read_json(request, push_decoder, "not a records push")
+        return json_answer(self.on_push(push, peer_node_id(request)))
 
 
 async def _now(value: object) -> object:
@@ -268,12 +255,11 @@ async def _now(value: object) -> object:
 
 
 async def _repair(
-    request: web.Request, decoder: Any, answer: Callable[[Any], Awaitable[object]] | None
+    request: web.Request,
+    decoder: msgspec.json.Decoder[T],
+    answer: Callable[[T], Awaitable[object]] | None,
 ) -> web.Response:
     if answer is None:
         raise web.HTTPServiceUnavailable(text="anti-entropy is not running here\n")
-    try:
-        value = decoder.decode(await request.read())
-    except _BAD_JSON as exc:
-        raise web.HTTPBadRequest(text=f"not a repair request: {exc}\n") from None
-    return web.Response(body=msgspec.json.encode(await answer(value)), content_type=_JSON)
+    value = await read_json(request, decoder, "not a repair request")
+    return json_answer(await answer(value))

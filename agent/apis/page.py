@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import msgspec
 from aiohttp import web
 
+from agent.apis.answers import error_answer, json_answer
 from agent.apis.job_feed import JobFeed, TooManyStreams
 from agent.apis.local_guard import holds_token, refusal
 from agent.apis.page_session import COOKIE, UiSessions
@@ -131,7 +131,7 @@ class UiServer:
             return web.Response(
                 status=401, text=_LOGIN_PAGE, content_type="text/html", headers=headers
             )
-        return _json({"error": reason}, status, headers)
+        return error_answer(status, reason, headers)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return _static("index.html")
@@ -153,7 +153,7 @@ class UiServer:
             raise web.HTTPForbidden(text="a login link needs the local API token\n")
         code = self.sessions.issue_code(time.monotonic())
         host = request.host
-        return _json({"url": f"http://{host}/ui/login?code={code}", "expiresS": 120})
+        return json_answer({"url": f"http://{host}/ui/login?code={code}", "expiresS": 120})
 
     async def _counts(self, request: web.Request) -> web.Response:
         filters = _filters(request)
@@ -162,7 +162,7 @@ class UiServer:
         except StoreUnavailable as exc:
             raise web.HTTPServiceUnavailable(text=f"{exc}\n") from None
         by_state = await count_by_state(self.store.db, filters)
-        return _json({"byState": by_state, "total": sum(by_state.values())})
+        return json_answer({"byState": by_state, "total": sum(by_state.values())})
 
     async def _series(self, request: web.Request) -> web.Response:
         try:
@@ -172,7 +172,7 @@ class UiServer:
         if window not in WINDOWS:
             raise web.HTTPBadRequest(text=f"window is one of {', '.join(map(str, WINDOWS))}\n")
         body = await usage_series(self.ports.usage, window, now_ms=int(time.time() * 1000))
-        return _json(body)
+        return json_answer(body)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         feed = self.ports.feed
@@ -233,12 +233,3 @@ async def _headers(request: web.Request, response: web.StreamResponse) -> None:
     # Every answer, errors and refusals included (the signal runs for each one prepared).
     response.headers.update(SECURITY_HEADERS)
     response.headers.setdefault("Cache-Control", "no-store")
-
-
-def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        body=msgspec.json.encode(value),
-        content_type="application/json",
-        headers=headers,
-    )

@@ -14,6 +14,7 @@ from typing import Annotated, Final
 import msgspec
 from aiohttp import web
 
+from agent.apis.answers import json_answer, read_json
 from agent.serving.usage_book import UsageBook
 
 __all__ = ["MAX_JOBS", "usage_routes"]
@@ -33,12 +34,7 @@ def usage_routes(book: UsageBook) -> list[web.RouteDef]:
     """The route, over `book`'s store."""
 
     async def usage(request: web.Request) -> web.Response:
-        try:
-            asked = _asked.decode(await request.read())
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise web.HTTPBadRequest(
-                text=f'the body is {{"jobs": [[runId, id], ...]}}: {str(exc)[:200]}\n'
-            ) from None
+        asked = await read_json(request, _asked, 'the body is {"jobs": [[runId, id], ...]}')
         rows = await book.store.of(asked.jobs)
         answer = {
             f"{run}/{job}": {
@@ -49,8 +45,6 @@ def usage_routes(book: UsageBook) -> list[web.RouteDef]:
             }
             for (run, job), row in rows.items()
         }
-        return web.Response(
-            body=msgspec.json.encode({"usage": answer}), content_type="application/json"
-        )
+        return json_answer({"usage": answer})
 
     return [web.post("/v1/usage", usage)]
