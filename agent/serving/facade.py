@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
-import msgspec
 from aiohttp import web
 
 from agent.core.errors import MemberUnreachable
@@ -37,7 +36,7 @@ from agent.serving.job_errors import JobError, for_status
 from agent.serving.jobs import JobBook
 from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
-from agent.serving.openai_errors import openai_error, openai_errors
+from agent.serving.openai_errors import json_answer, openai_error, openai_errors
 from agent.serving.openai_routes import ROUTES, BadBody, model_object, model_of, read_body
 from agent.serving.relay import METER, for_exception, refused, relay
 from agent.serving.routing import FAILOVER_STATUSES, Target, choose, served_models
@@ -147,11 +146,7 @@ class Facade:
         requester = self._requester(request)
         if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        data = self._served(requester, request.host)
-        return web.Response(
-            body=msgspec.json.encode({"object": "list", "data": data}),
-            content_type="application/json",
-        )
+        return json_answer({"object": "list", "data": self._served(requester, request.host)})
 
     async def _model(self, request: web.Request) -> web.Response:
         requester = self._requester(request)
@@ -162,7 +157,7 @@ class Facade:
         if entry is None:
             message = f"The model `{model[:256]}` does not exist"
             return openai_error(404, message, "invalid_request_error", "model_not_found")
-        return web.Response(body=msgspec.json.encode(entry), content_type="application/json")
+        return json_answer(entry)
 
     def _served(self, requester: Requester, host: str) -> list[dict[str, object]]:
         # What the cluster serves, narrowed to the models the caller's key may use.

@@ -1,6 +1,7 @@
 """Errors in the shape OpenAI clients parse, for every answer the facade gives -- its own
 refusals and aiohttp's (an unknown path, a method the path does not take, a body too large),
-which would otherwise be plain text that no OpenAI client can read."""
+which would otherwise be plain text that no OpenAI client can read -- and the facade's own
+JSON answers. A body's JSON is decoded by `agent.core.json_input` (`openai_routes`)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["openai_error", "openai_errors"]
+__all__ = ["json_answer", "openai_error", "openai_errors"]
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_answer(value: object, status: int = 200) -> web.Response:
+    """`value` as a JSON answer of the facade's own (not an engine's, which passes as sent)."""
+    return web.Response(
+        status=status, body=msgspec.json.encode(value), content_type="application/json"
+    )
 
 
 def openai_error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
     """An error in the shape OpenAI clients parse."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
-    )
+    return json_answer(body, status)
 
 
 @web.middleware
