@@ -1,7 +1,8 @@
 """Starting an aiohttp site, bounded, and learning the port it bound.
 
 Every nvpair server (the inter-node server, the agent's APIs and facade, the plane, the mock
-engine) binds the same way, so every listener has the same bounds (issue 12, item 5):
+engine) binds the same way, `start_runner`, so every listener has the same bounds (issue 12,
+item 5):
 
 - a request's headers must arrive, and a kept-alive connection may stay idle, at most
   `idle_s` (aiohttp's `keepalive_timeout`, which since 3.14 also runs from the connection's
@@ -69,6 +70,7 @@ __all__ = [
     "handler_bounds",
     "quiet_accept_errors",
     "raise_open_files_limit",
+    "start_runner",
     "start_site",
 ]
 
@@ -159,6 +161,34 @@ async def start_site(
     site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=bounds)
     await site.start()
     return site.port  # the bound port once started (the kernel's choice for port 0)
+
+
+async def start_runner(
+    app: web.Application,
+    host: str | None,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    bound_idle: bool = True,
+    **options: Any,
+) -> tuple[web.AppRunner, int]:
+    """Serve `app` on `host:port` as `start_site` does, from a runner of its own; returns
+    the runner (its `cleanup()` stops serving) and the port bound.
+
+    The runner every nvpair server has: no access log, no signal handlers (the process owns
+    them), idle keep-alive bounded (`handler_bounds()`; aiohttp's own with `bound_idle`
+    False), and `options`, `web.AppRunner`'s other keywords, over those. A bind that fails
+    cleans the runner up and raises (`OSError`, errno EADDRINUSE for a port in use).
+    """
+    defaults: dict[str, Any] = {"access_log": None, "handle_signals": False}
+    if bound_idle:
+        defaults |= handler_bounds()
+    runner = web.AppRunner(app, **(defaults | options))
+    try:
+        return runner, await start_site(runner, host, port, ssl_context=ssl_context)
+    except BaseException:
+        await runner.cleanup()
+        raise
 
 
 _OUT_OF_RESOURCE: Final = "socket.accept() out of system resource"
