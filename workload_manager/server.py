@@ -24,7 +24,7 @@ from aiohttp import web
 from certs import ClusterDir, ServerContexts
 from netkit.guard import peer_node_id, pinned
 from netkit.keepalive import server_keepalive_s
-from netkit.sites import handler_bounds, start_site
+from netkit.sites import start_runner
 from workload_manager.errors import CannotListen, PortInUse
 from workload_manager.jsonrpc import INVALID_PARAMS, RpcError, encode_error
 from workload_manager.manager import Manager
@@ -61,9 +61,8 @@ class InterNodeServer:
         self.broker_ready = broker_ready
         app = web.Application(client_max_size=max_body)
         app.router.add_post(EVENTS_PATH, pinned(cluster.pins)(self._events))
-        # Members' idle connections outlive their clients' keep-alive (keepalive.py).
-        bounds = {**handler_bounds(), "keepalive_timeout": server_keepalive_s()}
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **bounds)
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0).
@@ -71,11 +70,15 @@ class InterNodeServer:
         A port in use is `PortInUse`; any other bind failure `CannotListen`.
         """
         try:
-            self.port = await start_site(
-                self._runner, self.host, self.port, ssl_context=self.contexts.listening
+            # Members' idle connections outlive their clients' keep-alive (keepalive.py).
+            self._runner, self.port = await start_runner(
+                self._app,
+                self.host,
+                self.port,
+                ssl_context=self.contexts.listening,
+                keepalive_timeout=server_keepalive_s(),
             )
-        except OSError as exc:
-            await self._runner.cleanup()
+        except OSError as exc:  # start_runner cleaned its runner up
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUse(self.port, self.host) from exc
             raise CannotListen(self.port, self.host, exc.strerror or str(exc)) from exc
@@ -84,7 +87,8 @@ class InterNodeServer:
 
     async def aclose(self) -> None:
         """Stop serving and close connections."""
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         if request.content_type != _JSON:

@@ -60,7 +60,7 @@ from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import CertsError, PinStore
 from facts.inventory import GpuInventory
-from netkit.sites import handler_bounds, start_site
+from netkit.sites import start_runner
 from scheduler import Request, rank
 from workload_manager.workload import (
     LIFECYCLE_METHODS,
@@ -141,13 +141,8 @@ class LocalApi:
         app.router.add_routes(ports.routes)
         self.ui = UiServer(app, ports.ui, store=ports.store, writer=ports.writer, token=token)
         self._acks: set[asyncio.Task[None]] = set()  # events waiting for their commit
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_S,
-            **handler_bounds(),
-        )
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     @property
     def url(self) -> str:
@@ -155,13 +150,16 @@ class LocalApi:
 
     async def start(self) -> None:
         """Bind 127.0.0.1 and serve (OSError when the port is in use)."""
-        self.port = await start_site(self._runner, "127.0.0.1", self.port)
+        self._runner, self.port = await start_runner(
+            self._app, "127.0.0.1", self.port, shutdown_timeout=SHUTDOWN_S
+        )
 
     async def aclose(self) -> None:
         """Stop serving; an event still waiting for its commit is answered 503 at once."""
         for ack in self._acks:
             ack.cancel()
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:

@@ -45,7 +45,7 @@ from facts.api_keys import ApiKey
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import peer_node_id, pinned
-from netkit.sites import PerSourceRate, handler_bounds, start_site
+from netkit.sites import PerSourceRate, start_runner
 
 __all__ = ["JoinAnswer", "NodeApi"]
 
@@ -137,28 +137,28 @@ class NodeApi:
         app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
         app.router.add_post("/v1/members/ping", pinned(cluster.pins)(self._ping))
         app.router.add_post("/v1/members/ping-req", pinned(cluster.pins)(self._ping_req))
-        # handler_cancellation: when the placing member's connection goes (its client hung
-        # up, a forced drain cancelled it), the forwarded request here is cancelled too, and
-        # with it the engine's generation -- no GPU time spent on an answer nobody reads.
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_S,
-            handler_cancellation=True,
-            **handler_bounds(),
-        )
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     async def start(self) -> int:
         """Bind and serve; returns the port (OSError when it is in use)."""
-        self.port = await start_site(
-            self._runner, self.host, self.port, ssl_context=self.contexts.listening
+        # handler_cancellation: when the placing member's connection goes (its client hung
+        # up, a forced drain cancelled it), the forwarded request here is cancelled too, and
+        # with it the engine's generation -- no GPU time spent on an answer nobody reads.
+        self._runner, self.port = await start_runner(
+            self._app,
+            self.host,
+            self.port,
+            ssl_context=self.contexts.listening,
+            shutdown_timeout=SHUTDOWN_S,
+            handler_cancellation=True,
         )
         return self.port
 
     async def aclose(self) -> None:
         """Stop serving."""
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     async def _ca(self, request: web.Request) -> web.Response:
         return web.Response(

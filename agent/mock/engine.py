@@ -40,7 +40,7 @@ from prometheus_client import (
 
 from agent.mock.flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
 from agent.mock.routes import add_routes
-from netkit.sites import start_site
+from netkit.sites import start_runner
 from workload_manager import VERSION
 
 __all__ = ["MockEngine", "add_command"]
@@ -93,10 +93,8 @@ class MockEngine:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         add_routes(app, self.models)  # embeddings, rerank, audio, images, responses, ...
-        # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, handler_cancellation=True
-        )
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     @property
     def url(self) -> str:
@@ -104,11 +102,16 @@ class MockEngine:
 
     async def start(self) -> None:
         """Bind (port 0: any free port, then `self.port` holds the one bound) and serve."""
-        self.port = await start_site(self._runner, self.host, self.port)
+        # A client that goes away cancels its generation, as vLLM and llama.cpp abort it.
+        # Idle connections are kept as aiohttp keeps them (an engine's, not a listener's).
+        self._runner, self.port = await start_runner(
+            self._app, self.host, self.port, bound_idle=False, handler_cancellation=True
+        )
 
     async def aclose(self) -> None:
         """Stop serving and close connections."""
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": f"nvpair-mock {VERSION}"})

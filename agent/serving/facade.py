@@ -43,7 +43,7 @@ from agent.serving.routing import FAILOVER_STATUSES, Target, choose, served_mode
 from agent.serving.usage import Meter, ask_for_usage
 from agent.serving.view import SchedulingView
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
-from netkit.sites import handler_bounds, start_site
+from netkit.sites import start_runner
 from scheduler import Cluster, Load, Refusal
 from scheduler.replicas import ReplicaView
 from workload_manager.workload import Workload
@@ -120,24 +120,25 @@ class Facade:
             app.router.add_post(path, self._route(path))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
-        # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,
-            shutdown_timeout=SHUTDOWN_S,
-            **handler_bounds(),
-        )
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     async def start(self) -> int:
         """Bind and serve; returns the port (OSError when it is in use)."""
-        self.port = await start_site(self._runner, self.host, self.port)
+        # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
+        self._runner, self.port = await start_runner(
+            self._app,
+            self.host,
+            self.port,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_S,
+        )
         return self.port
 
     async def aclose(self) -> None:
         """Stop serving; requests in flight are cancelled (their jobs: cancelled)."""
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
         await self._endpoint.aclose()
 
     # -- routes -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from netkit.sites import handler_bounds, start_site
+from netkit.sites import start_runner
 from plane.core.errors import DatabaseUnavailable, PlaneError
 from plane.core.ids import is_id
 from plane.core.roles import Role
@@ -111,18 +111,20 @@ class PlaneServer:
         app.router.add_get("/v1/jobs", self._jobs)
         for mount in MOUNTS:  # the demand side's routes (plane/http/mounts.py)
             mount(app, self.context)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_bounds())
+        self._app = app
+        self._runner: web.AppRunner | None = None  # while serving
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
-        self.port = await start_site(
-            self._runner, self.host, self.port, ssl_context=self.ssl_context
+        self._runner, self.port = await start_runner(
+            self._app, self.host, self.port, ssl_context=self.ssl_context
         )
         return self.port
 
     async def aclose(self) -> None:
         """Stop serving and close connections."""
-        await self._runner.cleanup()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     @web.middleware
     async def _faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
