@@ -9,7 +9,10 @@ builders. Tests take the fake clock as the `fake_clock` fixture.
 from __future__ import annotations
 
 import os
+import re
 import uuid
+from functools import cache
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -39,6 +42,30 @@ def pytest_configure(config: pytest.Config) -> None:
     # (an xdist worker has `workerinput` and the controller's environment).
     if not hasattr(config, "workerinput"):
         os.environ[MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+# What makes a test module slow: the real processes it starts (agents, clusters, engines, a
+# plane). The workers take modules in collection order, so the heaviest go first and the
+# in-memory ones fill the end (longest first: otherwise a three-agent module collected last
+# runs alone while the other workers idle). Only the order changes, never what runs.
+_STARTS = re.compile(
+    r"start_cluster\(|engine_cluster\(|make_node\(|start_engine\(|PlaneProcess|"
+    r"create_subprocess_exec|subprocess\.(?:run|Popen)|agents\.start\("
+)
+
+
+@cache
+def _weight(path: Path) -> int:
+    try:
+        return len(_STARTS.findall(path.read_text()))
+    except OSError:
+        return 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that start the most processes first (a stable sort: a module's tests stay
+    together and in their order)."""
+    items.sort(key=lambda item: -_weight(item.path))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
