@@ -143,6 +143,9 @@ def _agent_run(args: argparse.Namespace) -> int:
         level=_LEVELS[config.log_level],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # aiosqlite logs two debug lines per statement (its arguments' reprs): at `debug` they
+    # were nine lines in ten of an agent's log, and costly to format. Ours stay at debug.
+    logging.getLogger("aiosqlite").setLevel(max(logging.INFO, _LEVELS[config.log_level]))
     # Imported here: the servers' plumbing and the daemon's parts (aiohttp, ~0.4 s of imports)
     # serve `agent run` only; every other command starts without them.
     from agent.app.run import run_agent

@@ -110,6 +110,22 @@ async def test_a_job_entered_anywhere_appears_everywhere_once(cluster: list[Node
     assert all("running" in line for line in ours)
 
 
+async def test_a_debug_log_holds_ours_not_a_line_per_sqlite_statement(
+    cluster: list[Node],
+) -> None:
+    a = cluster[0]
+    await a.enter("debug-log", 1, await a.node_id())  # a statement or two in its Jobs store
+
+    async def stored() -> bool:
+        return any(job["id"] == "debug-log" for job in await a.jobs())
+
+    await eventually(stored, "the job is stored")
+    assert a.log is not None
+    text = a.log.read_text()
+    assert " DEBUG asyncio: " in text  # the control: the agent logs at debug
+    assert " aiosqlite: " not in text  # two lines a statement, its arguments' reprs
+
+
 async def test_metrics_parse_with_prometheus_own_parser(cluster: list[Node]) -> None:
     a = cluster[0]
     await eventually(lambda: all_see_everyone(cluster), "the cluster is up")
