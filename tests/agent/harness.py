@@ -215,12 +215,15 @@ async def start_cluster(nodes: list[Node]) -> AsyncIterator[list[Node]]:
         await a.start()
         for joiner in joiners:
             await join(a, joiner)
-            await joiner.start()
+        await asyncio.gather(*(joiner.start() for joiner in joiners))  # each joined already
         yield nodes
     finally:
+        stopped = await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
         for node in nodes:
-            await node.stop()
             kill_engines(node.home)  # agents leave engines running (the next start adopts them)
+        for outcome in stopped:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 def engine_pids(home: Path) -> dict[str, int]:
