@@ -12,8 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from certs import ClusterDir
-
-from ..harness import Node, eventually, make_node, start_cluster
+from tests.agent.harness import Node, eventually, make_node, start_cluster
 
 
 async def removed_at(node: Node, node_id: str) -> bool:

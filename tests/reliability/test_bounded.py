@@ -23,8 +23,7 @@ import pytest_asyncio
 from agent.apis.node import JOIN_BURST
 from agent.serving.facade import facade_address
 from netkit.sites import PerSourceRate
-
-from ..harness import TIMEOUT, Node, eventually, make_node, start_cluster
+from tests.agent.harness import TIMEOUT, Node, eventually, make_node, start_cluster
 
 HELD = 1000
 OPEN_FILES = 1024
