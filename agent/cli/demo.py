@@ -158,6 +158,11 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Me
             for key, port in ports.items():
                 args += [f"--{key}-port", str(port)]
             procs.append(await _spawn(args, env, root / f"{name}.log"))
+            if n == 0:  # the others join through it; they start side by side
+                await _until(
+                    session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
+                )
+        for *_, ports in nodes:
             await _until(
                 session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
             )
