@@ -213,9 +213,9 @@ async def start_cluster(nodes: list[Node]) -> AsyncIterator[list[Node]]:
         code, _, err = await a.cli("cluster", "init", "--name", "lab", "--node-name", "a")
         assert code == 0, err
         await a.start()
-        for joiner in joiners:
-            await join(a, joiner)
-        await asyncio.gather(*(joiner.start() for joiner in joiners))  # each joined already
+        for joiner in joiners:  # one at a time: sixteen agents starting at once on two cores
+            await join(a, joiner)  # leave the first ones busy for seconds after the last join
+            await joiner.start()
         yield nodes
     finally:
         stopped = await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
