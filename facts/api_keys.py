@@ -48,8 +48,9 @@ _Hash = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")]
 _Count = Annotated[int, Meta(ge=0, le=2**53 - 1)]
 
 
-class ApiKey(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """One version of an API key (a signed statement)."""
+class ApiKey(Struct, kw_only=True, frozen=True):
+    """One version of an API key (a signed statement). Fields of a later release are kept
+    with it as signed (`facts.kept`), not refused."""
 
     name: _Name
     keyHash: _Hash = ""  # sha256 hex of the secret; "" once revoked

@@ -9,6 +9,9 @@ machine owns the cluster, as with removals); each version is a statement signed 
 member that made it (`facts.record_signing.sign_statement`), so members check it against
 the cluster CA alone, whoever relays it.
 
+A field this release does not know (a later release's) is kept, not refused: the version
+is held and relayed as the bytes it was signed as (`facts.kept`, docs/upgrade.md).
+
 **Convergence** is that of every signed cluster fact (`facts.signed_set`). Deployments are
 keyed by name. Every edit at a member sets `version` to one more than the highest it holds
 for that name; a member takes a version when it is higher in `(version, updatedAt, by)`
@@ -50,7 +53,7 @@ _Arg = Annotated[str, Meta(max_length=4096)]
 Authority = Literal["managed", "observed"]
 
 
-class Constraints(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class Constraints(Struct, kw_only=True, frozen=True):
     """Where a deployment's replicas may go."""
 
     node: Annotated[str, Meta(max_length=256)] = ""  # a node id or name; "" anywhere
@@ -59,7 +62,7 @@ class Constraints(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True)
     minMemory: Annotated[int, Meta(ge=0)] = 0  # bytes of memory each GPU must have
 
 
-class Deployment(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class Deployment(Struct, kw_only=True, frozen=True):
     """One version of a declared deployment (a signed statement)."""
 
     id: Annotated[str, Meta(pattern=r"^dep_[0-9a-z]{26}$")]
@@ -106,10 +109,10 @@ class DeploymentSet(SignedSet[Deployment]):
     def __init__(self) -> None:
         super().__init__(DEPLOYMENT)
 
-    def offer(self, fact: Deployment, now_ms: int = 0) -> bool:
+    def offer(self, fact: Deployment, now_ms: int = 0, raw: bytes | None = None) -> bool:
         """Take `fact` when it is newer than the version held; returns if taken. A
         deployment never expires, so the time changes nothing here."""
-        return super().offer(fact, now_ms)
+        return super().offer(fact, now_ms, raw)
 
 
 def spec_digest(deployment: Deployment) -> str:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
+import msgspec
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -21,8 +23,10 @@ from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
 from facts.api_keys import ApiKey
 from facts.deployments import Deployment
+from facts.kept import Kept
 from facts.record_signing import RecordVerifier
 from facts.records import NodeRecord, RecordsPush, Removal
+from facts.wire import Speaks
 from workload_manager.manager import Peer
 
 __all__ = ["NewPin", "PushPlan", "manager_peers", "plan_push"]
@@ -41,12 +45,41 @@ class NewPin:
 class PushPlan:
     """What one records push changes here."""
 
-    tombstones: tuple[Removal, ...]  # new removals: record them, unpin those nodes
+    tombstones: tuple[Kept[Removal], ...]  # new removals: record them, unpin those nodes
     pins: tuple[NewPin, ...]  # new members to pin
-    offers: tuple[NodeRecord, ...]  # members' records to offer (newer generation wins)
+    offers: tuple[Kept[NodeRecord], ...]  # members' records to offer (newer generation wins)
     refused: tuple[str, ...]  # why a certificate was not pinned, for the log
-    deployments: tuple[Deployment, ...] = ()  # declared deployments, each signed by a member
-    api_keys: tuple[ApiKey, ...] = ()  # API keys, each signed by a member
+    deployments: tuple[Kept[Deployment], ...] = ()  # declared, each signed by a member
+    api_keys: tuple[Kept[ApiKey], ...] = ()  # API keys, each signed by a member
+    speaks: tuple[Kept[Speaks], ...] = ()  # what members speak, each signed by its member
+
+
+T = TypeVar("T")
+
+_DECODERS: Final[dict[type, msgspec.json.Decoder[Any]]] = {
+    t: msgspec.json.Decoder(t) for t in (NodeRecord, Removal, Deployment, ApiKey, Speaks)
+}
+_WHAT: Final[dict[type, str]] = {
+    NodeRecord: "a record",
+    Removal: "a removal",
+    Deployment: "a deployment",
+    ApiKey: "an API key",
+    Speaks: "a statement of what a member speaks",
+}
+
+
+def _decoded(raws: Iterable[msgspec.Raw], kind: type[T], refused: list[str]) -> list[Kept[T]]:
+    """Each of `raws` decoded as `kind` and kept with its bytes; one that does not decode
+    is refused alone (the reason names the field, never a value)."""
+    decoder = _DECODERS[kind]
+    kept: list[Kept[T]] = []
+    for raw in raws:
+        data = bytes(raw)  # a copy: the push's body is not held with what is kept of it
+        try:
+            kept.append(Kept(decoder.decode(data), data))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            refused.append(f"{_WHAT[kind]} that does not decode ({exc})")
+    return kept
 
 
 def plan_push(
@@ -66,21 +99,22 @@ def plan_push(
     pinned member's key; a member pinned by this push is checked against its certificate)
     and its generation is not from the future. A removal is taken only when a member of
     the cluster signed it (`removed_at` says when a signer was itself removed, if it was)."""
-    tombstones: dict[str, Removal] = {}
+    tombstones: dict[str, Kept[Removal]] = {}
     refused: list[str] = []
-    for removal in push.removals:
+    for kept_removal in _decoded(push.removals, Removal, refused):
+        removal = kept_removal.fact
         # A removed node keeps its own view; the others stop talking to it.
         if removal.nodeId == self_id or removal.nodeId in tombstones:
             continue
         if is_removed(removal.nodeId):
             continue
         signer = tombstones.get(removal.by)
-        signer_removed = signer.removedAt if signer is not None else removed_at(removal.by)
-        why = verifier.removal_why_not(removal, ca, removed_at=signer_removed)
+        signer_removed = signer.fact.removedAt if signer is not None else removed_at(removal.by)
+        why = verifier.removal_why_not(removal, ca, removed_at=signer_removed, raw=kept_removal.raw)
         if why is not None:
             refused.append(why)
             continue
-        tombstones[removal.nodeId] = removal
+        tombstones[removal.nodeId] = kept_removal
 
     def removed(node_id: str) -> bool:
         return node_id in tombstones or is_removed(node_id)
@@ -102,25 +136,42 @@ def plan_push(
             continue
         pins[info.node_id] = NewPin(info.node_id, info.name, cert)
 
-    offers: list[NodeRecord] = []
-    for record in push.records:
+    def key_for(node_id: str) -> ec.EllipticCurvePublicKey | None:
+        new = pins.get(node_id)
+        return _ec_key(new.cert) if new is not None else key_of(node_id)
+
+    offers: list[Kept[NodeRecord]] = []
+    for kept_record in _decoded(push.records, NodeRecord, refused):
+        record = kept_record.fact
         node_id = record.nodeId
         if node_id == self_id or removed(node_id):
             continue
-        new = pins.get(node_id)
-        if new is None and not is_member(node_id):
+        if node_id not in pins and not is_member(node_id):
             continue
-        key = _ec_key(new.cert) if new is not None else key_of(node_id)
-        why = verifier.why_not(record, key, now_ms=now_ms)
+        why = verifier.why_not(record, key_for(node_id), now_ms=now_ms, raw=kept_record.raw)
         if why is not None:
             refused.append(why)
             continue
-        offers.append(record)
+        offers.append(kept_record)
 
-    def signed(statement: Deployment | ApiKey, what: str) -> bool:
-        why = verifier.statement_why_not(statement, ca, what)
+    speaks: list[Kept[Speaks]] = []
+    for kept_speaks in _decoded(push.speaks, Speaks, refused):
+        node_id = kept_speaks.fact.nodeId
+        if node_id == self_id or removed(node_id):
+            continue
+        if node_id not in pins and not is_member(node_id):
+            continue
+        why = verifier.speaks_why_not(kept_speaks.fact, key_for(node_id), raw=kept_speaks.raw)
+        if why is not None:
+            refused.append(why)
+            continue
+        speaks.append(kept_speaks)
+
+    def signed(kept: Kept[Deployment] | Kept[ApiKey], what: str) -> bool:
+        statement = kept.fact
+        why = verifier.statement_why_not(statement, ca, what, raw=kept.raw)
         signer = tombstones.get(statement.by)
-        gone = signer.removedAt if signer is not None else removed_at(statement.by)
+        gone = signer.fact.removedAt if signer is not None else removed_at(statement.by)
         if why is None and gone is not None and statement.updatedAt >= gone:
             why = f"{what} signed by {statement.by} after it was removed"
         if why is not None:
@@ -128,9 +179,15 @@ def plan_push(
         return why is None
 
     deployments = [
-        d for d in push.deployments if signed(d, f"a deployment of {d.name} (version {d.version})")
+        d
+        for d in _decoded(push.deployments, Deployment, refused)
+        if signed(d, f"a deployment of {d.fact.name} (version {d.fact.version})")
     ]
-    api_keys = [k for k in push.apiKeys if signed(k, f"an API key {k.name} (version {k.version})")]
+    api_keys = [
+        k
+        for k in _decoded(push.apiKeys, ApiKey, refused)
+        if signed(k, f"an API key {k.fact.name} (version {k.fact.version})")
+    ]
     return PushPlan(
         tuple(tombstones.values()),
         tuple(pins.values()),
@@ -138,6 +195,7 @@ def plan_push(
         tuple(refused),
         tuple(deployments),
         tuple(api_keys),
+        tuple(speaks),
     )
 
 

@@ -9,8 +9,10 @@ pinned the remover, and after the remover is itself removed (a removal it made b
 own still stands; one dated after is refused).
 
 The signature is ECDSA P-256 with SHA-256 over the record's JSON encoding with an empty
-`signature` (msgspec encodes a struct's fields in their declared order, so the same record
-encodes to the same bytes on every member). Verifications are cached by the signed bytes
+`signature`. A member checks it over **the bytes as received** with the signature's value
+emptied (`signed_payload`), not over its own re-encoding: a record or fact signed by a
+member of a later release, with fields this release does not know, verifies here, and is
+relayed as those same bytes (docs/upgrade.md). Verifications are cached by the signed bytes
 and the key, bounded.
 """
 
@@ -32,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from certs import CertsError
 from certs.identity import cert_pem, describe, load_cert, verify_issued_by
 from facts.records import NodeRecord, Removal
+from facts.wire import Speaks
 
 __all__ = [
     "MAX_SKEW_MS",
@@ -40,8 +43,10 @@ __all__ = [
     "removal_bytes",
     "sign_record",
     "sign_removal",
+    "sign_speaks",
     "sign_statement",
     "signed_bytes",
+    "signed_payload",
     "statement_bytes",
 ]
 
@@ -57,6 +62,27 @@ _SPKI: Final = PublicFormat.SubjectPublicKeyInfo
 def signed_bytes(record: NodeRecord) -> bytes:
     """What the signature covers: the record with an empty `signature`."""
     return _encode(msgspec.structs.replace(record, signature=""))
+
+
+def signed_payload(raw: bytes, signature: str) -> bytes | None:
+    """What a signature over `raw` (a record or fact as received) covers: `raw` with the
+    signature's value emptied. None when `raw` does not hold that value exactly once as a
+    `"signature"` member (the signer's encoder writes it once, unescaped): such bytes are
+    refused, never guessed at."""
+    try:
+        needle = b'"signature":"' + signature.encode("ascii") + b'"'
+    except UnicodeEncodeError:
+        return None
+    at = raw.find(needle)
+    if at < 0 or raw.find(needle, at + 1) >= 0:
+        return None
+    return raw[:at] + b'"signature":""' + raw[at + len(needle) :]
+
+
+def _payload(fact: Statement | NodeRecord | Speaks, raw: bytes | None) -> bytes | None:
+    if raw is None:  # made here: this release's encoding is the one signed
+        return _encode(msgspec.structs.replace(fact, signature=""))  # type: ignore[type-var]
+    return signed_payload(raw, fact.signature)
 
 
 def sign_record(record: NodeRecord, key: ec.EllipticCurvePrivateKey) -> NodeRecord:
@@ -99,6 +125,15 @@ def sign_statement(statement: S, key: ec.EllipticCurvePrivateKey, cert: x509.Cer
     return signed
 
 
+def sign_speaks(statement: Speaks, key: ec.EllipticCurvePrivateKey) -> Speaks:
+    """`statement` (what this member speaks) with its owner's signature."""
+    unsigned = msgspec.structs.replace(statement, signature="")
+    signature = key.sign(_encode(unsigned), _ALGORITHM)
+    return msgspec.structs.replace(
+        unsigned, signature=base64.urlsafe_b64encode(signature).decode("ascii")
+    )
+
+
 def removal_bytes(removal: Removal) -> bytes:
     """What a removal's signature covers."""
     return statement_bytes(removal)
@@ -119,17 +154,26 @@ class RecordVerifier:
         self.refused = 0
 
     def why_not(
-        self, record: NodeRecord, key: ec.EllipticCurvePublicKey | None, *, now_ms: int
+        self,
+        record: NodeRecord,
+        key: ec.EllipticCurvePublicKey | None,
+        *,
+        now_ms: int,
+        raw: bytes | None = None,
     ) -> str | None:
         """None when `record` is its owner's, signed with `key`, and not from the future;
-        else why it is refused (counted)."""
-        why = self._check(record, key, now_ms)
+        else why it is refused (counted). `raw`: the record as received (None: made here)."""
+        why = self._check(record, key, now_ms, raw)
         if why is not None:
             self.refused += 1
         return why
 
     def _check(
-        self, record: NodeRecord, key: ec.EllipticCurvePublicKey | None, now_ms: int
+        self,
+        record: NodeRecord,
+        key: ec.EllipticCurvePublicKey | None,
+        now_ms: int,
+        raw: bytes | None,
     ) -> str | None:
         if key is None:
             return f"a record for {record.nodeId}, whose key this node does not hold"
@@ -138,9 +182,30 @@ class RecordVerifier:
         if not record.signature:
             return f"an unsigned record for {record.nodeId}"
         point = key.public_bytes(_DER, _SPKI)
-        if not self._verifies(signed_bytes(record), point, record.signature, lambda: key):
+        payload = _payload(record, raw)
+        if payload is None or not self._verifies(payload, point, record.signature, lambda: key):
             return f"a record for {record.nodeId} that {record.nodeId} did not sign"
         return None
+
+    def speaks_why_not(
+        self, statement: Speaks, key: ec.EllipticCurvePublicKey | None, *, raw: bytes | None
+    ) -> str | None:
+        """None when `statement` (what a member speaks) is its owner's, signed with `key`;
+        else why it is refused (counted)."""
+        who = statement.nodeId
+        why = None
+        if key is None:
+            why = f"what {who} speaks, whose key this node does not hold"
+        else:
+            payload = _payload(statement, raw)
+            point = key.public_bytes(_DER, _SPKI)
+            if payload is None or not self._verifies(
+                payload, point, statement.signature, lambda: key
+            ):
+                why = f"what {who} speaks, in a statement {who} did not sign"
+        if why is not None:
+            self.refused += 1
+        return why
 
     def removal_why_not(
         self,
@@ -148,34 +213,38 @@ class RecordVerifier:
         ca: x509.Certificate,
         *,
         removed_at: int | None = None,
+        raw: bytes | None = None,
     ) -> str | None:
         """None when `removal` is signed by a member of `ca`'s cluster whose certificate it
         carries; else why it is refused (counted). `removed_at` is when the signer was itself
         removed, if it was: a removal it signed later is refused."""
-        why = self._check_removal(removal, ca, removed_at)
+        why = self._check_removal(removal, ca, removed_at, raw)
         if why is not None:
             self.refused += 1
         return why
 
     def _check_removal(
-        self, removal: Removal, ca: x509.Certificate, removed_at: int | None
+        self, removal: Removal, ca: x509.Certificate, removed_at: int | None, raw: bytes | None
     ) -> str | None:
         what = f"a removal of {removal.nodeId}"
         if removed_at is not None and removal.removedAt >= removed_at and removal.by:
             return f"{what} signed by {removal.by} after {removal.by} was itself removed"
-        return self._check_statement(removal, ca, what)
+        return self._check_statement(removal, ca, what, raw)
 
     def statement_why_not(
-        self, statement: Statement, ca: x509.Certificate, what: str
+        self, statement: Statement, ca: x509.Certificate, what: str, *, raw: bytes | None = None
     ) -> str | None:
         """None when `statement` is signed by a member of `ca`'s cluster whose certificate
-        it carries; else why it is refused (counted). `what` names it in the reason."""
-        why = self._check_statement(statement, ca, what)
+        it carries; else why it is refused (counted). `what` names it in the reason; `raw`
+        is the statement as received (None: made here)."""
+        why = self._check_statement(statement, ca, what, raw)
         if why is not None:
             self.refused += 1
         return why
 
-    def _check_statement(self, statement: Statement, ca: x509.Certificate, what: str) -> str | None:
+    def _check_statement(
+        self, statement: Statement, ca: x509.Certificate, what: str, raw: bytes | None
+    ) -> str | None:
         by, pem = statement.by, statement.byCert
         if not (by and pem and statement.signature):
             return f"{what} that no member signed"
@@ -192,7 +261,8 @@ class RecordVerifier:
             return key if isinstance(key, ec.EllipticCurvePublicKey) else None
 
         context = anchor + b"\0" + pem.encode()
-        if not self._verifies(statement_bytes(statement), context, statement.signature, signer):
+        payload = _payload(statement, raw)
+        if payload is None or not self._verifies(payload, context, statement.signature, signer):
             return f"{what} that {by} (a member of this cluster) did not sign"
         return None
 

@@ -21,9 +21,10 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from facts.api_keys import MAX_KEYS, ApiKey
-from facts.deployments import MAX_DEPLOYMENTS, Deployment
+from facts.api_keys import MAX_KEYS
+from facts.deployments import MAX_DEPLOYMENTS
 from facts.inventory import Device, TopologyDomain
+from facts.kept import Kept
 
 __all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
 
@@ -107,15 +108,24 @@ class RecordsPush(Struct, kw_only=True, frozen=True):
 
     Certificates let a member that learns of a new node pin it: each must chain to the
     cluster CA, and a tombstoned node is never pinned.
+
+    Records, removals, deployments, API keys and what members speak are signed, and travel
+    as the bytes they were signed as (`msgspec.Raw`, `facts.kept`): each is decoded and
+    checked on its own (`facts.membership.plan_push`), so one a member cannot take is
+    refused alone, and one from a later release, with fields this one does not know, is
+    kept and relayed unchanged (docs/upgrade.md).
     """
 
-    records: Annotated[list[NodeRecord], Meta(max_length=1024)] = []
-    removals: Annotated[list[Removal], Meta(max_length=1024)] = []
+    records: Annotated[list[msgspec.Raw], Meta(max_length=1024)] = []  # NodeRecord
+    removals: Annotated[list[msgspec.Raw], Meta(max_length=1024)] = []  # Removal
     certificates: Annotated[
         list[Annotated[str, Meta(max_length=16384)]], Meta(max_length=1024)
     ] = []
-    deployments: Annotated[list[Deployment], Meta(max_length=MAX_DEPLOYMENTS)] = []
-    apiKeys: Annotated[list[ApiKey], Meta(max_length=MAX_KEYS)] = []  # signed, as deployments
+    deployments: Annotated[list[msgspec.Raw], Meta(max_length=MAX_DEPLOYMENTS)] = []
+    apiKeys: Annotated[list[msgspec.Raw], Meta(max_length=MAX_KEYS)] = []  # ApiKey
+    # What members speak (`facts.wire.Speaks`), each signed by its member; a member of
+    # 0.1.0 sends none and ignores these.
+    speaks: Annotated[list[msgspec.Raw], Meta(max_length=1024)] = []
     # Deltas (docs/protocol.md, "Membership"); a member of the previous version ignores
     # these fields, sends a full push and answers one with its full push.
     digest: Annotated[str, Meta(max_length=64)] = ""  # the sender's holdings digest
@@ -131,6 +141,7 @@ push_decoder: Final = msgspec.json.Decoder(RecordsPush)
 @dataclass
 class _Known:
     record: NodeRecord
+    raw: bytes  # as signed by its owner (facts.kept)
     heard_at: float
 
 
@@ -141,17 +152,19 @@ class Membership:
     self_id: str
     unreachable_after_s: float = 6.0
     _known: dict[str, _Known] = field(default_factory=dict)
-    _removed: dict[str, Removal] = field(default_factory=dict)
+    _removed: dict[str, Kept[Removal]] = field(default_factory=dict)
 
-    def offer(self, record: NodeRecord, now: float) -> bool:
-        """Take a record if it is newer than ours and not tombstoned; returns if taken."""
+    def offer(self, record: NodeRecord, now: float, raw: bytes | None = None) -> bool:
+        """Take a record if it is newer than ours and not tombstoned; returns if taken.
+        `raw`: the bytes its owner signed (None: made here, so encoded here)."""
         if record.nodeId in self._removed:
             return False
         held = self._known.get(record.nodeId)
         if held is not None and held.record.generation >= record.generation:
             # The same record relayed again proves nothing about the node being alive.
             return False
-        self._known[record.nodeId] = _Known(record, now)
+        kept = Kept.made(record) if raw is None else Kept(record, raw)
+        self._known[record.nodeId] = _Known(record, kept.raw, now)
         return True
 
     def heard_from(self, node_id: str, now: float) -> None:
@@ -160,11 +173,11 @@ class Membership:
         if held is not None:
             held.heard_at = now
 
-    def remove(self, removal: Removal) -> bool:
-        """Apply a tombstone; returns if it is new."""
+    def remove(self, removal: Removal, raw: bytes | None = None) -> bool:
+        """Apply a tombstone (`raw`: as its signer signed it); returns if it is new."""
         if removal.nodeId in self._removed:
             return False
-        self._removed[removal.nodeId] = removal
+        self._removed[removal.nodeId] = Kept.made(removal) if raw is None else Kept(removal, raw)
         self._known.pop(removal.nodeId, None)
         return True
 
@@ -175,11 +188,19 @@ class Membership:
     def removed_at(self, node_id: str) -> int | None:
         """When this node was removed (epoch ms), or None."""
         removal = self._removed.get(node_id)
-        return None if removal is None else removal.removedAt
+        return None if removal is None else removal.fact.removedAt
 
     def removals(self) -> list[Removal]:
         """Every tombstone, to pass on."""
-        return [removal for _, removal in sorted(self._removed.items())]
+        return [kept.fact for _, kept in sorted(self._removed.items())]
+
+    def kept_removals(self) -> list[Kept[Removal]]:
+        """Every tombstone as signed, by node id."""
+        return [kept for _, kept in sorted(self._removed.items())]
+
+    def kept_records(self) -> list[Kept[NodeRecord]]:
+        """Every record held as its owner signed it, by node id."""
+        return [Kept(known.record, known.raw) for _, known in sorted(self._known.items())]
 
     def records(self) -> list[NodeRecord]:
         """Every record held, ours included."""

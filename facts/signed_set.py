@@ -21,6 +21,9 @@ cluster holds and how long its tombstones are kept. The rule is the same for eve
   (`forget_old_tombstones`); a kind without one keeps its tombstones until room is needed.
   No member forgets by age yet (docs/protocol.md, "Signed cluster facts", says why).
 
+- **Kept as signed.** Each version is held with the bytes it was signed as (`facts.kept`):
+  one from a later release, with fields this one does not know, is passed on unchanged.
+
 A member never signs two versions of one key equal in the order (each edit is the next
 version, at its own millisecond), so versions equal in the order are the same version.
 """
@@ -30,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from facts.kept import Kept
 
 __all__ = ["Fact", "FactKind", "SignedSet", "newer", "order"]
 
@@ -87,10 +92,12 @@ class SignedSet(Generic[F]):
         self.kind = kind
         self.capacity = kind.capacity if capacity is None else capacity
         self._by_key: dict[str, F] = {}
+        self._raw: dict[str, bytes] = {}  # key -> the held version's bytes as signed
 
-    def offer(self, fact: F, now_ms: int) -> bool:
+    def offer(self, fact: F, now_ms: int, raw: bytes | None = None) -> bool:
         """Take `fact` when it is newer than the version held; returns if taken. `now_ms`
-        says which held versions have expired, should room be needed."""
+        says which held versions have expired, should room be needed; `raw` is the bytes
+        it was signed as (None: made here, encoded here)."""
         key = self.kind.key(fact)
         held = self._by_key.get(key)
         if not newer(fact, held):
@@ -98,11 +105,17 @@ class SignedSet(Generic[F]):
         if held is None and len(self._by_key) >= self.capacity and not self._make_room(now_ms):
             return False
         self._by_key[key] = fact
+        self._raw[key] = Kept.made(fact).raw if raw is None else raw
         return True
 
-    def merge(self, offered: Iterable[F], now_ms: int) -> list[F]:
-        """Offer every fact; the ones taken."""
-        return [f for f in offered if self.offer(f, now_ms)]
+    def merge(self, offered: Iterable[F | Kept[F]], now_ms: int) -> list[F]:
+        """Offer every fact (made here, or kept as received); the ones taken."""
+        taken = []
+        for item in offered:
+            kept = item if isinstance(item, Kept) else Kept.made(item)
+            if self.offer(kept.fact, now_ms, kept.raw):
+                taken.append(kept.fact)
+        return taken
 
     def _make_room(self, now_ms: int) -> bool:
         kind = self.kind
@@ -112,9 +125,13 @@ class SignedSet(Generic[F]):
         tombstones = [(f.updatedAt, k) for k, f in self._by_key.items() if kind.is_tombstone(f)]
         for candidates in (expired, tombstones):
             if candidates:
-                del self._by_key[min(candidates)[1]]
+                self._drop(min(candidates)[1])
                 return True
         return False
+
+    def _drop(self, key: str) -> None:
+        del self._by_key[key]
+        del self._raw[key]
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -126,6 +143,11 @@ class SignedSet(Generic[F]):
     def all(self) -> list[F]:
         """Every version held, tombstones included, by key (what a push carries)."""
         return [f for _, f in sorted(self._by_key.items())]
+
+    def kept(self) -> list[Kept[F]]:
+        """Every version held as signed, tombstones included, by key (what a push carries,
+        what is saved)."""
+        return [Kept(f, self._raw[k]) for k, f in sorted(self._by_key.items())]
 
     def live(self) -> list[F]:
         """Every version held that is not a tombstone, by key."""
@@ -155,5 +177,5 @@ class SignedSet(Generic[F]):
             if self.kind.is_tombstone(f) and now_ms - f.updatedAt > keep_ms
         ]
         for key in old:
-            del self._by_key[key]
+            self._drop(key)
         return old

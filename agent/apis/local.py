@@ -127,6 +127,7 @@ class LocalApi:
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/v1/jobs", self._jobs)
         app.router.add_get("/v1/nodes", self._nodes)
+        app.router.add_get("/v1/cluster/status", self._cluster_status)
         app.router.add_get("/v1/members", self._members)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/explain", self._explain)
@@ -257,6 +258,9 @@ class LocalApi:
 
     async def _nodes(self, request: web.Request) -> web.Response:
         return json_answer(self.ports.members.nodes())
+
+    async def _cluster_status(self, request: web.Request) -> web.Response:
+        return json_answer(self.ports.members.status())
 
     async def _members(self, request: web.Request) -> web.Response:
         return json_answer(

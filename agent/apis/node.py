@@ -28,6 +28,7 @@ import msgspec
 from aiohttp import web
 
 from agent.apis.answers import json_answer, read_json
+from agent.cluster.members import Incompatible
 from agent.cluster.probes import Probes
 from agent.core.lifetime import SHUTDOWN_S
 from agent.serving.openai_routes import ROUTES, read_body
@@ -42,9 +43,10 @@ from certs import (
 )
 from certs.invites import Tombstone
 from facts.api_keys import ApiKey
+from facts.kept import Kept, raws
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
-from netkit.guard import peer_node_id, pinned
+from netkit.guard import Handler, peer_node_id, pinned
 from netkit.sites import PerSourceRate, start_runner
 
 __all__ = ["JoinAnswer", "NodeApi"]
@@ -82,9 +84,9 @@ class JoinAnswer(msgspec.Struct, kw_only=True, frozen=True):
     cert: str
     ca: str
     pins: list[str]
-    records: list[NodeRecord]
+    records: list[msgspec.Raw]  # NodeRecord, as each member signed it (facts.kept)
     removed: list[Tombstone] = []
-    apiKeys: list[ApiKey] = []  # a joiner into a cluster with keys starts with them
+    apiKeys: list[msgspec.Raw] = []  # ApiKey, as signed: a joiner starts with the keys
 
 
 class NodeApi:
@@ -98,16 +100,18 @@ class NodeApi:
         port: int,
         on_push: Callable[[RecordsPush, str], RecordsPush],
         on_admitted: Callable[[], None],
-        records: Callable[[], list[NodeRecord]],
+        records: Callable[[], list[Kept[NodeRecord]]],
         run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
         on_cordon: Callable[[bool], None] = lambda cordoned: None,
         on_cancel: Callable[[str], int] = lambda target: 0,
         on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
         on_exchange: Callable[[Exchange], Awaitable[ExchangeAnswer]] | None = None,
-        api_keys: Callable[[], list[ApiKey]] = list,
+        api_keys: Callable[[], list[Kept[ApiKey]]] = list,
         probes: Probes | None = None,
+        refusal: Callable[[str], str | None] = lambda node_id: None,
     ) -> None:
         self.probes = probes
+        self.refusal = refusal  # why a member's calls are refused: wire ranges apart
         self.api_keys = api_keys
         self.on_digest = on_digest
         self.on_exchange = on_exchange
@@ -130,15 +134,33 @@ class NodeApi:
         app.router.add_get("/v1/cluster/ca", self._ca)
         app.router.add_post("/v1/join", self._join)
         app.router.add_post("/v1/records", pinned(cluster.pins)(self._push))
-        app.router.add_post("/v1/forward", pinned(cluster.pins)(self._forward))
-        app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._cordon))
-        app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._cancel))
-        app.router.add_post("/v1/repair/digest", pinned(cluster.pins)(self._repair_digest))
-        app.router.add_post("/v1/repair/exchange", pinned(cluster.pins)(self._repair_exchange))
-        app.router.add_post("/v1/members/ping", pinned(cluster.pins)(self._ping))
-        app.router.add_post("/v1/members/ping-req", pinned(cluster.pins)(self._ping_req))
+        app.router.add_post("/v1/forward", pinned(cluster.pins)(self._working(self._forward)))
+        app.router.add_post("/v1/cordon", pinned(cluster.pins)(self._working(self._cordon)))
+        app.router.add_post("/v1/cancel", pinned(cluster.pins)(self._working(self._cancel)))
+        app.router.add_post(
+            "/v1/repair/digest", pinned(cluster.pins)(self._working(self._repair_digest))
+        )
+        app.router.add_post(
+            "/v1/repair/exchange", pinned(cluster.pins)(self._working(self._repair_exchange))
+        )
+        app.router.add_post("/v1/members/ping", pinned(cluster.pins)(self._working(self._ping)))
+        app.router.add_post(
+            "/v1/members/ping-req", pinned(cluster.pins)(self._working(self._ping_req))
+        )
         self._app = app
         self._runner: web.AppRunner | None = None  # while serving
+
+    def _working(self, handler: Handler) -> Handler:
+        """`handler` for members this one works with; a member whose wire range does not
+        overlap this one's is answered 409 with why (`facts.wire.refusal`)."""
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            why = self.refusal(peer_node_id(request))
+            if why is not None:
+                raise web.HTTPConflict(text=f"{why}\n")
+            return await handler(request)
+
+        return checked
 
     async def start(self) -> int:
         """Bind and serve; returns the port (OSError when it is in use)."""
@@ -195,9 +217,9 @@ class NodeApi:
             cert=answer.cert,
             ca=answer.ca,
             pins=answer.pins,
-            records=self.records(),
+            records=raws(self.records()),
             removed=answer.removed,
-            apiKeys=self.api_keys(),
+            apiKeys=raws(self.api_keys()),
         )
         return json_answer(body)
 
@@ -247,7 +269,10 @@ class NodeApi:
         if request.content_type != _JSON:
             raise web.HTTPUnsupportedMediaType(text=f"use Content-Type: {_JSON}\n")
         push = await read_json(request, push_decoder, "not a records push")
-        return json_answer(self.on_push(push, peer_node_id(request)))
+        try:
+            return json_answer(self.on_push(push, peer_node_id(request)))
+        except Incompatible as exc:
+            raise web.HTTPConflict(text=f"{exc}\n") from None
 
 
 async def _now(value: object) -> object:

@@ -67,7 +67,10 @@ from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
 from certs import ClusterDir, write_atomic
 from certs.cluster_dir import Identity
-from facts.record_signing import sign_record, sign_removal, sign_statement
+from facts import wire
+from facts.kept import Kept
+from facts.record_signing import sign_record, sign_removal, sign_speaks, sign_statement
+from facts.wire import Speaks
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 __all__ = ["Agent"]
@@ -96,6 +99,24 @@ class Agent:
             await self.aclose()
             raise
 
+    @staticmethod
+    def _speaks(node_id: str) -> Speaks:
+        """What this member speaks: this release's range (docs/upgrade.md), or the one
+        `NVPAIR_TEST_SPEAKS` names (`0.3.0:2-3`: a stand-in for another release in the
+        mixed-release tests; never set it on a member that serves)."""
+        speaks = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
+        override = os.environ.get("NVPAIR_TEST_SPEAKS")
+        if override:
+            speaks = wire.parse_range(override)
+            log.warning("NVPAIR_TEST_SPEAKS: this member says it speaks %s", wire.describe(speaks))
+        return Speaks(
+            nodeId=node_id,
+            release=speaks.release,
+            wireMin=speaks.low,
+            wireMax=speaks.high,
+            at=int(time.time() * 1000),
+        )
+
     async def _start(self) -> None:
         config, stack, health = self.config, self._stack, self.health
         identity = self.cluster.load_identity()
@@ -118,6 +139,7 @@ class Agent:
             deployments=deployments,
             api_keys=api_keys,
             on_records=usage.metrics.sync,  # an engine's model came or went
+            speaks=Kept.made(sign_speaks(self._speaks(node_id), identity.key)),
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -179,13 +201,14 @@ class Agent:
             port=config.node_port,
             on_push=facade.waits.after(members.on_push),  # load reports: waiters look
             on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
-            records=members.records,
+            records=members.membership.kept_records,
+            refusal=members.refusal,
             run_here=facade.run_forwarded,
             on_cordon=heartbeat.set_cordon,
             on_cancel=facade.cancel_on,
             on_digest=repair.answer_digest,
             on_exchange=repair.answer_exchange,
-            api_keys=api_keys.all,
+            api_keys=api_keys.held.kept,
             probes=heartbeat.probes,
         )
         link = plane_link(
@@ -342,7 +365,7 @@ class Agent:
             self_id=self.node_id,
             supervisor=engine_supervisor,
             deployments=deployments.live,
-            records=members.records,
+            records=members.working_records,
             reachable=lambda n: members.reachable(n, time.monotonic()),
             gpus=lambda: here.gpus,
             cordoned=lambda: here.cordoned,
@@ -369,7 +392,7 @@ class Agent:
         config, node_id = self.config, self.node_id
         view = SchedulingView(
             self_id=node_id,
-            records=members.records,
+            records=members.working_records,
             record_of=members.record,
             is_member=members.is_member,
             reachable=members.reachable,
@@ -385,7 +408,7 @@ class Agent:
             forward=client.forward,
             replicas=ReplicaViews(
                 self_id=node_id,
-                records=members.records,
+                records=members.working_records,
                 reachable=members.reachable,
                 deployment_of=deployments.get,
             ).current,

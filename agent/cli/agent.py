@@ -114,6 +114,12 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     remove.add_argument("node_id", metavar="NODE")
     remove.set_defaults(run=_remove)
 
+    status = cluster_sub.add_parser(
+        "status", help="releases, the wire version the cluster speaks and its feature gate"
+    )
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(run=_status)
+
 
 # -- agent run ----------------------------------------------------------------------------------
 
@@ -242,20 +248,55 @@ def _nodes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(nodes, indent=2))
         return 0
-    rows = [["NODE ID", "NAME", "REACHABLE", "CORDONED", "GPUS", "MEMORY FREE/TOTAL", "UTIL"]]
+    rows = [
+        ["NODE ID", "NAME", "RELEASE", "REACHABLE", "CORDONED", "GPUS", "MEMORY FREE/TOTAL", "UTIL"]
+    ]
     for node in nodes:
         devices = node.get("devices", [])
         free = sum(d["memoryFree"] for d in devices) / 1024**3
         total = sum(d["memoryTotal"] for d in devices) / 1024**3
         util = [d["utilization"] for d in devices if d.get("utilization") is not None]
         classes = sorted({d["deviceClass"] for d in devices})
+        release = node.get("release", node.get("version", "?"))
         rows.append(
-            [node["nodeId"], node["name"], "yes" if node["reachable"] else "NO",
+            [node["nodeId"], node["name"],
+             release + (" REFUSED" if node.get("refused") else ""),
+             "yes" if node["reachable"] else "NO",
              "yes" if node.get("cordoned") else "no",
              f"{len(devices)} {','.join(classes)}" if devices else "0",
              f"{free:.0f}/{total:.0f} GiB" if devices else "-",
              f"{sum(util) / len(util):.0f}%" if util else "-"]
         )  # fmt: skip
+    print(cli_http.table(rows))
+    refused = [n for n in nodes if n.get("refused")]
+    for node in refused:
+        print(f"refused: {node['refused']}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = _get("/v1/cluster/status")
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    low, high = status["wire"]
+    print(f"this member: nvpair {status['release']} (speaks wire {low}-{high})")
+    print(f"cluster wire version: {status['clusterWire']}")
+    print(f"features on: {', '.join(status['features']['on']) or '-'}")
+    for feature in status["features"]["off"]:
+        print(f"feature off: {feature} (needs wire {status['features']['needs'][feature]})")
+    for member in status["heldBackBy"]:
+        print(
+            f"held back by: {member['nodeId']} on nvpair {member['release']} "
+            f"(speaks up to wire {member['wire'][1]})"
+        )
+    for member in status["refused"]:
+        print(f"refused: {member['why']}")
+    rows = [["NODE ID", "NAME", "RELEASE", "WIRE"]]
+    rows += [
+        [m["nodeId"], m["name"], m["release"], "-".join(str(v) for v in m["wire"])]
+        for m in status["members"]
+    ]
     print(cli_http.table(rows))
     return 0
 

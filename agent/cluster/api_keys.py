@@ -29,14 +29,22 @@ __all__ = ["KEYS_FILE", "ApiKeys", "KeyExists", "KeyRefused", "KeyRequest", "sav
 KEYS_FILE: Final = "api-keys.json"
 MAX_EXPIRY_S: Final = 100 * 365 * 24 * 3600
 _encode: Final = msgspec.json.Encoder().encode
+_decode_key: Final = msgspec.json.Decoder(ApiKey).decode
 
 
-def save_joined(home: Path, keys: Iterable[ApiKey], ca: x509.Certificate) -> None:
-    """Keep the keys a join answer carried, each checked against the cluster CA, so a node
-    that joins a cluster with keys starts with its facade closed to anyone without one (and
-    listening on every interface) instead of open until its first push."""
+def save_joined(home: Path, keys: Iterable[msgspec.Raw], ca: x509.Certificate) -> None:
+    """Keep the keys a join answer carried (as signed), each checked against the cluster
+    CA, so a node that joins a cluster with keys starts with its facade closed to anyone
+    without one (and listening on every interface) instead of open until its first push."""
     verifier = RecordVerifier()
-    held = [k for k in keys if verifier.statement_why_not(k, ca, f"an API key {k.name}") is None]
+    held = []
+    for raw in keys:
+        try:
+            key = _decode_key(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if verifier.statement_why_not(key, ca, f"an API key {key.name}", raw=bytes(raw)) is None:
+            held.append(raw)
     if held:
         write_atomic(home / KEYS_FILE, _encode(held))
 

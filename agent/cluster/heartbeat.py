@@ -242,8 +242,7 @@ class Heartbeat:
         if answer is None:
             return
         if known is not None:
-            known.update({r.nodeId: r.generation for r in body.records})
-            known.update({r.nodeId: -1 for r in body.removals})
+            known.update(self._members.sent_in_delta(known))
             for node_id_sent in self._members.holdings():  # its certificate was in it
                 known.setdefault(node_id_sent, 0)
         if answer.digest and answer.digest != self._members.digest():

@@ -3,6 +3,11 @@
 `Members` holds the node records (`facts.records.Membership`), applies records pushes
 (tombstones unpin, new members' certificates are pinned, members' records offered), answers
 with this node's own push, and tells the workload manager whenever its peers change.
+
+It also holds what every member speaks (`facts.wire`): the cluster's wire version and its
+feature gate follow from it, and a member whose wire range does not overlap this one's is
+refused (`Incompatible`): its pushes are answered with why, nothing it signed is taken, and
+its record is kept only to be shown -- never placed on, never routed to.
 """
 
 from __future__ import annotations
@@ -11,31 +16,42 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 from cryptography import x509
 
 from agent.cluster.api_keys import ApiKeys
 from agent.cluster.deployments import Deployments
+from agent.core.errors import AgentError
 from certs import ClusterDir, PinRefused
 from certs.pins import Member
-from facts.membership import manager_peers, plan_push
+from facts import wire
+from facts.kept import Kept, raws
+from facts.membership import PushPlan, manager_peers, plan_push
 from facts.probing import Prober
 from facts.record_deltas import digest, holdings, lacking
-from facts.record_signing import RecordVerifier
+from facts.record_signing import RecordVerifier, Statement
 from facts.records import Membership, NodeRecord, RecordsPush, Removal
 from workload_manager.manager import Peer
 
-__all__ = ["SEEDS_FILE", "Members", "read_seeds", "remover"]
+__all__ = ["SEEDS_FILE", "Incompatible", "Members", "read_seeds", "remover"]
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=Statement)
+
 SEEDS_FILE: Final = "seeds.json"
 _encode: Final = msgspec.json.Encoder().encode
+_decode_record: Final = msgspec.json.Decoder(NodeRecord).decode
 _decode_removal: Final = msgspec.json.Decoder(
     Removal
 ).decode  # in NVPAIR_HOME: the records learnt when joining
+
+
+class Incompatible(AgentError):
+    """A member whose wire range does not overlap this one's: the message names both
+    releases (`facts.wire.refusal`)."""
 
 
 def remover(statement: str) -> str | None:
@@ -46,14 +62,16 @@ def remover(statement: str) -> str | None:
         return None
 
 
-def read_seeds(path: Path) -> list[NodeRecord]:
-    """The records `nvpair cluster join` saved, so a new member knows where its peers are
-    before any of them has pushed; a missing or unreadable file is no seeds."""
+def read_seeds(path: Path) -> list[Kept[NodeRecord]]:
+    """The records `nvpair cluster join` saved (as their owners signed them), so a new
+    member knows where its peers are before any of them has pushed; a missing or
+    unreadable file is no seeds."""
     try:
-        return msgspec.json.decode(path.read_bytes(), type=list[NodeRecord])
+        pieces = msgspec.json.decode(path.read_bytes(), type=list[msgspec.Raw])
+        return [Kept(_decode_record(p), bytes(p)) for p in pieces]
     except FileNotFoundError:
         return []
-    except (OSError, msgspec.DecodeError) as exc:
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring %s: %s", path, exc)
         return []
 
@@ -74,6 +92,7 @@ class Members:
         api_keys: ApiKeys | None = None,
         on_records: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        speaks: Kept[wire.Speaks] | None = None,
     ) -> None:
         self.self_id = self_id
         self._cluster = cluster
@@ -88,26 +107,102 @@ class Members:
         # Reachability of the members it watches (agent/cluster/probes.py); others by `heard_at`.
         self.prober: Prober | None = None
         self.verifier = RecordVerifier()  # records refused: `verifier.refused`
+        # What each member speaks, as it signed it (this node's own included): the wire
+        # version the cluster speaks and who is too far apart to work with follow from it.
+        self._speaks: dict[str, Kept[wire.Speaks]] = {}
+        self.mine = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
+        if speaks is not None:
+            self._speaks[self_id] = speaks
+            self.mine = wire.of(speaks.fact)
         # Removals are durable: the tombstones under removed/ are loaded and pushed again, so
         # a member that was down during a removal learns it after any restart of the others.
         for member in cluster.pins.members():
             if member.removed is not None:
-                self.membership.remove(self._loaded(member.node_id, member))
+                kept = self._loaded(member.node_id, member)
+                self.membership.remove(kept.fact, kept.raw)
 
     # -- reads ------------------------------------------------------------------------------
 
-    def _loaded(self, node_id: str, member: Member) -> Removal:
+    def _loaded(self, node_id: str, member: Member) -> Kept[Removal]:
         """A tombstone's removal as its remover signed it; one written before removals were
         signed (or damaged) this node signs itself -- any member may remove."""
         try:
-            removal = _decode_removal(member.statement)
+            raw = member.statement.encode()
+            removal = _decode_removal(raw)
             if removal.nodeId == node_id:
-                return removal
-        except msgspec.DecodeError:
+                return Kept(removal, raw)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeEncodeError):
             pass
         assert member.removed is not None  # a tombstone's member
         removed_at = int(member.removed.timestamp() * 1000)
-        return self._sign(Removal(nodeId=node_id, removedAt=removed_at, pin=member.pin))
+        return Kept.made(self._sign(Removal(nodeId=node_id, removedAt=removed_at, pin=member.pin)))
+
+    # -- releases -----------------------------------------------------------------------------
+
+    def range_of(self, node_id: str) -> wire.Range:
+        """What `node_id` speaks: its statement's range, or wire 1 alone when it sent none
+        (a release before 0.2.0)."""
+        held = self._speaks.get(node_id)
+        return wire.of(held.fact if held is not None else None)
+
+    def refusal(self, node_id: str) -> str | None:
+        """Why this node does not work with `node_id` (their wire ranges do not overlap),
+        naming both releases; None when it does."""
+        if node_id == self.self_id:
+            return None
+        return wire.refusal(self.mine, self.range_of(node_id), who=node_id)
+
+    def works_with(self, node_id: str) -> bool:
+        """Whether `node_id`'s wire range overlaps this node's."""
+        return self.refusal(node_id) is None
+
+    def gate(self) -> wire.Gate:
+        """The cluster's wire version and which features it turns on (`facts.wire.gate`),
+        from every member whose record this node holds."""
+        return wire.gate(
+            {r.nodeId: self.range_of(r.nodeId) for r in self.records()}, mine=self.mine
+        )
+
+    def status(self) -> dict[str, Any]:
+        """`nvpair cluster status`: this member's release and range, the cluster's wire
+        version, which features it turns on, who holds the rest back, who is refused."""
+        gate = self.gate()
+        members = [
+            {
+                "nodeId": r.nodeId,
+                "name": r.name,
+                "release": self.range_of(r.nodeId).release
+                if r.nodeId in self._speaks
+                else r.version,
+                "wire": [self.range_of(r.nodeId).low, self.range_of(r.nodeId).high],
+            }
+            for r in self.records()
+        ]
+        return {
+            "release": self.mine.release,
+            "wire": [self.mine.low, self.mine.high],
+            "clusterWire": gate.wire,
+            "features": {
+                "on": list(gate.on),
+                "off": list(gate.off),
+                "needs": {f: wire.FEATURES[f] for f in (*gate.on, *gate.off)},
+            },
+            "heldBackBy": [
+                {"nodeId": n, "release": r.release, "wire": [r.low, r.high]}
+                for n, r in gate.held_back_by
+            ],
+            "refused": [
+                {"nodeId": r.nodeId, "why": why}
+                for r in self.records()
+                if (why := self.refusal(r.nodeId)) is not None
+            ],
+            "members": members,
+        }
+
+    def working_records(self) -> list[NodeRecord]:
+        """The records of the members this node works with: what placement and routing
+        see (a member too far apart is shown, never used)."""
+        return [r for r in self.membership.records() if self.works_with(r.nodeId)]
 
     def is_member(self, node_id: str) -> bool:
         """Whether `node_id` is pinned here (this node always is)."""
@@ -148,19 +243,33 @@ class Members:
     def nodes(self) -> list[dict[str, Any]]:
         """Every member's record with its reachability (for the local API)."""
         now = self._clock()
-        return [
-            {**msgspec.to_builtins(r), "reachable": self.reachable(r.nodeId, now)}
-            for r in self.membership.records()
-        ]
+        rows = []
+        for r in self.membership.records():
+            speaks = self.range_of(r.nodeId)
+            rows.append(
+                {
+                    **msgspec.to_builtins(r),
+                    "reachable": self.reachable(r.nodeId, now),
+                    "release": speaks.release if r.nodeId in self._speaks else r.version,
+                    "wire": [speaks.low, speaks.high],
+                    "refused": self.refusal(r.nodeId),
+                }
+            )
+        return rows
+
+    def _speaks_of(self, node_ids: Iterable[str]) -> list[msgspec.Raw]:
+        return raws(self._speaks[n] for n in sorted(set(node_ids)) if n in self._speaks)
 
     def push_body(self) -> RecordsPush:
-        """What this node tells a member: records, tombstones, members' certificates."""
+        """What this node tells a member: records, tombstones, members' certificates, what
+        members speak."""
         return RecordsPush(
-            records=self.membership.records(),
-            removals=self.membership.removals(),
+            records=raws(self.membership.kept_records()),
+            removals=raws(self.membership.kept_removals()),
             certificates=[pem.decode() for pem in self._cluster.pins.pems()],
-            deployments=self.deployments.all() if self.deployments is not None else [],
-            apiKeys=self.api_keys.all() if self.api_keys is not None else [],
+            deployments=raws(self.deployments.held.kept()) if self.deployments else [],
+            apiKeys=raws(self.api_keys.held.kept()) if self.api_keys else [],
+            speaks=self._speaks_of(self._speaks),
         )
 
     def holdings(self) -> dict[str, int]:
@@ -190,22 +299,35 @@ class Members:
             newer, unknown, removed = lacking(mine, theirs)
         pems = self._cluster.pins.pems_of(unknown) if unknown else []
         return RecordsPush(
-            records=[r for r in self.membership.records() if r.nodeId in newer],
-            removals=[r for r in self.membership.removals() if r.nodeId in removed],
+            records=raws(k for k in self.membership.kept_records() if k.fact.nodeId in newer),
+            removals=raws(k for k in self.membership.kept_removals() if k.fact.nodeId in removed),
             certificates=[pem.decode() for pem in pems],
-            deployments=self.deployments.all() if statements and self.deployments else [],
-            apiKeys=self.api_keys.all() if statements and self.api_keys else [],
+            deployments=raws(self.deployments.held.kept())
+            if statements and self.deployments
+            else [],
+            apiKeys=raws(self.api_keys.held.kept()) if statements and self.api_keys else [],
+            speaks=self._speaks_of(newer | {self.self_id}),
             digest=self.digest(),
             delta=True,
         )
 
+    def sent_in_delta(self, theirs: dict[str, int]) -> dict[str, int]:
+        """What `delta_for(theirs)` carries, as holdings: the generations of the records in
+        it, -1 for its removals."""
+        mine = self.holdings()
+        newer, _, removed = lacking(mine, theirs)
+        return {n: mine[n] for n in newer} | dict.fromkeys(removed, -1)
+
     # -- changes ----------------------------------------------------------------------------
 
-    def offer(self, records: Iterable[NodeRecord]) -> None:
+    def offer(self, records: Iterable[NodeRecord | Kept[NodeRecord]]) -> None:
         """Take records this node vouches for itself (its own, the seeds it joined with)."""
         now = self._clock()
         for record in records:
-            self.membership.offer(record, now)
+            if isinstance(record, Kept):
+                self.membership.offer(record.fact, now, record.raw)
+            else:
+                self.membership.offer(record, now)
         self._on_records()
 
     def heard_from(self, node_id: str) -> None:
@@ -217,28 +339,32 @@ class Members:
     def on_push(self, push: RecordsPush, sender: str) -> RecordsPush:
         """A member pushed its view (node API): merge it and answer -- a delta with our
         digest, a sync with what it lacks and our holdings, a full push (a member of the
-        previous version) with our full push."""
-        self.merge(push)
+        previous version) with our full push. A member this node does not work with (their
+        wire ranges do not overlap) is refused (`Incompatible`) and nothing it sent taken."""
+        plan = self._plan(push)
+        theirs = next((k for k in plan.speaks if k.fact.nodeId == sender), None)
+        mine_of_them = wire.of(theirs.fact) if theirs is not None else self.range_of(sender)
+        why = wire.refusal(self.mine, mine_of_them, who=sender)
+        if why is not None:
+            self._take_speaks(k for k in plan.speaks if k.fact.nodeId == sender)
+            raise Incompatible(why)
+        self._apply(plan)
         self.heard_from(sender)
         if push.delta:
             return RecordsPush(digest=self.digest())
         if push.have is not None:
             answer = self.delta_for(dict(push.have), statements=True)
-            return RecordsPush(
-                records=answer.records,
-                removals=answer.removals,
-                certificates=answer.certificates,
-                deployments=answer.deployments,
-                apiKeys=answer.apiKeys,
-                digest=answer.digest,
-                have=sorted(self.holdings().items()),
+            return msgspec.structs.replace(
+                answer, delta=False, have=sorted(self.holdings().items())
             )
         return self.push_body()
 
     def merge(self, push: RecordsPush) -> None:
         """Carry out what `plan_push` decides for `push`."""
-        before = self.manager_peers()
-        plan = plan_push(
+        self._apply(self._plan(push))
+
+    def _plan(self, push: RecordsPush) -> PushPlan:
+        return plan_push(
             push,
             self_id=self.self_id,
             ca=self._ca,
@@ -249,20 +375,50 @@ class Members:
             verifier=self.verifier,
             now_ms=int(time.time() * 1000),  # generations are wall-clock ms
         )
-        self._tombstone(plan.tombstones)
-        if self.deployments is not None and plan.deployments:
-            self.deployments.merge(plan.deployments)
-        if self.api_keys is not None and plan.api_keys:
-            self.api_keys.merge(plan.api_keys)
+
+    def _take_speaks(self, offered: Iterable[Kept[wire.Speaks]]) -> None:
+        for kept in offered:
+            held = self._speaks.get(kept.fact.nodeId)
+            if held is None or kept.fact.at > held.fact.at:
+                self._speaks[kept.fact.nodeId] = kept
+                log.info("%s speaks %s", kept.fact.nodeId, wire.describe(wire.of(kept.fact)))
+
+    def _workable(self, offered: Iterable[Kept[S]], refused: list[str]) -> list[Kept[S]]:
+        """The statements signed by members this node works with; the others refused."""
+        taken = []
+        for kept in offered:
+            why = self.refusal(kept.fact.by)
+            if why is None:
+                taken.append(kept)
+            else:
+                refused.append(f"a statement signed by {kept.fact.by}: {why}")
+        return taken
+
+    def _apply(self, plan: PushPlan) -> None:
+        before = self.manager_peers()
+        self._take_speaks(plan.speaks)
+        refused: list[str] = []
+        tombstones = self._workable(plan.tombstones, refused)
+        deployments = self._workable(plan.deployments, refused)
+        api_keys = self._workable(plan.api_keys, refused)
+        self._tombstone(tombstones)
+        if self.deployments is not None and deployments:
+            self.deployments.merge(deployments)
+        if self.api_keys is not None and api_keys:
+            self.api_keys.merge(api_keys)
         for pin in plan.pins:
             try:
                 self._cluster.pins.pin(pin.cert, ca=self._ca)
                 log.info("pinned new member %s (%s)", pin.node_id, pin.name)
             except PinRefused as exc:
                 log.info("not pinning %s: %s", pin.node_id, exc)
-        for reason in plan.refused:
+        for reason in (*plan.refused, *refused):
             log.warning("ignoring %s", reason)
-        self.offer(r for r in plan.offers if self._cluster.pins.is_member(r.nodeId))
+        now = self._clock()
+        for kept in plan.offers:
+            if self._cluster.pins.is_member(kept.fact.nodeId):
+                self.membership.offer(kept.fact, now, kept.raw)
+        self._on_records()
         if self.manager_peers() != before:
             self._set_peers(self.manager_peers())
 
@@ -277,19 +433,20 @@ class Members:
             removedAt=int(time.time() * 1000),
             pin=known.pin if known is not None else "",
         )
-        self._tombstone([self._sign(removal)])
+        self._tombstone([Kept.made(self._sign(removal))])
         if self.manager_peers() != before:
             self._set_peers(self.manager_peers())
 
-    def _tombstone(self, removals: Iterable[Removal]) -> None:
+    def _tombstone(self, removals: Iterable[Kept[Removal]]) -> None:
         # Written down before anything else: a removal this node took is never forgotten,
         # whether or not it ever pinned the removed node.
-        for removal in removals:
+        for kept in removals:
+            removal = kept.fact
             node_id = removal.nodeId
             held = self.membership.record(node_id)
-            if not self.membership.remove(removal):
+            if not self.membership.remove(removal, kept.raw):
                 continue
-            statement = _encode(removal).decode()
+            statement = kept.raw.decode()
             if self._cluster.pins.is_member(node_id):
                 self._cluster.pins.unpin(node_id, statement=statement)
                 log.info("member %s removed (by %s)", node_id, removal.by or "an older member")

@@ -3,7 +3,8 @@
 versions. Each kind is a small subclass that declares its file, its set and its refusals.
 
 The file (`$NVPAIR_HOME/<kind>.json`, 0600, written atomically) holds every version held,
-tombstones included, and is rewritten on every change. A file that cannot be read is set
+tombstones included, as the bytes each was signed as (`facts.kept`: fields of a later
+release are kept too), and is rewritten on every change. A file that cannot be read is set
 aside as `<file>.corrupt` and the node starts with none of that kind (`lost` says so until
 a member's push brings some): the members push theirs. An edit made here (`commit`) is the
 next version of its key, signed with this node's key, taken into the set (bounded: refused
@@ -23,6 +24,7 @@ import msgspec
 
 from agent.core.errors import AgentError
 from certs import write_atomic
+from facts.kept import Kept, raws
 from facts.signed_set import F, SignedSet
 
 __all__ = ["FactRefused", "SignedFacts"]
@@ -30,6 +32,7 @@ __all__ = ["FactRefused", "SignedFacts"]
 log = logging.getLogger(__name__)
 
 _encode: Final = msgspec.json.Encoder().encode
+_pieces: Final = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
 
 class FactRefused(AgentError):
@@ -60,7 +63,7 @@ class SignedFacts(ABC, Generic[F]):
         self._on_change = on_change
         self._clock = clock
         # A type built at run time from the kind's Struct, which mypy cannot read as one.
-        self._decoder = msgspec.json.Decoder(list[self.kind.struct])  # type: ignore[name-defined]
+        self._decoder = msgspec.json.Decoder(self.kind.struct)
         self.lost = False  # the file could not be read and no member has pushed since
         self.changes = 0
         self.held.merge(self._load(), self._now_ms())
@@ -72,9 +75,10 @@ class SignedFacts(ABC, Generic[F]):
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _load(self) -> list[F]:
+    def _load(self) -> list[Kept[F]]:
         try:
-            loaded: list[F] = self._decoder.decode(self.path.read_bytes())
+            pieces = _pieces(self.path.read_bytes())
+            loaded = [Kept(self._decoder.decode(p), bytes(p)) for p in pieces]
         except FileNotFoundError:
             return []
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -88,7 +92,7 @@ class SignedFacts(ABC, Generic[F]):
         return loaded
 
     def _changed(self) -> None:
-        write_atomic(self.path, _encode(self.held.all()))
+        write_atomic(self.path, _encode(raws(self.held.kept())))
         self.changes += 1
         self._on_change()
 
@@ -104,8 +108,9 @@ class SignedFacts(ABC, Generic[F]):
 
     # -- changes ------------------------------------------------------------------------------
 
-    def merge(self, offered: Iterable[F]) -> list[F]:
-        """Take the newer versions a member pushed (signatures checked by the caller)."""
+    def merge(self, offered: Iterable[F | Kept[F]]) -> list[F]:
+        """Take the newer versions a member pushed, as signed (signatures checked by the
+        caller)."""
         taken = self.held.merge(offered, self._now_ms())
         if taken:
             self.lost = False

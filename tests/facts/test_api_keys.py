@@ -21,6 +21,7 @@ from facts.api_keys import (
     hashes_match,
     new_secret,
 )
+from facts.kept import raws
 from facts.membership import plan_push
 from facts.record_signing import RecordVerifier, sign_statement
 from facts.records import RecordsPush, push_decoder
@@ -117,8 +118,8 @@ def test_a_forged_key_is_refused_and_a_members_own_is_taken() -> None:
     verifier = RecordVerifier()
 
     def taken(*keys: ApiKey) -> tuple[ApiKey, ...]:
-        push = push_decoder.decode(msgspec.json.encode(RecordsPush(apiKeys=list(keys))))
-        return plan_push(
+        push = push_decoder.decode(msgspec.json.encode(RecordsPush(apiKeys=raws(list(keys)))))
+        kept = plan_push(
             push,
             self_id=new_node_id(),
             ca=ca_cert,
@@ -128,6 +129,7 @@ def test_a_forged_key_is_refused_and_a_members_own_is_taken() -> None:
             verifier=verifier,
             now_ms=int(time.time() * 1000),
         ).api_keys
+        return tuple(k.fact for k in kept)
 
     assert taken(*forged) == ()
     assert verifier.refused == len(forged)

@@ -11,6 +11,7 @@ from cryptography import x509
 
 from certs import new_node_id
 from certs.identity import PrivateKey, cert_pem, issue_node_cert, load_cert, make_ca, new_key
+from facts.kept import raws
 from facts.membership import PushPlan, manager_peers, plan_push
 from facts.record_signing import MAX_SKEW_MS, RecordVerifier, sign_record, sign_removal
 from facts.records import NodeRecord, RecordsPush, Removal
@@ -53,6 +54,16 @@ def removal(ca: CA, node_id: str, by: str = "", at: int = 5) -> Removal:
     return sign_removal(Removal(nodeId=node_id, removedAt=at), KEYS[by], cert)
 
 
+def offers(result: PushPlan) -> tuple[NodeRecord, ...]:
+    """The records a plan offers, as understood."""
+    return tuple(k.fact for k in result.offers)
+
+
+def tombstones(result: PushPlan) -> tuple[Removal, ...]:
+    """The removals a plan takes, as understood."""
+    return tuple(k.fact for k in result.tombstones)
+
+
 def plan(
     push: RecordsPush,
     ca_cert: x509.Certificate,
@@ -82,44 +93,46 @@ def test_a_member_cannot_speak_for_another(ca: CA) -> None:
     future = rec(C, now + MAX_SKEW_MS + 60_000)
     verifier = RecordVerifier()
     for bad in (forged, unsigned, altered, future):
-        result = plan(RecordsPush(records=[bad]), ca[1], {B, C}, set(), verifier)
-        assert result.offers == (), bad
+        result = plan(RecordsPush(records=raws([bad])), ca[1], {B, C}, set(), verifier)
+        assert offers(result) == (), bad
         assert len(result.refused) == 1
     assert verifier.refused == 4
     # The control: C's own record, signed by C, within the skew, is taken -- twice (the
     # second from the cache).
     good = rec(C, now)
     for _ in range(2):
-        assert plan(RecordsPush(records=[good]), ca[1], {B, C}, set(), verifier).offers == (good,)
+        assert offers(plan(RecordsPush(records=raws([good])), ca[1], {B, C}, set(), verifier)) == (
+            good,
+        )
     assert verifier.refused == 4
 
 
 def test_only_pinned_members_records_are_offered_and_never_ours(
     ca: CA,
 ) -> None:
-    push = RecordsPush(records=[rec(ME, 99), rec(B), rec(C)])
+    push = RecordsPush(records=raws([rec(ME, 99), rec(B), rec(C)]))
     result = plan(push, ca[1], members={B}, removed=set())
-    assert [r.nodeId for r in result.offers] == [B]  # not ours (only a node speaks for itself)
-    assert (result.pins, result.tombstones) == ((), ())
+    assert [r.nodeId for r in offers(result)] == [B]  # not ours (only a node speaks for itself)
+    assert (result.pins, tombstones(result)) == ((), ())
 
 
 def test_a_new_member_is_pinned_and_its_record_taken_in_the_same_push(
     ca: CA,
 ) -> None:
-    push = RecordsPush(records=[rec(C)], certificates=[node_cert(ca, C)])
+    push = RecordsPush(records=raws([rec(C)]), certificates=[node_cert(ca, C)])
     result = plan(push, ca[1], members={B}, removed=set())
     assert [p.node_id for p in result.pins] == [C]
-    assert [r.nodeId for r in result.offers] == [C]
+    assert [r.nodeId for r in offers(result)] == [C]
 
 
 def test_a_certificate_from_another_ca_is_refused(ca: CA) -> None:
     other = make_ca("elsewhere")
     push = RecordsPush(
-        records=[rec(C)], certificates=[node_cert(other, C), "not a pem", node_cert(ca, B)]
+        records=raws([rec(C)]), certificates=[node_cert(other, C), "not a pem", node_cert(ca, B)]
     )
     result = plan(push, ca[1], members=set(), removed=set())
     assert [p.node_id for p in result.pins] == [B]  # the control: a good one is pinned
-    assert result.offers == ()  # C is not pinned, so its record is not taken
+    assert offers(result) == ()  # C is not pinned, so its record is not taken
     assert len(result.refused) == 2
     assert any("not signed by our CA" in reason for reason in result.refused)
 
@@ -128,27 +141,27 @@ def test_a_tombstone_wins_over_a_certificate_and_a_record_in_the_same_push(
     ca: CA,
 ) -> None:
     push = RecordsPush(
-        records=[rec(C, 10**12), rec(B)],
-        removals=[removal(ca, C)],
+        records=raws([rec(C, 10**12), rec(B)]),
+        removals=raws([removal(ca, C)]),
         certificates=[node_cert(ca, C)],
     )
     result = plan(push, ca[1], members={B, C}, removed=set())
-    assert [t.nodeId for t in result.tombstones] == [C]
+    assert [t.nodeId for t in tombstones(result)] == [C]
     assert result.pins == ()
-    assert [r.nodeId for r in result.offers] == [B]
+    assert [r.nodeId for r in offers(result)] == [B]
 
 
 def test_known_tombstones_and_our_own_removal_are_not_new(
     ca: CA,
 ) -> None:
     push = RecordsPush(
-        removals=[removal(ca, ME, at=1), removal(ca, C, at=2)],
+        removals=raws([removal(ca, ME, at=1), removal(ca, C, at=2)]),
         certificates=[node_cert(ca, C), node_cert(ca, ME)],
-        records=[rec(C)],
+        records=raws([rec(C)]),
     )
     result = plan(push, ca[1], members={B}, removed={C})
     # A removed node keeps its own view; an old tombstone is not news; C stays out.
-    assert (result.tombstones, result.pins, result.offers) == ((), (), ())
+    assert (tombstones(result), result.pins, offers(result)) == ((), (), ())
 
 
 def test_a_removal_is_taken_only_as_a_members_signed_statement(ca: CA) -> None:
@@ -164,27 +177,29 @@ def test_a_removal_is_taken_only_as_a_members_signed_statement(ca: CA) -> None:
         msgspec.structs.replace(good, by=ME),  # B's signature and certificate, ME's name
         stranger,  # signed by a certificate of another CA
     ):
-        result = plan(RecordsPush(removals=[bad]), ca[1], {B, C}, set(), verifier)
-        assert result.tombstones == (), bad
+        result = plan(RecordsPush(removals=raws([bad])), ca[1], {B, C}, set(), verifier)
+        assert tombstones(result) == (), bad
         assert len(result.refused) == 1
     assert verifier.refused == 4
     # The control: B's signed removal is taken, even where B is not pinned (it carries
     # B's certificate, which chains to the CA), and from the cache the second time.
     for members in ({B, C}, {C}):
-        result = plan(RecordsPush(removals=[good]), ca[1], members, set(), verifier)
-        assert result.tombstones == (good,)
+        result = plan(RecordsPush(removals=raws([good])), ca[1], members, set(), verifier)
+        assert tombstones(result) == (good,)
     assert verifier.refused == 4
 
 
 def test_a_removed_member_removes_nobody_after_its_own_removal(ca: CA) -> None:
     before, after = removal(ca, C, by=B, at=10), removal(ca, C, by=B, at=30)
-    assert plan(RecordsPush(removals=[before]), ca[1], {C}, set(), removed_at={B: 20}).tombstones
-    result = plan(RecordsPush(removals=[after]), ca[1], {C}, set(), removed_at={B: 20})
-    assert result.tombstones == ()
+    assert tombstones(
+        plan(RecordsPush(removals=raws([before])), ca[1], {C}, set(), removed_at={B: 20})
+    )
+    result = plan(RecordsPush(removals=raws([after])), ca[1], {C}, set(), removed_at={B: 20})
+    assert tombstones(result) == ()
     assert "after" in result.refused[0]
     # The same within one push: B's removal (by C) comes first, then B's later statement.
-    push = RecordsPush(removals=[removal(ca, B, by=C, at=20), after])
-    assert [t.nodeId for t in plan(push, ca[1], {B, C}, set()).tombstones] == [B]
+    push = RecordsPush(removals=raws([removal(ca, B, by=C, at=20), after]))
+    assert [t.nodeId for t in tombstones(plan(push, ca[1], {B, C}, set()))] == [B]
 
 
 def test_manager_peers_are_pinned_members_with_an_address() -> None:

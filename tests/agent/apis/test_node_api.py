@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -18,9 +19,12 @@ from agent.cluster.node_client import NodeClient
 from agent.core.errors import MemberRefused, MemberUnreachable
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import ClientContexts, ClusterDir, server_hostname_for
-from facts.records import RecordsPush
+from facts.kept import raws
+from facts.records import NodeRecord, RecordsPush
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
+
+decode_record = msgspec.json.Decoder(NodeRecord).decode
 
 
 @dataclass
@@ -55,7 +59,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
     def on_push(push: RecordsPush, sender: str) -> RecordsPush:
         pushes.append((sender, push))
-        return RecordsPush(records=[node_record(a_id, 7, node_port=api.port)])
+        return RecordsPush(records=raws([node_record(a_id, 7, node_port=api.port)]))
 
     def on_cancel(target: str) -> int:
         cancels.append(target)
@@ -102,11 +106,13 @@ async def test_records_cordon_and_cancel_through_the_client(rig: Rig) -> None:
     client = rig.client(rig.b)
     try:
         b_id = rig.b.node_id()
-        answer = await client.push_records(rig.a_id, RecordsPush(records=[node_record("nod_x")]))
-        assert [r.generation for r in answer.records] == [7]
+        answer = await client.push_records(
+            rig.a_id, RecordsPush(records=raws([node_record("nod_x")]))
+        )
+        assert [decode_record(r).generation for r in answer.records] == [7]
         ((sender, push),) = rig.pushes
         assert sender == b_id  # the caller is named by its certificate, not by its words
-        assert [r.nodeId for r in push.records] == ["nod_x"]
+        assert [decode_record(r).nodeId for r in push.records] == ["nod_x"]
         await client.cordon(rig.a_id, True)
         await client.cancel(rig.a_id, "nod_target")
         assert rig.cordons == [True]

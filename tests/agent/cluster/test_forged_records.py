@@ -17,6 +17,7 @@ from agent.cluster.node_client import NodeClient
 from certs import ClusterDir
 from certs.cluster_dir import Identity
 from facts.deployments import Deployment
+from facts.kept import raws
 from facts.record_signing import MAX_SKEW_MS, sign_record, sign_removal, sign_statement
 from facts.records import NodeRecord, RecordsPush, Removal
 from tests.fixtures.records import node_record
@@ -57,14 +58,14 @@ async def test_records_for_another_node_change_nothing(trio: list[Node]) -> None
         sign_record(node_record(ids[1], now + MAX_SKEW_MS + 600_000), b_key),  # b's, future
     ]
     try:
-        await client.push_records(ids[0], RecordsPush(records=forged))
+        await client.push_records(ids[0], RecordsPush(records=raws(forged)))
         after = await record_at(a, ids[2])
         assert (after["addresses"], after["cordoned"]) == (before["addresses"], False)
         assert int(str(after["generation"])) < 2**62
         assert int(str((await record_at(a, ids[1]))["generation"])) < now + MAX_SKEW_MS
         # The control: b's own record, signed by b, is taken at once.
         mine = sign_record(node_record(ids[1], now + 1000, name="b-renamed"), b_key)
-        await client.push_records(ids[0], RecordsPush(records=[mine]))
+        await client.push_records(ids[0], RecordsPush(records=raws([mine])))
         assert (await record_at(a, ids[1]))["name"] == "b-renamed"
     finally:
         await client.aclose()
@@ -84,10 +85,10 @@ async def test_a_deployment_in_another_members_name_changes_nothing(trio: list[N
         msgspec.structs.replace(signed, replicas=64),  # altered after signing
     ]
     try:
-        await client.push_records(ids[0], RecordsPush(deployments=forged))
+        await client.push_records(ids[0], RecordsPush(deployments=raws(forged)))
         assert [d["name"] for d in await a.get("/v1/deployments")] == []
         # The control: b's own signed declaration is taken, b named as its author.
-        await client.push_records(ids[0], RecordsPush(deployments=[signed]))
+        await client.push_records(ids[0], RecordsPush(deployments=raws([signed])))
         (taken,) = await a.get("/v1/deployments")
         assert (taken["name"], taken["by"], taken["replicas"]) == ("forged", ids[1], 9)
     finally:
@@ -112,10 +113,10 @@ async def test_a_removal_in_another_members_name_changes_nothing(trio: list[Node
         msgspec.structs.replace(signed, removedAt=2),  # altered after signing
     ]
     try:
-        await client.push_records(ids[0], RecordsPush(removals=forged))
+        await client.push_records(ids[0], RecordsPush(removals=raws(forged)))
         assert await _removed_by(a, ids[2]) is None  # c is still a member of a
         # The control: b's own removal of c is taken, b named as its remover.
-        await client.push_records(ids[0], RecordsPush(removals=[signed]))
+        await client.push_records(ids[0], RecordsPush(removals=raws([signed])))
         assert await _removed_by(a, ids[2]) == ids[1]
     finally:
         await client.aclose()
