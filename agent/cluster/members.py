@@ -110,6 +110,7 @@ class Members:
         # What each member speaks, as it signed it (this node's own included): the wire
         # version the cluster speaks and who is too far apart to work with follow from it.
         self._speaks: dict[str, Kept[wire.Speaks]] = {}
+        self.refused_pushes: dict[str, str] = {}  # member -> why its last push was refused
         self.mine = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
         if speaks is not None:
             self._speaks[self_id] = speaks
@@ -192,9 +193,17 @@ class Members:
                 for n, r in gate.held_back_by
             ],
             "refused": [
-                {"nodeId": r.nodeId, "why": why}
-                for r in self.records()
-                if (why := self.refusal(r.nodeId)) is not None
+                {"nodeId": node_id, "why": why}
+                for node_id, why in sorted(
+                    {
+                        **self.refused_pushes,
+                        **{
+                            r.nodeId: why
+                            for r in self.records()
+                            if (why := self.refusal(r.nodeId)) is not None
+                        },
+                    }.items()
+                )
             ],
             "members": members,
         }
@@ -347,7 +356,11 @@ class Members:
         why = wire.refusal(self.mine, mine_of_them, who=sender)
         if why is not None:
             self._take_speaks(k for k in plan.speaks if k.fact.nodeId == sender)
+            if self.refused_pushes.get(sender) != why:
+                log.warning("refused a push from %s: %s", sender, why)
+            self.refused_pushes[sender] = why  # one per pinned member: bounded
             raise Incompatible(why)
+        self.refused_pushes.pop(sender, None)
         self._apply(plan)
         self.heard_from(sender)
         if push.delta:

@@ -59,10 +59,12 @@ class Node:
     log: Path | None = None
     extra: list[str] = field(default_factory=list)  # more `agent run` flags
     open_files: int | None = None  # the agent's open-files limit (soft and hard), if set
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. NVPAIR_TEST_SPEAKS
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "NVPAIR_HOME": str(self.home), "NVPAIR_BIND": "127.0.0.1"}
+        home = {"NVPAIR_HOME": str(self.home), "NVPAIR_BIND": "127.0.0.1"}
+        return {**os.environ, **home, **self.extra_env}
 
     @property
     def api(self) -> str:
