@@ -255,6 +255,8 @@ class Heartbeat:
         except (MemberUnreachable, MemberRefused) as exc:
             self.pushes_failed += 1
             self._known.pop(node_id, None)  # after a failure, start again with a sync
+            if isinstance(exc, MemberRefused) and exc.why:
+                self._members.refused_by[node_id] = exc.why  # shown by `nvpair cluster status`
             log.debug("record push to %s failed: %s", node_id, exc)
             return None
         except Exception:

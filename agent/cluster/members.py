@@ -111,6 +111,7 @@ class Members:
         # version the cluster speaks and who is too far apart to work with follow from it.
         self._speaks: dict[str, Kept[wire.Speaks]] = {}
         self.refused_pushes: dict[str, str] = {}  # member -> why its last push was refused
+        self.refused_by: dict[str, str] = {}  # member -> why it refused our last push
         self.mine = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
         if speaks is not None:
             self._speaks[self_id] = speaks
@@ -192,21 +193,19 @@ class Members:
                 {"nodeId": n, "release": r.release, "wire": [r.low, r.high]}
                 for n, r in gate.held_back_by
             ],
-            "refused": [
-                {"nodeId": node_id, "why": why}
-                for node_id, why in sorted(
-                    {
-                        **self.refused_pushes,
-                        **{
-                            r.nodeId: why
-                            for r in self.records()
-                            if (why := self.refusal(r.nodeId)) is not None
-                        },
-                    }.items()
-                )
-            ],
+            "refused": [{"nodeId": n, "why": why} for n, why in sorted(self._refused().items())],
             "members": members,
         }
+
+    def _refused(self) -> dict[str, str]:
+        """Member -> why this node does not work with it: its range, a push it refused
+        from it, or one of ours it refused."""
+        refused = {**self.refused_by, **self.refused_pushes}
+        for record in self.records():
+            why = self.refusal(record.nodeId)
+            if why is not None:
+                refused[record.nodeId] = why
+        return refused
 
     def working_records(self) -> list[NodeRecord]:
         """The records of the members this node works with: what placement and routing
@@ -340,7 +339,8 @@ class Members:
         self._on_records()
 
     def heard_from(self, node_id: str) -> None:
-        """A direct contact: the member is reachable now."""
+        """A direct contact: the member is reachable now (and took what we sent)."""
+        self.refused_by.pop(node_id, None)
         self.membership.heard_from(node_id, self._clock())
         if self.prober is not None:
             self.prober.contact(node_id, None, self._clock())

@@ -99,6 +99,8 @@ class NodeClient:
                 status = response.status
         except _NETWORK_ERRORS as exc:
             raise MemberUnreachable(f"{node_id}: {type(exc).__name__}: {exc}") from exc
+        if status == 409:  # releases too far apart: the member says why, in our words
+            raise MemberRefused(node_id, status, answer[:1024].decode(errors="replace").strip())
         if status != 200:
             raise MemberRefused(node_id, status)
         return answer

@@ -57,6 +57,7 @@ class MemberUnreachable(AgentError):
 class MemberRefused(AgentError):
     """A member answered with an error status: it refused what we asked."""
 
-    def __init__(self, node_id: str, status: int) -> None:
-        super().__init__(f"{node_id} answered {status}")
+    def __init__(self, node_id: str, status: int, why: str = "") -> None:
+        super().__init__(f"{node_id} answered {status}" + (f": {why}" if why else ""))
         self.status = status
+        self.why = why  # what the member said, when it says (409: releases too far apart)
