@@ -87,9 +87,11 @@ class Range:
 LEGACY: Final = Range("0.1.0 or older", 1, 1)  # a member that sends no statement
 
 
-def of(statement: Speaks | None) -> Range:
-    """The range a member speaks, from its statement (none: a release before 0.2.0)."""
-    if statement is None:
+def of(statement: Speaks | None, record_release: str | None = None) -> Range:
+    """The range a member speaks, from its statement: none, or one that names another
+    release than its record (`record_release`, the record's `version`: it was rolled back
+    to a release that sends no statement, so the one held is stale), is wire 1 alone."""
+    if statement is None or record_release not in (None, statement.release):
         return LEGACY
     return Range(statement.release, statement.wireMin, statement.wireMax)
 

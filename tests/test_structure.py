@@ -162,6 +162,8 @@ PURE_CORES = (
     "facts.probing",
     "facts.record_deltas",
     "facts.signed_set",
+    "facts.kept",
+    "facts.wire",
     "broker.channel",
     "broker.restarts",
     "scheduler.rank",

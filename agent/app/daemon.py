@@ -129,6 +129,7 @@ class Agent:
         self.store, self.writer, usage = store, writer, usage = await self._stores()
         self.supervisor = supervisor = self._manager(bind)
         deployments, api_keys = self._cluster_facts(identity, record_changed, usage)
+        speaks = self._speaks(node_id)
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -139,7 +140,7 @@ class Agent:
             deployments=deployments,
             api_keys=api_keys,
             on_records=usage.metrics.sync,  # an engine's model came or went
-            speaks=Kept.made(sign_speaks(self._speaks(node_id), identity.key)),
+            speaks=Kept.made(sign_speaks(speaks, identity.key)),
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -152,6 +153,7 @@ class Agent:
             lambda: engines.current,
             sign=lambda record: sign_record(record, identity.key),
             replicas=control.replicas,
+            release=speaks.release,
         )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
         heartbeat = Heartbeat(

@@ -59,7 +59,9 @@ class OwnRecord:
         engines: Callable[[], list[Engine]],
         sign: Callable[[NodeRecord], NodeRecord] = lambda record: record,
         replicas: Callable[[], list[Replica]] = list,
+        release: str = VERSION,
     ) -> None:
+        self._release = release  # what its record says it runs (its Speaks statement's)
         self._config = config
         self._sign = sign  # with this node's key (facts/record_signing.py)
         self._node_id = node_id
@@ -98,7 +100,7 @@ class OwnRecord:
             managerPort=manager_port,
             nodePort=node_port,
             facadePort=facade_port,
-            version=VERSION,
+            version=self._release,
             devices=self.state.gpus.devices,
             domains=self.state.gpus.domains,
             engines=self._engines(),

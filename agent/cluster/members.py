@@ -143,9 +143,11 @@ class Members:
 
     def range_of(self, node_id: str) -> wire.Range:
         """What `node_id` speaks: its statement's range, or wire 1 alone when it sent none
-        (a release before 0.2.0)."""
+        (a release before 0.2.0) or its record names another release than its statement
+        (it was rolled back to a release that sends none: the statement is stale)."""
         held = self._speaks.get(node_id)
-        return wire.of(held.fact if held is not None else None)
+        record = self.membership.record(node_id)
+        return wire.of(held.fact if held is not None else None, record.version if record else None)
 
     def refusal(self, node_id: str) -> str | None:
         """Why this node does not work with `node_id` (their wire ranges do not overlap),
@@ -173,9 +175,7 @@ class Members:
             {
                 "nodeId": r.nodeId,
                 "name": r.name,
-                "release": self.range_of(r.nodeId).release
-                if r.nodeId in self._speaks
-                else r.version,
+                "release": r.version,
                 "wire": [self.range_of(r.nodeId).low, self.range_of(r.nodeId).high],
             }
             for r in self.records()
@@ -258,7 +258,7 @@ class Members:
                 {
                     **msgspec.to_builtins(r),
                     "reachable": self.reachable(r.nodeId, now),
-                    "release": speaks.release if r.nodeId in self._speaks else r.version,
+                    "release": r.version,  # what its record says it runs
                     "wire": [speaks.low, speaks.high],
                     "refused": self.refusal(r.nodeId),
                 }

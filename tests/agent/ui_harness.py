@@ -81,6 +81,7 @@ READ_NODES: Final = """() => [...document.querySelectorAll('.node[data-node-id]'
   id: n.dataset.nodeId,
   reachable: n.dataset.reachable ?? n.querySelector('[data-reachable]')?.dataset.reachable,
   cordoned: n.dataset.cordoned ?? n.querySelector('[data-cordoned]')?.dataset.cordoned,
+  release: n.querySelector('.release[data-release]')?.dataset.release,
   gpus: [...n.querySelectorAll('.gpu[data-device-id]')].map((g) => [
     g.dataset.deviceId, g.dataset.memoryUsed, g.dataset.memoryTotal, g.dataset.utilization,
     g.dataset.temperature, g.dataset.health, g.closest('.domain[data-domain-id]')?.dataset.domainId,
@@ -169,6 +170,7 @@ async def page_nodes(page: Page) -> dict[str, Any]:
         n["id"]: {
             "reachable": n["reachable"],
             "cordoned": n["cordoned"],
+            "release": n["release"],
             "gpus": {
                 g[0]: ([_number(v) for v in g[1:5]], g[5], g[6])
                 for g in n["gpus"]  # (used, total, utilisation, temperature), health, domain
@@ -185,6 +187,7 @@ async def api_nodes(node: Node) -> dict[str, Any]:
         n["nodeId"]: {
             "reachable": "true" if n["reachable"] else "false",
             "cordoned": "true" if n["cordoned"] else "false",
+            "release": n["release"],  # each member's release (docs/upgrade.md)
             "gpus": {
                 d["id"]: (
                     [

@@ -51,6 +51,16 @@ def test_this_release_speaks_its_own_and_the_previous_wire_version() -> None:
     assert wire.of(None) == LEGACY  # a member that sends no statement: 0.1.0
 
 
+def test_a_statement_older_than_the_members_record_says_nothing() -> None:
+    said = wire.Speaks(nodeId="nod_b", release="0.2.0", wireMin=1, wireMax=2, at=5)
+    assert wire.of(said, "0.2.0") == THIS
+    assert wire.of(said) == THIS  # no record held yet
+    # Rolled back to 0.1.0, which sends no statement: its record names 0.1.0, and the
+    # statement its 0.2.0 start left behind no longer counts (the gate closes again).
+    assert wire.of(said, "0.1.0") == LEGACY
+    assert gate({"a": THIS, "b": wire.of(said, "0.1.0")}, {"x": 2}, mine=THIS).wire == 1
+
+
 @pytest.mark.parametrize(
     "text", ["", "0.3.0", "0.3.0:", "0.3.0:x-3", ":2-3", "0.3.0:3-2", "0.3.0:0"]
 )
