@@ -60,6 +60,13 @@ class Node:
     extra: list[str] = field(default_factory=list)  # more `agent run` flags
     open_files: int | None = None  # the agent's open-files limit (soft and hard), if set
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. NVPAIR_TEST_SPEAKS
+    # The Python it runs `-m agent` with: another environment's runs another release
+    # (tests/upgrade), from a folder where this checkout's packages are not importable.
+    python: str = sys.executable
+
+    @property
+    def cwd(self) -> Path | None:
+        return None if self.python == sys.executable else self.home.parent
 
     @property
     def env(self) -> dict[str, str]:
@@ -73,7 +80,7 @@ class Node:
     async def cli(self, *args: str) -> tuple[int, str, str]:
         """Run `nvpair ARGS` as this member; (exit status, stdout, stderr)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", *args, env=self.env,
+            self.python, "-m", "agent", *args, env=self.env, cwd=self.cwd,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
@@ -99,8 +106,8 @@ class Node:
 
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
-                preexec_fn=limited if limit is not None else None,
+                self.python, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
+                preexec_fn=limited if limit is not None else None, cwd=self.cwd,
             )  # fmt: skip
 
         async def up() -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -94,8 +95,17 @@ class Divergence:
 class RememberingClient:
     """Enters events and remembers each acknowledgement; `async with` owns its session."""
 
-    def __init__(self, rng: random.Random, *, sized: bool = False) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        sized: bool = False,
+        others: Callable[[JobKey], bool] = lambda key: False,
+    ) -> None:
         self.rng = rng
+        # Jobs other clients made (a facade's inference jobs beside this client's events):
+        # not held against what this client was told, still compared between members.
+        self.others = others
         self.sized = sized  # records of every legal size (4 KiB error texts), not small ones
         self.figures = Figures()
         self.acked: dict[JobKey, int] = {}  # job -> highest seq answered 202
@@ -217,7 +227,11 @@ class RememberingClient:
                     diff.missing.append(key)
                 elif have not in allowed:
                     (diff.older if have < seq else diff.newer).append(key)
-            diff.unknown = [k for k in listed if k not in self.acked and k not in self.maybe]
+            diff.unknown = [
+                k
+                for k in listed
+                if k not in self.acked and k not in self.maybe and not self.others(k)
+            ]
             # Where the client cannot tell (an event never answered), members must still agree.
             first = listed if first is None else first
             diff.unlike_first = [
