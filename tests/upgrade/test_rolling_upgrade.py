@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import Counter
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
