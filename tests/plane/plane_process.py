@@ -23,8 +23,12 @@ class PlaneProcess:
     """`nvpair plane serve` on `dsn`, on a free port; `log` holds what it wrote to stderr
     (read as it comes, so a talkative plane never blocks on a full pipe)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, python: str = sys.executable) -> None:
         self.dsn = dsn
+        # Another environment's Python runs another release (tests/upgrade), from a folder
+        # where this checkout's packages are not importable.
+        self.python = python
+        self.cwd = None if python == sys.executable else str(Path(python).parents[2])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
@@ -34,7 +38,7 @@ class PlaneProcess:
     async def start(self) -> None:
         """Start it and wait for its "plane listening" line."""
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
+            self.python,
             "-m",
             "agent",
             "plane",
@@ -46,6 +50,7 @@ class PlaneProcess:
             env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN},
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            cwd=self.cwd,
         )
         stderr = self.proc.stderr
         assert stderr is not None
