@@ -46,6 +46,7 @@ from agent.cluster.node_client import NodeClient
 from agent.cluster.operations import Operations
 from agent.cluster.repair import AntiEntropy
 from agent.config import AgentConfig, port_in_use
+from agent.core.errors import StartupError
 from agent.core.home import forget_state
 from agent.core.lifetime import Health, Tasks
 from agent.core.nudge import Nudge
@@ -107,7 +108,10 @@ class Agent:
         speaks = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
         override = os.environ.get("NVPAIR_TEST_SPEAKS")
         if override:
-            speaks = wire.parse_range(override)
+            try:
+                speaks = wire.parse_range(override)
+            except ValueError as exc:
+                raise StartupError(f"NVPAIR_TEST_SPEAKS: {exc}") from None
             log.warning("NVPAIR_TEST_SPEAKS: this member says it speaks %s", wire.describe(speaks))
         return Speaks(
             nodeId=node_id,

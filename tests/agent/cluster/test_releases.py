@@ -156,3 +156,23 @@ async def _holds(node: Node, name: str) -> bool:
 async def _member(node: Node, node_id: str, **expected: Any) -> bool:
     members = {m["nodeId"]: m for m in (await status(node))["members"]}
     return node_id in members and all(members[node_id][k] == v for k, v in expected.items())
+
+
+async def test_a_bad_stand_in_range_stops_the_agent_with_one_line(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    node = make_node(tmp_path_factory.mktemp("bad-speaks"), "odd", None)
+    code, _, err = await node.cli("cluster", "init", "--name", "lab", "--node-name", "odd")
+    assert code == 0, err
+    node.extra_env["NVPAIR_TEST_SPEAKS"] = "0.3.0:three"
+    code, _, err = await node.cli(
+        "agent", "run", "--api-port", str(node.ports["api"]),
+        "--node-port", str(node.ports["node"]), "--manager-port", str(node.ports["manager"]),
+        "--facade-port", str(node.ports["facade"]),
+    )  # fmt: skip
+    assert code != 0
+    assert "NVPAIR_TEST_SPEAKS: not RELEASE:LOW-HIGH" in err
+    assert "Traceback" not in err
+    node.extra_env["NVPAIR_TEST_SPEAKS"] = "0.3.0:2-3"  # the control: a good one starts
+    await node.start()
+    await node.stop()
