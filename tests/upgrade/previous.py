@@ -56,6 +56,30 @@ def _reports(python: Path, version: str) -> bool:
     return said == version
 
 
+def _have(commit: str) -> bool:
+    try:
+        _run("git", "cat-file", "-e", f"{commit}^{{commit}}")
+    except RuntimeError:
+        return False
+    return True
+
+
+def _fetch(commit: str) -> None:
+    """Make `commit` present in a clone that lacks it (a shallow one): from its origin."""
+    for args in (("fetch", "--quiet", "origin", commit), ("fetch", "--quiet", "--unshallow")):
+        if _have(commit):
+            return
+        try:
+            _run("git", *args)
+        except RuntimeError:
+            continue
+    if not _have(commit):
+        raise RuntimeError(
+            f"{commit} (tests/upgrade/PREVIOUS) is not in this clone and its origin did not "
+            "give it: clone with history (not --depth 1)"
+        )
+
+
 def build_previous() -> Previous:
     """The previous release's environment, built unless a good one is there."""
     commit, version = named_previous()
@@ -65,6 +89,7 @@ def build_previous() -> Previous:
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         source = home / "src"
+        _fetch(commit)
         _run("git", "worktree", "add", "--detach", str(source), commit)
         try:
             _run(sys.executable, "-m", "venv", str(home / "venv"))
