@@ -240,11 +240,14 @@ class Heartbeat:
     async def _delta(self, node_id: str, *, statements: bool) -> None:
         known = self._known.get(node_id)
         body = self._members.delta_for(known, statements=statements)
+        # What the body carries, taken with it (records that come in during the exchange
+        # were not sent).
+        sent = self._members.sent_in_delta(known) if known is not None else {}
         answer = await self._exchange(node_id, body)
         if answer is None:
             return
         if known is not None:
-            known.update(self._members.sent_in_delta(known))
+            known.update(sent)
             for node_id_sent in self._members.holdings():  # its certificate was in it
                 known.setdefault(node_id_sent, 0)
         if answer.digest and answer.digest != self._members.digest():
