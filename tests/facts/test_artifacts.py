@@ -1,0 +1,133 @@
+"""Artifacts' manifests and facts (`facts.artifacts`, issue 28): the digest names the bytes,
+a manifest that could place a file outside its folder or whose pieces do not add up is
+refused, pieces are laid out file by file, and a fact describes only its own manifest."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+import pytest
+
+from facts.artifacts import (
+    Artifact,
+    ArtifactSet,
+    Manifest,
+    ManifestFile,
+    bad_path,
+    manifest_digest,
+    pieces,
+)
+
+KIB = 64 * 1024  # the smallest piece size a manifest may have
+
+
+def h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def manifest(*files: tuple[str, int], piece_size: int = KIB) -> Manifest:
+    return Manifest(
+        pieceSize=piece_size,
+        files=[
+            ManifestFile(path=p, size=s, pieces=[h(f"{p}{n}") for n in range(-(-s // piece_size))])
+            for p, s in files
+        ],
+    )
+
+
+def test_the_digest_names_every_byte_of_the_manifest() -> None:
+    base = manifest(("config.json", 10), ("model.safetensors", 3 * KIB + 1))
+    assert manifest_digest(base) == manifest_digest(
+        manifest(("config.json", 10), ("model.safetensors", 3 * KIB + 1))
+    )
+    assert manifest_digest(base).startswith("sha256:")
+    changed = [
+        manifest(("config.json", 11), ("model.safetensors", 3 * KIB + 1)),
+        manifest(("config.jsom", 10), ("model.safetensors", 3 * KIB + 1)),
+        manifest(("config.json", 10), ("model.safetensors", 3 * KIB + 1), piece_size=2 * KIB),
+        msgspec.structs.replace(
+            base,
+            files=[
+                base.files[0],
+                msgspec.structs.replace(base.files[1], pieces=[h("x"), *base.files[1].pieces[1:]]),
+            ],
+        ),
+    ]
+    assert len({manifest_digest(m) for m in (base, *changed)}) == 1 + len(changed)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/etc/passwd", "../up", "a/../../b", "a//b", "./a", "a/.", "", "a\\b", "a\x00b", "a/"],
+)
+def test_a_path_that_could_leave_the_folder_is_refused(path: str) -> None:
+    assert bad_path(path) is not None
+    assert bad_path("snapshots/abc/model-00001-of-00002.safetensors") is None  # the control
+
+
+def test_a_manifest_whose_files_or_pieces_do_not_add_up_is_refused() -> None:
+    good = manifest(("a", KIB), ("b", 0), ("c/d", 2 * KIB + 5))
+    assert good.why_not() is None
+    assert (good.size, good.piece_count) == (3 * KIB + 5, 1 + 0 + 3)
+    unsorted = msgspec.structs.replace(good, files=list(reversed(good.files)))
+    twice = msgspec.structs.replace(good, files=[good.files[0], good.files[0]])
+    short = msgspec.structs.replace(
+        good,
+        files=[
+            *good.files[:2],
+            msgspec.structs.replace(good.files[2], pieces=good.files[2].pieces[:2]),
+        ],
+    )
+    escaping = manifest(("../x", 1))
+    for bad, why in (
+        (unsorted, "sorted"),
+        (twice, "sorted"),
+        (short, "2 pieces"),
+        (escaping, "'..'"),
+    ):
+        said = bad.why_not()
+        assert said is not None
+        assert why in said
+
+
+def test_a_manifest_with_a_malformed_hash_does_not_decode() -> None:
+    raw = msgspec.json.encode(manifest(("a", 1)))
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(raw.replace(b'"]]', b'X"]]'), type=Manifest)
+    assert msgspec.json.decode(raw, type=Manifest) == manifest(("a", 1))  # the control
+
+
+def test_pieces_are_laid_out_file_by_file_the_last_one_shorter() -> None:
+    laid = list(pieces(manifest(("a", KIB), ("b", 0), ("c", 2 * KIB + 5))))
+    assert [(p.index, p.file, p.offset, p.length) for p in laid] == [
+        (0, 0, 0, KIB),
+        (1, 2, 0, KIB),
+        (2, 2, KIB, KIB),
+        (3, 2, 2 * KIB, 5),
+    ]
+
+
+def test_a_fact_describes_only_its_own_manifest() -> None:
+    mine = manifest(("a", 3 * KIB))
+    fact = Artifact(
+        id="art_" + "0" * 26,
+        name="llama",
+        digest=manifest_digest(mine),
+        size=mine.size,
+        pieceSize=mine.pieceSize,
+        files=1,
+        pieceCount=mine.piece_count,
+    )
+    assert fact.describes(mine)
+    assert not fact.describes(manifest(("a", 3 * KIB - 1)))
+    assert not msgspec.structs.replace(fact, size=1).describes(mine)
+
+
+def test_a_forget_is_a_tombstone_that_wins_over_older_versions() -> None:
+    held = ArtifactSet()
+    added = Artifact(id="art_" + "1" * 26, name="llama", digest="sha256:" + "a" * 64, updatedAt=5)
+    forgotten = msgspec.structs.replace(added, deleted=True, version=2, updatedAt=9)
+    assert held.merge([forgotten, added], 0) == [forgotten]
+    assert held.live() == []
+    assert held.get("llama") == forgotten
