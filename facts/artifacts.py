@@ -19,6 +19,7 @@ removal (`nvpair artifact forget`) is a tombstone version.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
     "PIECE_SIZE",
     "Artifact",
     "ArtifactSet",
+    "Layout",
     "Manifest",
     "ManifestFile",
     "Piece",
@@ -138,6 +140,32 @@ def pieces(manifest: Manifest) -> Iterator[Piece]:
             offset = n * manifest.pieceSize
             yield Piece(index, number, offset, min(manifest.pieceSize, f.size - offset), digest)
             index += 1
+
+
+class Layout:
+    """Where each piece of one manifest is, found in O(log files)."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self._starts: list[int] = []  # the index of each file's first piece
+        first = 0
+        for f in manifest.files:
+            self._starts.append(first)
+            first += len(f.pieces)
+        self.count = first
+
+    def piece(self, index: int) -> Piece:
+        """Piece `index` (IndexError when the artifact has no such piece)."""
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        number = bisect.bisect_right(self._starts, index) - 1
+        while not self.manifest.files[number].pieces:  # empty files share a start
+            number += 1
+        entry = self.manifest.files[number]
+        n = index - self._starts[number]
+        offset = n * self.manifest.pieceSize
+        size = min(self.manifest.pieceSize, entry.size - offset)
+        return Piece(index, number, offset, size, entry.pieces[n])
 
 
 class Artifact(Struct, kw_only=True, frozen=True):

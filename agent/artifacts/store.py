@@ -1,0 +1,273 @@
+"""This member's content-addressed store of artifacts (issue 28): manifests, verified pieces,
+and artifacts assembled whole for engines to read. Blocking file I/O: callers on the event
+loop run it in a thread.
+
+Layout, under `$NVPAIR_HOME/artifacts` (or the configured path; 0700):
+
+- `manifests/<hex>.json` -- a manifest whose digest is `sha256:<hex>`, checked before it is
+  written (`put_manifest`);
+- `pieces/<hex>/<n>` -- piece `n` of that artifact, written only after its SHA-256 matched
+  the manifest (`put_piece`), each file written whole and renamed into place, so a crash
+  leaves a piece whole or absent;
+- `ready/<hex>/...` -- the artifact's files with the manifest's names, what an engine is
+  given as its model path. They are written into `ready/.<hex>.partial/` and the folder is
+  renamed into place only once every file is written and synced: an artifact is resident
+  exactly when `ready/<hex>` exists, never half of it. Its pieces are then dropped (a
+  resident artifact's pieces are read from its files).
+
+Nothing in a manifest can place a file outside its folder (`facts.artifacts.bad_path`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from certs import make_private_dir, write_atomic
+from facts.artifacts import (
+    MAX_ARTIFACTS,
+    PIECE_SIZE,
+    Layout,
+    Manifest,
+    ManifestFile,
+    Piece,
+    manifest_digest,
+    pieces,
+)
+
+__all__ = ["ArtifactStore", "BadManifest", "StoreError", "describe_files"]
+
+_decode_manifest: Final = msgspec.json.Decoder(Manifest).decode
+_CHUNK: Final = 1024 * 1024  # bytes read at a time when hashing or copying
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (a full disk, an artifact it does not hold)."""
+
+
+class BadManifest(StoreError):
+    """A manifest that is not the one its digest names, or not well formed."""
+
+
+def describe_files(source: Path, piece_size: int = PIECE_SIZE) -> Manifest:
+    """The manifest of the file or folder at `source` (every regular file under a folder,
+    by its path relative to it; symbolic links are followed, other kinds refused), hashed
+    a piece at a time -- never more than one piece in memory."""
+    if source.is_file():
+        found = [(source.name, source)]
+    elif source.is_dir():
+        found = sorted(
+            (p.relative_to(source).as_posix(), p) for p in source.rglob("*") if not p.is_dir()
+        )
+    else:
+        raise StoreError(f"{source}: no such file or folder")
+    files = []
+    for name, path in found:
+        if not path.is_file():
+            raise StoreError(f"{path}: not a regular file")
+        hashes = []
+        try:
+            with path.open("rb") as f:
+                while piece := f.read(piece_size):
+                    hashes.append(hashlib.sha256(piece).hexdigest())
+                size = f.tell()
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        files.append(ManifestFile(path=name, size=size, pieces=hashes))
+    if not files:
+        raise StoreError(f"{source}: no files")
+    manifest = Manifest(pieceSize=piece_size, files=files)
+    why = manifest.why_not()
+    if why is not None:
+        raise StoreError(f"{source}: {why}")
+    return manifest
+
+
+def _hex(digest: str) -> str:
+    algorithm, _, hexed = digest.partition(":")
+    if algorithm != "sha256" or len(hexed) != 64 or not all(c in "0123456789abcdef" for c in hexed):
+        raise StoreError(f"not an artifact digest: {digest[:80]!r}")
+    return hexed
+
+
+class ArtifactStore:
+    """Manifests, pieces and resident artifacts under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for folder in (root, root / "manifests", root / "pieces", root / "ready"):
+            make_private_dir(folder)
+        # Manifests read, by digest hex: a piece is checked against its manifest without
+        # reading it again (bounded: cleared when it would pass twice the artifacts held).
+        self._layouts: dict[str, Layout] = {}
+
+    # -- manifests ----------------------------------------------------------------------------
+
+    def put_manifest(self, digest: str, raw: bytes) -> Manifest:
+        """Keep the manifest `raw` (from anyone) when it is the one `digest` names and well
+        formed; BadManifest otherwise, and nothing is kept."""
+        hexed = _hex(digest)
+        try:
+            manifest = _decode_manifest(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise BadManifest(f"a manifest that does not decode ({exc})") from None
+        if manifest_digest(manifest) != digest:
+            raise BadManifest(f"a manifest that is not {digest}")
+        why = manifest.why_not()
+        if why is not None:
+            raise BadManifest(f"a malformed manifest: {why}")
+        write_atomic(self.root / "manifests" / f"{hexed}.json", msgspec.json.encode(manifest))
+        return manifest
+
+    def manifest(self, digest: str) -> Manifest | None:
+        """The manifest held for `digest`, or None."""
+        layout = self._layout(digest)
+        return None if layout is None else layout.manifest
+
+    def _layout(self, digest: str) -> Layout | None:
+        hexed = _hex(digest)
+        layout = self._layouts.get(hexed)
+        if layout is not None:
+            return layout
+        try:
+            manifest = _decode_manifest((self.root / "manifests" / f"{hexed}.json").read_bytes())
+        except FileNotFoundError:
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # damaged on disk: fetched again
+        if manifest_digest(manifest) != digest or manifest.why_not() is not None:
+            return None  # not what its name says: fetched again
+        if len(self._layouts) >= 2 * MAX_ARTIFACTS:
+            self._layouts.clear()
+        layout = self._layouts[hexed] = Layout(manifest)
+        return layout
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def held(self, digest: str) -> set[int]:
+        """The pieces of `digest` this store holds (all of them once it is resident)."""
+        manifest = self.manifest(digest)
+        if manifest is None:
+            return set()
+        if self.resident(digest) is not None:
+            return set(range(manifest.piece_count))
+        folder = self.root / "pieces" / _hex(digest)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return set()
+        return {int(name) for name in names if name.isdigit() and int(name) < manifest.piece_count}
+
+    def put_piece(self, digest: str, index: int, data: bytes) -> bool:
+        """Keep piece `index` of `digest` when its SHA-256 is the manifest's; returns
+        whether it was (a piece that fails is not kept). StoreError without the manifest."""
+        piece = self._piece(digest, index)
+        if len(data) != piece.length or hashlib.sha256(data).hexdigest() != piece.sha256:
+            return False
+        folder = self.root / "pieces" / _hex(digest)
+        make_private_dir(folder)
+        try:
+            write_atomic(folder / str(index), data)
+        except OSError as exc:
+            raise StoreError(f"cannot write a piece of {digest[:19]}: {exc}") from exc
+        return True
+
+    def read_piece(self, digest: str, index: int) -> bytes | None:
+        """Piece `index` of `digest`, if held (from its piece file, or from the resident
+        artifact's files)."""
+        piece = self._piece(digest, index)
+        hexed = _hex(digest)
+        ready = self.resident(digest)
+        if ready is not None:
+            manifest = self.manifest(digest)
+            assert manifest is not None  # resident artifacts keep theirs
+            with (ready / manifest.files[piece.file].path).open("rb") as f:
+                f.seek(piece.offset)
+                return f.read(piece.length)
+        try:
+            return (self.root / "pieces" / hexed / str(index)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _piece(self, digest: str, index: int) -> Piece:
+        layout = self._layout(digest)
+        if layout is None:
+            raise StoreError(f"no manifest of {digest[:19]} here")
+        try:
+            return layout.piece(index)
+        except IndexError:
+            raise StoreError(f"{digest[:19]} has no piece {index}") from None
+
+    # -- resident artifacts -------------------------------------------------------------------
+
+    def resident(self, digest: str) -> Path | None:
+        """Where the artifact's files are, when it is resident here."""
+        ready = self.root / "ready" / _hex(digest)
+        return ready if ready.is_dir() else None
+
+    def assemble(self, digest: str) -> Path:
+        """Write the artifact's files from its pieces (every one must be held), then make it
+        resident in one rename and drop the pieces; its folder."""
+        manifest = self.manifest(digest)
+        if manifest is None:
+            raise StoreError(f"no manifest of {digest[:19]} here")
+        done = self.resident(digest)
+        if done is not None:
+            return done
+        missing = set(range(manifest.piece_count)) - self.held(digest)
+        if missing:
+            raise StoreError(f"{digest[:19]} lacks {len(missing)} of its pieces")
+        hexed = _hex(digest)
+        partial = self.root / "ready" / f".{hexed}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        source = self.root / "pieces" / hexed
+        try:
+            by_file: dict[int, list[Piece]] = {}
+            for piece in pieces(manifest):
+                by_file.setdefault(piece.file, []).append(piece)
+            for number, entry in enumerate(manifest.files):
+                target = partial / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with target.open("wb") as out:
+                    for piece in by_file.get(number, []):
+                        with (source / str(piece.index)).open("rb") as part:
+                            shutil.copyfileobj(part, out, _CHUNK)
+                    out.flush()
+                    os.fsync(out.fileno())
+            os.replace(partial, self.root / "ready" / hexed)
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise StoreError(f"cannot assemble {digest[:19]}: {exc}") from exc
+        shutil.rmtree(source, ignore_errors=True)
+        return self.root / "ready" / hexed
+
+    def import_files(self, source: Path, digest: str) -> Path:
+        """Make `digest` resident from local files at `source` (a file or a folder laid out
+        as its manifest says), each piece checked against the manifest as it is read."""
+        manifest = self.manifest(digest)
+        if manifest is None:
+            raise StoreError(f"no manifest of {digest[:19]} here")
+        for piece in pieces(manifest):
+            path = source if source.is_file() else source / manifest.files[piece.file].path
+            try:
+                with path.open("rb") as f:
+                    f.seek(piece.offset)
+                    data = f.read(piece.length)
+            except OSError as exc:
+                raise StoreError(f"cannot read {path}: {exc}") from exc
+            if not self.put_piece(digest, piece.index, data):
+                raise StoreError(f"{path} is not what {digest[:19]} says (piece {piece.index})")
+        return self.assemble(digest)
+
+    def remove(self, digest: str) -> None:
+        """Drop what is held of `digest` here: its files, pieces and manifest."""
+        hexed = _hex(digest)
+        for folder in (self.root / "ready" / hexed, self.root / "pieces" / hexed):
+            shutil.rmtree(folder, ignore_errors=True)
+        (self.root / "manifests" / f"{hexed}.json").unlink(missing_ok=True)
+        self._layouts.pop(hexed, None)

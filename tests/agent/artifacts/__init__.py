@@ -1,0 +1,1 @@
+"""Tests of this member's artifacts: the store (issue 28)."""
