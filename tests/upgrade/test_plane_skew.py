@@ -128,9 +128,9 @@ async def _both_ways(plane: PlaneProcess, node: Node, plane_of: str) -> None:
     await eventually(ready, "the placed workload is ready in the plane's view", within_s=60)
     shown = {d["name"]: d.get("replicaStates") for d in await node.get("/v1/deployments")}
     assert any(states == {"ready": 1} for states in shown.values()), shown
-    agent_of = "previous" if plane_of == "this" else "this"
+    served, syncing = ("this", "the previous") if plane_of == "this" else ("the previous", "this")
     print(
-        f"a plane of the {plane_of} release, an agent of the {agent_of}: "
+        f"a plane of {served} release, an agent of {syncing}: "
         f"{ledger.figures.accepted} events synced exactly, a placed workload ready"
     )
 
