@@ -164,6 +164,7 @@ PURE_CORES = (
     "facts.record_deltas",
     "facts.signed_set",
     "facts.artifacts",
+    "facts.artifact_fetch",
     "facts.kept",
     "facts.wire",
     "broker.channel",
