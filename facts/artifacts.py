@@ -34,6 +34,7 @@ __all__ = [
     "ARTIFACT",
     "MAX_ARTIFACTS",
     "MAX_PIECES",
+    "MAX_PIECE_SIZE",
     "PIECE_SIZE",
     "Artifact",
     "ArtifactSet",
@@ -48,6 +49,7 @@ __all__ = [
 
 MAX_ARTIFACTS: Final = 256  # named at once in one cluster, tombstones included
 PIECE_SIZE: Final = 16 * 1024 * 1024  # the default: 16 MiB, 6,400 pieces for 100 GB
+MAX_PIECE_SIZE: Final = 64 * 1024 * 1024
 MAX_PIECES: Final = 1_000_000  # in one manifest: 16 TB at the default piece size
 MAX_FILES: Final = 100_000
 TOMBSTONE_MS: Final = 7 * 24 * 3600 * 1000
@@ -72,7 +74,8 @@ class ManifestFile(Struct, kw_only=True, frozen=True, array_like=True):
 class Manifest(Struct, kw_only=True, frozen=True):
     """What an artifact is, byte for byte (its digest is `manifest_digest`)."""
 
-    pieceSize: Annotated[int, Meta(ge=64 * 1024, le=1024 * 1024 * 1024)] = PIECE_SIZE
+    # A piece is read, sent and checked whole: at most 64 MiB of memory each.
+    pieceSize: Annotated[int, Meta(ge=64 * 1024, le=MAX_PIECE_SIZE)] = PIECE_SIZE
     files: Annotated[list[ManifestFile], Meta(min_length=1, max_length=MAX_FILES)]
 
     @property

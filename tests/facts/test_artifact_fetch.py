@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from facts.artifact_fetch import Fetch
+from facts.artifact_fetch import Fetch, from_bitmap, to_bitmap
 
 
 def test_the_rarest_piece_goes_first_and_the_bounds_hold() -> None:
@@ -102,3 +103,11 @@ def test_a_swarm_always_completes_each_piece_verified_once(
             fetch.verified(piece)
     assert fetch.done, (count, sources)
     assert sorted(verified) == list(range(count))  # each piece verified exactly once
+
+
+def test_a_bitmap_says_exactly_which_pieces_are_held() -> None:
+    for count, held in ((1, set()), (1, {0}), (9, {0, 8}), (1000, set(range(0, 1000, 7)))):
+        assert from_bitmap(to_bitmap(held, count), count) == held
+    for bad in ("***", to_bitmap({1}, 9)):  # not base64; a bitmap of another size
+        with pytest.raises(ValueError, match="bitmap"):
+            from_bitmap(bad, 17)
