@@ -20,7 +20,9 @@ pinned caller (403 otherwise).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -28,6 +30,7 @@ import msgspec
 from aiohttp import web
 
 from agent.apis.answers import json_answer, read_json
+from agent.artifacts.store import ArtifactStore, StoreError
 from agent.cluster.members import Incompatible
 from agent.cluster.probes import Probes
 from agent.core.lifetime import SHUTDOWN_S
@@ -43,6 +46,7 @@ from certs import (
 )
 from certs.invites import Tombstone
 from facts.api_keys import ApiKey
+from facts.artifact_fetch import to_bitmap
 from facts.kept import Kept, raws
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
@@ -50,6 +54,9 @@ from netkit.guard import Handler, peer_node_id, pinned
 from netkit.sites import PerSourceRate, start_runner
 
 __all__ = ["JoinAnswer", "NodeApi"]
+
+PIECE_READS: Final = 4  # artifact pieces read for members at once (each up to 64 MiB)
+_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +116,11 @@ class NodeApi:
         api_keys: Callable[[], list[Kept[ApiKey]]] = list,
         probes: Probes | None = None,
         refusal: Callable[[str], str | None] = lambda node_id: None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
+        self.artifacts = artifacts  # the pieces this member serves (issue 28)
+        # Pieces read for members at once: each is held whole, up to 64 MiB.
+        self._piece_reads = asyncio.Semaphore(PIECE_READS)
         self.probes = probes
         self.refusal = refusal  # why a member's calls are refused: wire ranges apart
         self.api_keys = api_keys
@@ -147,6 +158,12 @@ class NodeApi:
         app.router.add_post(
             "/v1/members/ping-req", pinned(cluster.pins)(self._working(self._ping_req))
         )
+        for path, handler in (
+            ("/v1/artifacts/{hex}/manifest", self._manifest),
+            ("/v1/artifacts/{hex}/held", self._held),
+            ("/v1/artifacts/{hex}/pieces/{piece}", self._piece),
+        ):
+            app.router.add_get(path, pinned(cluster.pins)(self._working(handler)))
         self._app = app
         self._runner: web.AppRunner | None = None  # while serving
 
@@ -273,6 +290,46 @@ class NodeApi:
             return json_answer(self.on_push(push, peer_node_id(request)))
         except Incompatible as exc:
             raise web.HTTPConflict(text=f"{exc}\n") from None
+
+    def _store_and_digest(self, request: web.Request) -> tuple[ArtifactStore, str]:
+        hexed = request.match_info["hex"]
+        if not _HEX.fullmatch(hexed):
+            raise web.HTTPBadRequest(text="not an artifact digest (64 lowercase hex digits)\n")
+        if self.artifacts is None:
+            raise web.HTTPNotFound(text="this member keeps no artifacts\n")
+        return self.artifacts, f"sha256:{hexed}"
+
+    async def _manifest(self, request: web.Request) -> web.Response:
+        # A member fetching an artifact asks for its manifest first, by digest: it checks
+        # the bytes against the digest itself (facts.artifacts), so any member may answer.
+        store, digest = self._store_and_digest(request)
+        manifest = await asyncio.to_thread(store.manifest, digest)
+        if manifest is None:
+            raise web.HTTPNotFound(text="no such artifact here\n")
+        return web.Response(body=msgspec.json.encode(manifest), content_type=_JSON)
+
+    async def _held(self, request: web.Request) -> web.Response:
+        store, digest = self._store_and_digest(request)
+        manifest = await asyncio.to_thread(store.manifest, digest)
+        if manifest is None:
+            raise web.HTTPNotFound(text="no such artifact here\n")
+        held = await asyncio.to_thread(store.held, digest)
+        count = manifest.piece_count
+        return json_answer({"count": count, "bitmap": to_bitmap(held, count)})
+
+    async def _piece(self, request: web.Request) -> web.Response:
+        store, digest = self._store_and_digest(request)
+        text = request.match_info["piece"]
+        if not text.isdigit() or len(text) > 7:
+            raise web.HTTPBadRequest(text="not a piece number\n")
+        async with self._piece_reads:
+            try:
+                data = await asyncio.to_thread(store.read_piece, digest, int(text))
+            except StoreError:
+                data = None
+        if data is None:
+            raise web.HTTPNotFound(text="no such piece here\n")
+        return web.Response(body=data, content_type="application/octet-stream")
 
 
 async def _now(value: object) -> object:

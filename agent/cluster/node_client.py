@@ -21,6 +21,8 @@ from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.core.request_identity import outgoing
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from facts.artifact_fetch import from_bitmap
+from facts.artifacts import MAX_PIECE_SIZE
 from facts.probing import Ping, PingReq, PingReqAnswer
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import PinnedConnector
@@ -30,6 +32,15 @@ __all__ = ["NodeClient"]
 SHORT_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=300)
 _JSON: Final = {"Content-Type": "application/json"}
+# A manifest of a million pieces is about 70 MB of JSON; one of 6,400 (100 GB) about 450 KB.
+MANIFEST_LIMIT: Final = 80 * 1024 * 1024
+
+
+class _Held(msgspec.Struct, frozen=True):
+    count: int
+    bitmap: str
+
+
 _NETWORK_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError, CertsError)
 _differences: Final = msgspec.json.Decoder(Differences)
 _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
@@ -104,6 +115,51 @@ class NodeClient:
         if status != 200:
             raise MemberRefused(node_id, status)
         return answer
+
+    async def _get(self, node_id: str, path: str, *, limit: int, long: bool = False) -> bytes:
+        # GET `path`; an answer over `limit` bytes is the member's fault (never read whole).
+        url = self._base(node_id) + path
+        try:
+            async with self._session(long).get(
+                url, ssl=self._contexts.current(), server_hostname=server_hostname_for(node_id)
+            ) as response:
+                status = response.status
+                if status == 200:
+                    answer = await response.content.read(limit + 1)
+                    if len(answer) > limit:
+                        raise MemberUnreachable(
+                            f"{node_id} answered {path} with over {limit} bytes"
+                        )
+                else:
+                    answer = await response.content.read(1024)
+        except _NETWORK_ERRORS as exc:
+            raise MemberUnreachable(f"{node_id}: {type(exc).__name__}: {exc}") from exc
+        if status == 409:
+            raise MemberRefused(node_id, status, answer.decode(errors="replace").strip())
+        if status != 200:
+            raise MemberRefused(node_id, status)
+        return answer
+
+    async def artifact_manifest(self, node_id: str, digest: str) -> bytes:
+        """The manifest of `digest` as a member holds it (the caller checks it against the
+        digest: `agent.artifacts.store.ArtifactStore.put_manifest`)."""
+        return await self._get(
+            node_id, f"/v1/artifacts/{digest[7:]}/manifest", limit=MANIFEST_LIMIT
+        )
+
+    async def artifact_held(self, node_id: str, digest: str, count: int) -> set[int]:
+        """Which of the `count` pieces of `digest` a member holds."""
+        body = await self._get(node_id, f"/v1/artifacts/{digest[7:]}/held", limit=MANIFEST_LIMIT)
+        try:
+            said = msgspec.json.decode(body, type=_Held)
+            return from_bitmap(said.bitmap, count)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise MemberUnreachable(f"{node_id} answered /held with garbage: {exc}") from exc
+
+    async def artifact_piece(self, node_id: str, digest: str, index: int) -> bytes:
+        """Piece `index` of `digest` from a member (the caller checks its hash)."""
+        path = f"/v1/artifacts/{digest[7:]}/pieces/{index}"
+        return await self._get(node_id, path, limit=MAX_PIECE_SIZE, long=True)
 
     async def _call(self, node_id: str, path: str, value: object, decoder: Any) -> Any:
         # POST `value` as JSON, decode the answer; a malformed answer is the member's fault.

@@ -5,6 +5,7 @@ unpinned caller and bad bodies are refused and change nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,16 +16,19 @@ import pytest
 from aiohttp import web
 
 from agent.apis.node import NodeApi
+from agent.artifacts.store import ArtifactStore, describe_files
 from agent.cluster.node_client import NodeClient
 from agent.core.errors import MemberRefused, MemberUnreachable
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import ClientContexts, ClusterDir, server_hostname_for
+from facts.artifacts import manifest_digest
 from facts.kept import raws
 from facts.records import NodeRecord, RecordsPush
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 
 decode_record = msgspec.json.Decoder(NodeRecord).decode
+PIECE = 64 * 1024
 
 
 @dataclass
@@ -95,11 +99,49 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         run_here=run_here,
         on_digest=answer_digest,
         on_exchange=answer_exchange,
+        artifacts=ArtifactStore(tmp_path / "a-artifacts"),
     )
     await api.start()
     yield Rig(a, ClusterDir(tmp_path / "b"), ClusterDir(tmp_path / "c"), a_id, api, pushes,
               cordons, cancels, forwarded)  # fmt: skip
     await api.aclose()
+
+
+async def test_a_member_fetches_an_artifact_piece_by_piece_and_checks_each(
+    rig: Rig, tmp_path: Path
+) -> None:
+    source = tmp_path / "weights"
+    source.mkdir()
+    (source / "config.json").write_bytes(b'{"layers": 2}')
+    (source / "model.bin").write_bytes(os.urandom(3 * PIECE + 17))
+    manifest = describe_files(source, PIECE)
+    digest = manifest_digest(manifest)
+    assert rig.api.artifacts is not None
+    rig.api.artifacts.put_manifest(digest, msgspec.json.encode(manifest))
+    rig.api.artifacts.import_files(source, digest)
+    mine = ArtifactStore(tmp_path / "b-artifacts")
+    client = rig.client(rig.b)
+    try:
+        mine.put_manifest(digest, await client.artifact_manifest(rig.a_id, digest))
+        held = await client.artifact_held(rig.a_id, digest, manifest.piece_count)
+        assert held == set(range(manifest.piece_count))
+        for piece in sorted(held):
+            assert mine.put_piece(
+                digest, piece, await client.artifact_piece(rig.a_id, digest, piece)
+            )
+        ready = mine.assemble(digest)
+        assert (ready / "model.bin").read_bytes() == (source / "model.bin").read_bytes()
+        # What it does not hold, or cannot be an artifact, is refused with a status.
+        for call, status in (
+            (client.artifact_manifest(rig.a_id, "sha256:" + "0" * 64), 404),
+            (client.artifact_piece(rig.a_id, digest, manifest.piece_count), 404),
+            (client.artifact_manifest(rig.a_id, "sha256:ZZ"), 400),
+        ):
+            with pytest.raises(MemberRefused) as refused:
+                await call
+            assert refused.value.status == status
+    finally:
+        await client.aclose()
 
 
 async def test_records_cordon_and_cancel_through_the_client(rig: Rig) -> None:
