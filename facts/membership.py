@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from certs import CertsError
 from certs.identity import describe, load_cert, verify_issued_by
 from facts.api_keys import ApiKey
+from facts.artifacts import Artifact
 from facts.deployments import Deployment
 from facts.kept import Kept
 from facts.record_signing import RecordVerifier
@@ -52,11 +53,12 @@ class PushPlan:
     deployments: tuple[Kept[Deployment], ...] = ()  # declared, each signed by a member
     api_keys: tuple[Kept[ApiKey], ...] = ()  # API keys, each signed by a member
     speaks: tuple[Kept[Speaks], ...] = ()  # what members speak, each signed by its member
+    artifacts: tuple[Kept[Artifact], ...] = ()  # artifacts, each signed by a member
 
 
 T = TypeVar("T")
 
-_KINDS: Final = (NodeRecord, Removal, Deployment, ApiKey, Speaks)
+_KINDS: Final = (NodeRecord, Removal, Deployment, ApiKey, Speaks, Artifact)
 _DECODERS: Final[dict[type, msgspec.json.Decoder[Any]]] = {
     t: msgspec.json.Decoder(t) for t in _KINDS
 }
@@ -66,6 +68,7 @@ _LISTS: Final[dict[type, msgspec.json.Decoder[Any]]] = {
     Deployment: msgspec.json.Decoder(list[Deployment]),
     ApiKey: msgspec.json.Decoder(list[ApiKey]),
     Speaks: msgspec.json.Decoder(list[Speaks]),
+    Artifact: msgspec.json.Decoder(list[Artifact]),
 }
 _WHAT: Final[dict[type, str]] = {
     NodeRecord: "a record",
@@ -73,6 +76,7 @@ _WHAT: Final[dict[type, str]] = {
     Deployment: "a deployment",
     ApiKey: "an API key",
     Speaks: "a statement of what a member speaks",
+    Artifact: "an artifact",
 }
 
 
@@ -182,7 +186,7 @@ def plan_push(
             continue
         speaks.append(kept_speaks)
 
-    def signed(kept: Kept[Deployment] | Kept[ApiKey], what: str) -> bool:
+    def signed(kept: Kept[Deployment] | Kept[ApiKey] | Kept[Artifact], what: str) -> bool:
         statement = kept.fact
         why = verifier.statement_why_not(statement, ca, what, raw=kept.raw)
         signer = tombstones.get(statement.by)
@@ -203,6 +207,11 @@ def plan_push(
         for k in _decoded(push.apiKeys, ApiKey, refused)
         if signed(k, f"an API key {k.fact.name} (version {k.fact.version})")
     ]
+    artifacts = [
+        a
+        for a in _decoded(push.artifacts, Artifact, refused)
+        if signed(a, f"an artifact {a.fact.name} (version {a.fact.version})")
+    ]
     return PushPlan(
         tuple(tombstones.values()),
         tuple(pins.values()),
@@ -211,6 +220,7 @@ def plan_push(
         tuple(deployments),
         tuple(api_keys),
         tuple(speaks),
+        tuple(artifacts),
     )
 
 

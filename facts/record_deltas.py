@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from facts.api_keys import ApiKey
+from facts.artifacts import Artifact
 from facts.deployments import Deployment
 from facts.records import NodeRecord, Removal
 
@@ -39,6 +40,7 @@ def digest(
     held: Mapping[str, int],
     deployments: Iterable[Deployment] = (),
     api_keys: Iterable[ApiKey] = (),
+    artifacts: Iterable[Artifact] = (),
 ) -> str:
     """A short hash of the holdings and statements; equal holdings, equal digest."""
     h = hashlib.sha256()
@@ -48,6 +50,8 @@ def digest(
         h.update(f"d {d.name} {d.version} {d.updatedAt} {d.by}\n".encode())
     for k in sorted(api_keys, key=lambda k: k.name):
         h.update(f"k {k.name} {k.version} {k.updatedAt} {k.by}\n".encode())
+    for a in sorted(artifacts, key=lambda a: a.name):
+        h.update(f"a {a.name} {a.version} {a.updatedAt} {a.by}\n".encode())
     return h.hexdigest()[:24]
 
 

@@ -22,6 +22,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from facts.api_keys import MAX_KEYS
+from facts.artifacts import MAX_ARTIFACTS
 from facts.deployments import MAX_DEPLOYMENTS
 from facts.inventory import Device, TopologyDomain
 from facts.kept import Kept
@@ -123,6 +124,7 @@ class RecordsPush(Struct, kw_only=True, frozen=True):
     ] = []
     deployments: Annotated[list[msgspec.Raw], Meta(max_length=MAX_DEPLOYMENTS)] = []
     apiKeys: Annotated[list[msgspec.Raw], Meta(max_length=MAX_KEYS)] = []  # ApiKey
+    artifacts: Annotated[list[msgspec.Raw], Meta(max_length=MAX_ARTIFACTS)] = []  # Artifact
     # What members speak (`facts.wire.Speaks`), each signed by its member; a member of
     # 0.1.0 sends none and ignores these.
     speaks: Annotated[list[msgspec.Raw], Meta(max_length=1024)] = []

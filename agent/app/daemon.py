@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, Final
 
+from agent.apis.artifacts import artifact_routes
 from agent.apis.deployments import DeployPorts
 from agent.apis.local import LocalApi, LocalPorts
 from agent.apis.local_guard import issue_token
@@ -38,7 +39,10 @@ from agent.apis.node import NodeApi
 from agent.apis.page import UiPorts
 from agent.apis.usage import usage_routes
 from agent.app.upkeep import LoadPoller, Pruner, gpu_reader
+from agent.artifacts.fetches import Fetches
+from agent.artifacts.store import ArtifactStore
 from agent.cluster.api_keys import ApiKeys
+from agent.cluster.artifacts import Artifacts
 from agent.cluster.deployments import Deployments
 from agent.cluster.heartbeat import Heartbeat, NodeState, OwnRecord
 from agent.cluster.members import SEEDS_FILE, Members, read_seeds
@@ -134,6 +138,11 @@ class Agent:
         self.supervisor = supervisor = self._manager(bind)
         deployments, api_keys = self._cluster_facts(identity, record_changed, usage)
         speaks = self._speaks(node_id)
+        artifacts = Artifacts(  # weights, by digest: facts like deployments (issue 28)
+            config.home,
+            sign=lambda a: sign_statement(a, identity.key, identity.cert),
+            on_change=record_changed,
+        )
         self.members = members = Members(
             self.cluster,
             self_id=node_id,
@@ -145,6 +154,7 @@ class Agent:
             api_keys=api_keys,
             on_records=usage.metrics.sync,  # an engine's model came or went
             speaks=Kept.made(sign_speaks(speaks, identity.key)),
+            artifacts=artifacts,
         )
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
@@ -176,6 +186,13 @@ class Agent:
         loads_moved.follow(facade.waits.poke)
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         tasks = Tasks(health)
+        weights = ArtifactStore(config.home / "artifacts")
+        fetches = Fetches(
+            weights,
+            lambda: [n for n in members.reachable_peers() if members.works_with(n)],
+            client,
+            tasks.spawn,
+        )
         self.operations = operations = Operations(
             self_id=node_id,
             requester=config.name,
@@ -216,6 +233,7 @@ class Agent:
             on_exchange=repair.answer_exchange,
             api_keys=api_keys.held.kept,
             probes=heartbeat.probes,
+            artifacts=weights,
         )
         link = plane_link(
             config.plane,
@@ -253,7 +271,11 @@ class Agent:
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(deployments, control, members, facade.pending),
-                routes=[*usage_routes(usage), *plane_routes(link)],
+                routes=[
+                    *usage_routes(usage),
+                    *plane_routes(link),
+                    *artifact_routes(artifacts, fetches),
+                ],
                 ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
             ),
             port=config.api_port,

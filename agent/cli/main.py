@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from agent.cli import agent as agent_cli
+from agent.cli import artifact as artifact_cli
 from agent.cli import cluster as cluster_cli
 from agent.cli import deploy as deploy_cli
 from agent.cli import keys as keys_cli
@@ -44,6 +45,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     agent_cli.add_commands(commands, cluster_sub)
     deploy_cli.add_commands(commands)
     keys_cli.add_commands(commands)
+    artifact_cli.add_commands(commands)
     ui_cli.add_commands(commands)
     if command in commands.choices:
         return parser  # one of the commands above: nothing more to load

@@ -22,6 +22,7 @@ import msgspec
 from cryptography import x509
 
 from agent.cluster.api_keys import ApiKeys
+from agent.cluster.artifacts import Artifacts
 from agent.cluster.deployments import Deployments
 from agent.core.errors import AgentError
 from certs import ClusterDir, PinRefused
@@ -93,7 +94,9 @@ class Members:
         on_records: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         speaks: Kept[wire.Speaks] | None = None,
+        artifacts: Artifacts | None = None,
     ) -> None:
+        self.artifacts = artifacts
         self.self_id = self_id
         self._cluster = cluster
         self._ca = ca
@@ -265,6 +268,9 @@ class Members:
             )
         return rows
 
+    def _artifacts(self) -> list[msgspec.Raw]:
+        return raws(self.artifacts.held.kept()) if self.artifacts is not None else []
+
     def _speaks_of(self, node_ids: Iterable[str]) -> list[msgspec.Raw]:
         return raws(self._speaks[n] for n in sorted(set(node_ids)) if n in self._speaks)
 
@@ -278,6 +284,7 @@ class Members:
             deployments=raws(self.deployments.held.kept()) if self.deployments else [],
             apiKeys=raws(self.api_keys.held.kept()) if self.api_keys else [],
             speaks=self._speaks_of(self._speaks),
+            artifacts=self._artifacts(),
         )
 
     def holdings(self) -> dict[str, int]:
@@ -287,10 +294,14 @@ class Members:
 
     def digest(self) -> str:
         """The digest of what this node holds, which probes compare."""
+        # Artifacts count only once every member keeps them (`facts.wire`, "artifacts"):
+        # a member of 0.1.0 holds none, and its digest would differ from ours for ever.
+        counted = self.artifacts is not None and self.gate().allows("artifacts")
         return digest(
             self.holdings(),
             self.deployments.all() if self.deployments is not None else (),
             self.api_keys.all() if self.api_keys is not None else (),
+            self.artifacts.all() if counted and self.artifacts is not None else (),
         )
 
     def sync_request(self) -> RecordsPush:
@@ -314,6 +325,7 @@ class Members:
             if statements and self.deployments
             else [],
             apiKeys=raws(self.api_keys.held.kept()) if statements and self.api_keys else [],
+            artifacts=self._artifacts() if statements else [],
             speaks=self._speaks_of(newer | {self.self_id}),
             digest=self.digest(),
             delta=True,
@@ -414,11 +426,14 @@ class Members:
         tombstones = self._workable(plan.tombstones, refused)
         deployments = self._workable(plan.deployments, refused)
         api_keys = self._workable(plan.api_keys, refused)
+        artifacts = self._workable(plan.artifacts, refused)
         self._tombstone(tombstones)
         if self.deployments is not None and deployments:
             self.deployments.merge(deployments)
         if self.api_keys is not None and api_keys:
             self.api_keys.merge(api_keys)
+        if self.artifacts is not None and artifacts:
+            self.artifacts.merge(artifacts)
         for pin in plan.pins:
             try:
                 self._cluster.pins.pin(pin.cert, ca=self._ca)

@@ -36,6 +36,19 @@ _JSON: Final = {"Content-Type": "application/json"}
 MANIFEST_LIMIT: Final = 80 * 1024 * 1024
 
 
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None when it is longer than `limit` (not read past it)."""
+    if (response.content_length or 0) > limit:
+        return None
+    chunks, total = [], 0
+    async for chunk in response.content.iter_chunked(256 * 1024):
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class _Held(msgspec.Struct, frozen=True):
     count: int
     bitmap: str
@@ -124,14 +137,10 @@ class NodeClient:
                 url, ssl=self._contexts.current(), server_hostname=server_hostname_for(node_id)
             ) as response:
                 status = response.status
-                if status == 200:
-                    answer = await response.content.read(limit + 1)
-                    if len(answer) > limit:
-                        raise MemberUnreachable(
-                            f"{node_id} answered {path} with over {limit} bytes"
-                        )
-                else:
-                    answer = await response.content.read(1024)
+                read = await _read_at_most(response, limit if status == 200 else 4096)
+                if read is None:
+                    raise MemberUnreachable(f"{node_id} answered {path} with over {limit} bytes")
+                answer = read
         except _NETWORK_ERRORS as exc:
             raise MemberUnreachable(f"{node_id}: {type(exc).__name__}: {exc}") from exc
         if status == 409:

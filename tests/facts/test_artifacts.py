@@ -5,10 +5,13 @@ refused, pieces are laid out file by file, and a fact describes only its own man
 from __future__ import annotations
 
 import hashlib
+import time
 
 import msgspec
 import pytest
 
+from certs import new_node_id
+from certs.identity import issue_node_cert, make_ca, new_key
 from facts.artifacts import (
     Artifact,
     ArtifactSet,
@@ -18,6 +21,10 @@ from facts.artifacts import (
     manifest_digest,
     pieces,
 )
+from facts.kept import raws
+from facts.membership import plan_push
+from facts.record_signing import RecordVerifier, sign_statement
+from facts.records import RecordsPush
 
 KIB = 64 * 1024  # the smallest piece size a manifest may have
 
@@ -131,3 +138,35 @@ def test_a_forget_is_a_tombstone_that_wins_over_older_versions() -> None:
     assert held.merge([forgotten, added], 0) == [forgotten]
     assert held.live() == []
     assert held.get("llama") == forgotten
+
+
+def test_an_artifact_fact_is_taken_only_as_a_members_signed_statement() -> None:
+    ca_key, ca_cert = make_ca("lab")
+    node, key = new_node_id(), new_key()
+    cert = issue_node_cert(
+        ca_key=ca_key, ca_cert=ca_cert, public_key=key.public_key(), node_id=node, name="b"
+    )
+    mine = Artifact(id="art_" + "2" * 26, name="llama", digest="sha256:" + "b" * 64, size=10)
+    signed = sign_statement(mine, key, cert)
+    forged = [
+        mine,  # unsigned
+        msgspec.structs.replace(signed, digest="sha256:" + "c" * 64),  # other weights
+        msgspec.structs.replace(signed, name="mistral"),  # another name
+    ]
+
+    def taken(*facts: Artifact) -> list[Artifact]:
+        wire = msgspec.json.encode(RecordsPush(artifacts=raws(facts)))
+        plan = plan_push(
+            msgspec.json.decode(wire, type=RecordsPush),
+            self_id=new_node_id(),
+            ca=ca_cert,
+            is_member=lambda _: True,
+            is_removed=lambda _: False,
+            key_of=lambda _: None,
+            verifier=RecordVerifier(),
+            now_ms=int(time.time() * 1000),
+        )
+        return [k.fact for k in plan.artifacts]
+
+    assert taken(*forged) == []
+    assert taken(signed) == [signed]  # the control

@@ -1,0 +1,84 @@
+"""The artifact fetches this member runs (issue 28): one per digest at a time, at most a few
+at once, each a task of the agent's; what each ended with is kept to be shown (`state`).
+A fetch that fails says why and leaves its verified pieces for the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final
+
+from agent.artifacts.fetcher import FetchFailed, FetchFigures, Sources, fetch
+from agent.artifacts.store import ArtifactStore, StoreError
+from agent.core.errors import AgentError
+
+__all__ = ["FETCHES_AT_ONCE", "FetchRefused", "Fetches"]
+
+log = logging.getLogger(__name__)
+
+FETCHES_AT_ONCE: Final = 4
+ENDED_KEPT: Final = 1024  # how many ended fetches' outcomes are remembered
+
+
+class FetchRefused(AgentError):
+    """A fetch that cannot start now (too many running)."""
+
+
+class Fetches:
+    """This member's fetches, by digest."""
+
+    def __init__(
+        self,
+        store: ArtifactStore,
+        members: Callable[[], Sequence[str]],
+        sources: Sources,
+        spawn: Callable[[str, Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+    ) -> None:
+        self.store = store
+        self._members = members
+        self._sources = sources
+        self._spawn = spawn
+        self._running: dict[str, FetchFigures] = {}
+        self._ended: dict[str, str] = {}  # digest -> why its last fetch failed
+
+    def start(self, digest: str) -> None:
+        """Fetch `digest` in the background unless it is resident or being fetched."""
+        if digest in self._running or self.store.resident(digest) is not None:
+            return
+        if len(self._running) >= FETCHES_AT_ONCE:
+            raise FetchRefused(f"{FETCHES_AT_ONCE} fetches are running here: try again later")
+        figures = self._running[digest] = FetchFigures()
+        self._ended.pop(digest, None)
+        self._spawn(f"fetch {digest[:19]}", self._run(digest, figures))
+
+    async def _run(self, digest: str, figures: FetchFigures) -> None:
+        try:
+            ready = await fetch(self.store, digest, self._members, self._sources, figures=figures)
+            log.info(
+                "%s resident at %s: %d pieces fetched, %d held before, bad pieces %s",
+                digest[:19],
+                ready,
+                figures.pieces_fetched,
+                figures.pieces_held_before,
+                figures.pieces_refused or "none",
+            )
+        except (FetchFailed, StoreError) as exc:
+            log.warning("fetching %s failed: %s", digest[:19], exc)
+            if len(self._ended) >= ENDED_KEPT:
+                self._ended.clear()
+            self._ended[digest] = str(exc)[:300]
+        finally:
+            del self._running[digest]
+
+    def state(self, digest: str) -> dict[str, Any]:
+        """`{"here": resident | fetching | failed | absent, ...}` for `digest` on this member."""
+        if self.store.resident(digest) is not None:
+            return {"here": "resident"}
+        figures = self._running.get(digest)
+        held = len(self.store.held(digest))
+        if figures is not None:
+            return {"here": "fetching", "held": held, "refusedFrom": figures.pieces_refused}
+        if digest in self._ended:
+            return {"here": "failed", "held": held, "why": self._ended[digest]}
+        return {"here": "absent", "held": held}

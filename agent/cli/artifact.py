@@ -1,0 +1,110 @@
+"""`nvpair artifact add|list|fetch|forget`: weights as cluster artifacts (issue 28), through
+the running agent's local API. `add` hashes local files into this member's store and names
+them for every member; `fetch` makes an artifact resident here from the members that hold
+it; `list` shows the cluster's artifacts and whether each is resident here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Final
+
+from agent.cli import calls as cli_http
+from agent.cli.calls import CliError
+
+__all__ = ["add_commands"]
+
+ADD_TIMEOUT_S: Final = 6 * 3600  # hashing a large model's files takes a while
+
+
+def add_commands(commands: Any) -> None:
+    """Register `nvpair artifact` on the top-level parser."""
+    artifact = commands.add_parser(
+        "artifact", help="weights as content-addressed artifacts, moved between members"
+    )
+    sub = artifact.add_subparsers(dest="artifact_command", metavar="SUBCOMMAND", required=True)
+    add = sub.add_parser("add", help="hash local files (a file or a folder) into an artifact")
+    add.add_argument("path", type=Path, help="a file or a folder of files on this machine")
+    add.add_argument("--name", help="the name deployments use (default: the file's or folder's)")
+    add.set_defaults(run=_add)
+    listing = sub.add_parser("list", help="the cluster's artifacts and where they are")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(run=_list)
+    fetch = sub.add_parser("fetch", help="make an artifact resident here, from the members")
+    fetch.add_argument("name")
+    fetch.add_argument("--wait", action="store_true", help="wait until it is resident")
+    fetch.set_defaults(run=_fetch)
+    forget = sub.add_parser("forget", help="forget an artifact cluster-wide")
+    forget.add_argument("name")
+    forget.set_defaults(run=_forget)
+
+
+def _add(args: argparse.Namespace) -> int:
+    source = args.path.resolve()
+    body = {"path": str(source), "name": args.name or source.name}
+    made = cli_http.request(
+        cli_http.agent_url() + "/v1/artifacts",
+        "POST",
+        body,
+        headers=cli_http.agent_headers(),
+        who="the agent",
+        timeout_s=ADD_TIMEOUT_S,
+    )
+    print(f"{made['name']}: {made['id']} {made['digest']} ({_size(made['size'])})")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    found = cli_http.get("/v1/artifacts")
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    rows = [["NAME", "ID", "DIGEST", "SIZE", "HERE"]]
+    rows += [[a["name"], a["id"], a["digest"][:19], _size(a["size"]), _here(a)] for a in found]
+    print(cli_http.table(rows))
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    state = cli_http.post(f"/v1/artifacts/{name}/fetch")
+    while args.wait and state["here"] == "fetching":
+        time.sleep(0.5)  # a local call; the fetch reports what it holds each time
+        state = next(a for a in cli_http.get("/v1/artifacts") if a["name"] == state["name"])
+    print(f"{state['name']}: {_here(state)}")
+    if args.wait and state["here"] != "resident":
+        raise CliError(f"{state['name']} is not resident here: {state.get('why', state['here'])}")
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    done = cli_http.request(
+        cli_http.agent_url() + f"/v1/artifacts/{name}",
+        "DELETE",
+        headers=cli_http.agent_headers(),
+        who="the agent",
+    )
+    print(f"{done['forgotten']} forgotten; the members follow")
+    return 0
+
+
+def _here(artifact: dict[str, Any]) -> str:
+    here = str(artifact["here"])
+    if here == "fetching":
+        return f"fetching ({artifact.get('held', 0)}/{artifact['pieceCount']} pieces)"
+    if here == "failed":
+        return f"failed: {artifact.get('why', '')}"
+    return here
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
