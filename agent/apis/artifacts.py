@@ -2,7 +2,8 @@
 whether each is resident here), `POST /v1/artifacts` (name local files as an artifact:
 hashed, taken into this member's store, announced to every member), `POST
 /v1/artifacts/{name}/fetch` (fetch it from the members that hold it, in the background) and
-`DELETE /v1/artifacts/{name}` (forget it cluster-wide). Owner-only, as the whole local API."""
+`DELETE /v1/artifacts/{name}` (forget it cluster-wide), `DELETE /v1/artifacts/{name}/here`
+(drop this member's copy). Owner-only, as the whole local API."""
 
 from __future__ import annotations
 
@@ -75,6 +76,14 @@ def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef
             raise web.HTTPServiceUnavailable(text=f"{exc}\n") from None
         return json_answer(view(artifact), status=202)
 
+    async def drop(request: web.Request) -> web.Response:
+        artifact = named(request)
+        try:
+            await asyncio.to_thread(fetches.drop, artifact.digest)
+        except FetchRefused as exc:
+            raise web.HTTPConflict(text=f"{exc}\n") from None
+        return json_answer(view(artifact))
+
     async def forget(request: web.Request) -> web.Response:
         made = artifacts.forget(named(request).name)
         return json_answer({"forgotten": made.name, "version": made.version})
@@ -84,4 +93,5 @@ def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef
         web.post("/v1/artifacts", add),
         web.post("/v1/artifacts/{name}/fetch", fetch),
         web.delete("/v1/artifacts/{name}", forget),
+        web.delete("/v1/artifacts/{name}/here", drop),
     ]

@@ -71,6 +71,13 @@ class Fetches:
         finally:
             del self._running[digest]
 
+    def drop(self, digest: str) -> None:
+        """Drop what this member holds of `digest` (FetchRefused while it is being fetched)."""
+        if digest in self._running:
+            raise FetchRefused(f"{digest[:19]} is being fetched here: try again when it ends")
+        self.store.remove(digest)
+        self._ended.pop(digest, None)
+
     def state(self, digest: str) -> dict[str, Any]:
         """`{"here": resident | fetching | failed | absent, ...}` for `digest` on this member."""
         if self.store.resident(digest) is not None:

@@ -1,4 +1,4 @@
-"""`nvpair artifact add|list|fetch|forget`: weights as cluster artifacts (issue 28), through
+"""`nvpair artifact add|list|fetch|rm|forget`: weights as cluster artifacts (issue 28), through
 the running agent's local API. `add` hashes local files into this member's store and names
 them for every member; `fetch` makes an artifact resident here from the members that hold
 it; `list` shows the cluster's artifacts and whether each is resident here."""
@@ -37,6 +37,9 @@ def add_commands(commands: Any) -> None:
     fetch.add_argument("name")
     fetch.add_argument("--wait", action="store_true", help="wait until it is resident")
     fetch.set_defaults(run=_fetch)
+    rm = sub.add_parser("rm", help="drop this member's copy (the others keep theirs)")
+    rm.add_argument("name")
+    rm.set_defaults(run=_rm)
     forget = sub.add_parser("forget", help="forget an artifact cluster-wide")
     forget.add_argument("name")
     forget.set_defaults(run=_forget)
@@ -77,6 +80,18 @@ def _fetch(args: argparse.Namespace) -> int:
     print(f"{state['name']}: {_here(state)}")
     if args.wait and state["here"] != "resident":
         raise CliError(f"{state['name']} is not resident here: {state.get('why', state['here'])}")
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.name, safe="")
+    state = cli_http.request(
+        cli_http.agent_url() + f"/v1/artifacts/{name}/here",
+        "DELETE",
+        headers=cli_http.agent_headers(),
+        who="the agent",
+    )
+    print(f"{state['name']}: {_here(state)} here")
     return 0
 
 

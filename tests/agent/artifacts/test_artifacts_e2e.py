@@ -83,6 +83,12 @@ async def test_an_artifact_added_on_a_is_fetched_by_b_and_c_byte_identical(
     assert code == 0, err
     assert "tiny" in out
     assert "resident" in out
+    # c drops its copy; the others keep theirs, and c can fetch it again.
+    code, out, err = await c.cli("artifact", "rm", "tiny")
+    assert code == 0, err
+    assert "tiny: absent here" in out
+    assert not (c.home / "artifacts" / "ready" / digest.removeprefix("sha256:")).exists()
+    assert await _is(b, "tiny", "resident")
 
 
 async def test_fetching_an_unknown_artifact_is_refused(trio: list[Node]) -> None:
