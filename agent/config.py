@@ -121,8 +121,17 @@ class PlaneSettings(Struct, forbid_unknown_fields=True, frozen=True):
     interval_s: Annotated[float, Meta(ge=0.1, le=300)] = 2.0
 
 
+class ArtifactsTable(Struct, forbid_unknown_fields=True, frozen=True):
+    """`[artifacts]`: where this member keeps artifacts and how much disk they may take
+    (docs/artifacts.md)."""
+
+    path: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None  # default: home
+    max_bytes: Annotated[int, Meta(ge=0)] = 0  # 0: no budget
+
+
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
     agent: _AgentTable = _AgentTable()
+    artifacts: ArtifactsTable = ArtifactsTable()
     plane: PlaneSettings | None = None
     engines: EnginesTable = EnginesTable()
     templates: Annotated[dict[str, dict[str, Any]], Meta(max_length=256)] = {}
@@ -158,6 +167,13 @@ class AgentConfig:
     dial_from: str | None = None
     plane: PlaneSettings | None = None
     launch: LaunchSettings = dataclasses.field(default_factory=LaunchSettings)  # docs/engines.md
+    # [artifacts]: where the store is and its disk budget (docs/artifacts.md)
+    artifacts: ArtifactsTable = dataclasses.field(default_factory=ArtifactsTable)
+
+    @property
+    def artifacts_path(self) -> Path:
+        """Where the artifact store is (relative paths are to NVPAIR_HOME)."""
+        return self.home / (self.artifacts.path or "artifacts")
 
     @property
     def advertised_ports(self) -> tuple[int, int, int]:
@@ -266,6 +282,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         dial_from=_ip_address(path, "dial_from", table.dial_from),
         plane=plane,
         launch=_launch_settings(path, parsed),
+        artifacts=parsed.artifacts,
     )
 
 

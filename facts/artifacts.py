@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass
 from typing import Annotated, Final
 
@@ -38,11 +38,13 @@ __all__ = [
     "PIECE_SIZE",
     "Artifact",
     "ArtifactSet",
+    "Held",
     "Layout",
     "Manifest",
     "ManifestFile",
     "Piece",
     "bad_path",
+    "evictions",
     "manifest_digest",
     "pieces",
 ]
@@ -169,6 +171,36 @@ class Layout:
         offset = n * self.manifest.pieceSize
         size = min(self.manifest.pieceSize, entry.size - offset)
         return Piece(index, number, offset, size, entry.pieces[n])
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A resident artifact, for eviction: its digest, bytes and when it was last used."""
+
+    digest: str
+    size: int
+    used_at: float
+
+
+def evictions(
+    held: Iterable[Held], *, budget: int, needed: int, keep: Set[str]
+) -> list[str] | None:
+    """The resident artifacts to drop, least recently used first, so that `needed` more
+    bytes fit in `budget` (0: no budget); None when they cannot fit without dropping one in
+    `keep` (used by a replica here, pinned by the warm set, being fetched)."""
+    if budget <= 0:
+        return []
+    ordered = sorted(held, key=lambda h: (h.used_at, h.digest))
+    total = sum(h.size for h in ordered)
+    dropped: list[str] = []
+    for candidate in ordered:
+        if total + needed <= budget:
+            break
+        if candidate.digest in keep:
+            continue
+        dropped.append(candidate.digest)
+        total -= candidate.size
+    return dropped if total + needed <= budget else None
 
 
 class Artifact(Struct, kw_only=True, frozen=True):

@@ -55,11 +55,14 @@ def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef
         try:
             manifest = await asyncio.to_thread(describe_files, source)
             digest = manifest_digest(manifest)
+            await asyncio.to_thread(fetches.make_room, manifest.size)
             await asyncio.to_thread(store.put_manifest, digest, msgspec.json.encode(manifest))
             await asyncio.to_thread(store.import_files, source, digest)
             made = artifacts.add(wanted.name, manifest)
         except (StoreError, ArtifactRefused) as exc:
             raise bad_request(exc) from None
+        except FetchRefused as exc:  # no room within the disk budget
+            raise web.HTTPInsufficientStorage(text=f"{exc}\n") from None
         return json_answer(view(made), status=201)
 
     def named(request: web.Request) -> Artifact:
@@ -71,7 +74,7 @@ def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef
     async def fetch(request: web.Request) -> web.Response:
         artifact = named(request)
         try:
-            fetches.start(artifact.digest)
+            await fetches.start(artifact.digest, artifact.size)
         except FetchRefused as exc:
             raise web.HTTPServiceUnavailable(text=f"{exc}\n") from None
         return json_answer(view(artifact), status=202)

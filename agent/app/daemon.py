@@ -186,12 +186,13 @@ class Agent:
         loads_moved.follow(facade.waits.poke)
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         tasks = Tasks(health)
-        weights = ArtifactStore(config.home / "artifacts")
+        weights = ArtifactStore(config.artifacts_path)
         fetches = Fetches(
             weights,
             lambda: [n for n in members.reachable_peers() if members.works_with(n)],
             client,
             tasks.spawn,
+            budget=config.artifacts.max_bytes,
         )
         self.operations = operations = Operations(
             self_id=node_id,

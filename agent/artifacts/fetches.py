@@ -34,19 +34,37 @@ class Fetches:
         members: Callable[[], Sequence[str]],
         sources: Sources,
         spawn: Callable[[str, Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+        *,
+        budget: int = 0,
     ) -> None:
         self.store = store
+        self.budget = budget  # bytes the store may hold ([artifacts] max_bytes); 0: no bound
         self._members = members
         self._sources = sources
         self._spawn = spawn
         self._running: dict[str, FetchFigures] = {}
         self._ended: dict[str, str] = {}  # digest -> why its last fetch failed
 
-    def start(self, digest: str) -> None:
-        """Fetch `digest` in the background unless it is resident or being fetched."""
+    def make_room(self, size: int) -> list[str]:
+        """Room for `size` more bytes within the budget: least recently used artifacts
+        dropped, never one being fetched; FetchRefused when there is none."""
+        try:
+            return self.store.make_room(size, budget=self.budget, keep=set(self._running))
+        except StoreError as exc:
+            raise FetchRefused(str(exc)) from None
+
+    async def start(self, digest: str, size: int) -> None:
+        """Fetch `digest` (`size` bytes) in the background unless it is resident or being
+        fetched; FetchRefused when too many run or the disk budget has no room."""
         if digest in self._running or self.store.resident(digest) is not None:
             return
         if len(self._running) >= FETCHES_AT_ONCE:
+            raise FetchRefused(f"{FETCHES_AT_ONCE} fetches are running here: try again later")
+        for dropped in await asyncio.to_thread(self.make_room, size):
+            log.info("dropped %s to make room for %s", dropped[:19], digest[:19])
+        if digest in self._running:
+            return  # another call started it meanwhile
+        if len(self._running) >= FETCHES_AT_ONCE:  # others took the last places meanwhile
             raise FetchRefused(f"{FETCHES_AT_ONCE} fetches are running here: try again later")
         figures = self._running[digest] = FetchFigures()
         self._ended.pop(digest, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Set
 from pathlib import Path
 from typing import Final
 
@@ -32,10 +33,12 @@ from certs import make_private_dir, write_atomic
 from facts.artifacts import (
     MAX_ARTIFACTS,
     PIECE_SIZE,
+    Held,
     Layout,
     Manifest,
     ManifestFile,
     Piece,
+    evictions,
     manifest_digest,
     pieces,
 )
@@ -263,6 +266,43 @@ class ArtifactStore:
             if not self.put_piece(digest, piece.index, data):
                 raise StoreError(f"{path} is not what {digest[:19]} says (piece {piece.index})")
         return self.assemble(digest)
+
+    # -- the disk budget -----------------------------------------------------------------------
+
+    def touch(self, digest: str) -> None:
+        """Mark a resident artifact used now (eviction drops the least recently used)."""
+        ready = self.resident(digest)
+        if ready is not None:
+            os.utime(ready)
+
+    def resident_held(self) -> list[Held]:
+        """Every resident artifact with its size and when it was last used."""
+        found = []
+        for entry in os.scandir(self.root / "ready"):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            digest = f"sha256:{entry.name}"
+            manifest = self.manifest(digest)
+            size = manifest.size if manifest is not None else 0
+            found.append(Held(digest, size, entry.stat().st_mtime))
+        return found
+
+    def make_room(self, needed: int, *, budget: int, keep: Set[str]) -> list[str]:
+        """Drop least recently used resident artifacts (never one in `keep`) until `needed`
+        more bytes fit in `budget` (0: none); the digests dropped. StoreError, dropping
+        nothing, when they cannot fit."""
+        held = self.resident_held()
+        dropped = evictions(held, budget=budget, needed=needed, keep=keep)
+        if dropped is None:
+            used = sum(h.size for h in held)
+            raise StoreError(
+                f"the artifact store's budget of {budget} bytes cannot take {needed} more "
+                f"({used} held, the rest in use or pinned): raise [artifacts] max_bytes or "
+                "remove an artifact"
+            )
+        for digest in dropped:
+            self.remove(digest)
+        return dropped
 
     def remove(self, digest: str) -> None:
         """Drop what is held of `digest` here: its files, pieces and manifest."""

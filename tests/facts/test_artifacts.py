@@ -15,9 +15,11 @@ from certs.identity import issue_node_cert, make_ca, new_key
 from facts.artifacts import (
     Artifact,
     ArtifactSet,
+    Held,
     Manifest,
     ManifestFile,
     bad_path,
+    evictions,
     manifest_digest,
     pieces,
 )
@@ -170,3 +172,15 @@ def test_an_artifact_fact_is_taken_only_as_a_members_signed_statement() -> None:
 
     assert taken(*forged) == []
     assert taken(signed) == [signed]  # the control
+
+
+def test_eviction_drops_the_least_recently_used_and_never_what_is_kept() -> None:
+    held = [Held("sha256:a", 40, 1.0), Held("sha256:b", 30, 2.0), Held("sha256:c", 20, 3.0)]
+    assert evictions(held, budget=0, needed=10**12, keep=set()) == []  # no budget
+    assert evictions(held, budget=100, needed=10, keep=set()) == []  # it fits
+    assert evictions(held, budget=100, needed=20, keep=set()) == ["sha256:a"]
+    assert evictions(held, budget=100, needed=20, keep={"sha256:a"}) == ["sha256:b"]
+    assert evictions(held, budget=100, needed=60, keep=set()) == ["sha256:a", "sha256:b"]
+    assert evictions(held, budget=100, needed=60, keep={"sha256:b"}) == ["sha256:a", "sha256:c"]
+    assert evictions(held, budget=100, needed=60, keep={"sha256:b", "sha256:c"}) is None
+    assert evictions(held, budget=50, needed=51, keep=set()) is None  # bigger than the budget

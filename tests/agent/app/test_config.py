@@ -33,12 +33,21 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[agent]\nlog_level = 'loud'\n", "log_level"),
         ("[agent\n", "nvpair.toml"),
         ('[agent]\nengines = ["tgi=http://x"]\n', "kind is one of"),
+        ("[artifacts]\nmax_bytes = -1\n", "max_bytes"),
+        ("[artifacts]\nbudget = 1\n", "artifacts.budget"),
     ],
 )
 def test_bad_settings_are_named(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "nvpair.toml").write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(tmp_path, {})
+
+
+def test_the_artifact_store_goes_where_it_is_told(tmp_path: Path) -> None:
+    assert load_config(tmp_path, {}).artifacts_path == tmp_path / "artifacts"  # the default
+    (tmp_path / "nvpair.toml").write_text('[artifacts]\npath = "/big/disk"\nmax_bytes = 10\n')
+    config = load_config(tmp_path, {})
+    assert (config.artifacts_path, config.artifacts.max_bytes) == (Path("/big/disk"), 10)
 
 
 def test_plane_settings_from_toml_or_join(tmp_path: Path) -> None:

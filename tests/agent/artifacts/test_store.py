@@ -163,3 +163,28 @@ def test_the_store_is_the_owners_alone_whatever_the_umask(tmp_path: Path) -> Non
     for folder in ("", "manifests", "pieces", "ready"):
         mode = stat.S_IMODE((store.root / folder).stat().st_mode)
         assert mode == 0o700, (folder, oct(mode))
+
+
+def test_the_budget_drops_the_least_recently_used_and_never_a_kept_one(
+    snapshot: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    digests = []
+    for n in range(3):  # three artifacts, used in turn
+        folder = tmp_path / f"m{n}"
+        folder.mkdir()
+        (folder / "w.bin").write_bytes(os.urandom(PIECE))
+        manifest = describe_files(folder, PIECE)
+        digest = manifest_digest(manifest)
+        store.put_manifest(digest, msgspec.json.encode(manifest))
+        store.import_files(folder, digest)
+        os.utime(store.root / "ready" / digest[7:], (1000 + n, 1000 + n))
+        digests.append(digest)
+    store.touch(digests[0])  # the oldest is used again: now the newest
+    assert store.make_room(PIECE, budget=3 * PIECE, keep=set()) == [digests[1]]
+    assert store.resident(digests[1]) is None
+    with pytest.raises(StoreError, match="budget"):
+        store.make_room(3 * PIECE, budget=3 * PIECE, keep={digests[0]})
+    assert store.resident(digests[0]) is not None  # nothing dropped when it cannot fit
+    assert store.resident(digests[2]) is not None
+    assert store.make_room(10**12, budget=0, keep=set()) == []  # no budget: no eviction
