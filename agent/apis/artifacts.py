@@ -55,9 +55,13 @@ def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef
         try:
             manifest = await asyncio.to_thread(describe_files, source)
             digest = manifest_digest(manifest)
-            await asyncio.to_thread(fetches.make_room, manifest.size)
-            await asyncio.to_thread(store.put_manifest, digest, msgspec.json.encode(manifest))
-            await asyncio.to_thread(store.import_files, source, digest)
+            if await asyncio.to_thread(store.resident, digest) is not None:
+                await asyncio.to_thread(store.touch, digest)  # the same files again: a use
+            else:
+                await asyncio.to_thread(fetches.make_room, manifest.size)
+                raw = msgspec.json.encode(manifest)
+                await asyncio.to_thread(store.put_manifest, digest, raw)
+                await asyncio.to_thread(store.import_files, source, digest)
             made = artifacts.add(wanted.name, manifest)
         except (StoreError, ArtifactRefused) as exc:
             raise bad_request(exc) from None

@@ -56,7 +56,10 @@ class Fetches:
     async def start(self, digest: str, size: int) -> None:
         """Fetch `digest` (`size` bytes) in the background unless it is resident or being
         fetched; FetchRefused when too many run or the disk budget has no room."""
-        if digest in self._running or self.store.resident(digest) is not None:
+        if digest in self._running:
+            return
+        if self.store.resident(digest) is not None:
+            await asyncio.to_thread(self.store.touch, digest)  # asked for again: a use
             return
         if len(self._running) >= FETCHES_AT_ONCE:
             raise FetchRefused(f"{FETCHES_AT_ONCE} fetches are running here: try again later")
