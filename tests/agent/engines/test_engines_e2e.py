@@ -124,6 +124,9 @@ async def test_a_keyed_engine_serves_through_every_member_with_the_request_id(
 ) -> None:
     a, b = pair.a, pair.b
     await eventually(lambda: _serves(pair, b, {"keyed", "llama3.2:1b"}), "b sees a's engines")
+    # Listed is not yet routable: b places work on a only once it holds a reachable (a
+    # member that just joined lists a's engines from a's record before its first contact).
+    await eventually(lambda: _reaches(b, "a"), "b holds a reachable")
     for node in (a, b):  # local on a, forwarded from b
         raw = await pair.client(node).chat.completions.with_raw_response.create(
             model="keyed",
@@ -228,6 +231,10 @@ async def test_a_restarted_agent_calls_its_adopted_engine_with_the_same_key(pair
 
 def _cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+async def _reaches(node: Node, name: str) -> bool:
+    return any(n["name"] == name and n["reachable"] for n in await node.get("/v1/nodes"))
 
 
 async def _serves(pair: Pair, node: Node, models: set[str]) -> bool:
