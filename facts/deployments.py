@@ -80,6 +80,9 @@ class Deployment(Struct, kw_only=True, frozen=True):
     # The engine's API key, by reference only (never the key): "" none, "generate" a fresh
     # one per replica, "file:PATH" read on the node that runs it (relative to NVPAIR_HOME).
     engineKey: Annotated[str, Meta(max_length=1024, pattern=r"^(generate|file:[^\x00]+)?$")] = ""
+    # The weights it loads, by digest (facts.artifacts): the node that runs a replica
+    # fetches them from the members that hold them, and the engine loads the assembled copy.
+    artifact: Annotated[str, Meta(pattern=r"^(sha256:[0-9a-f]{64})?$")] = ""
     deleted: bool = False
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
@@ -131,4 +134,6 @@ def spec_digest(deployment: Deployment) -> str:
     )
     if deployment.engineKey:  # appended only when set: digests made before it stay the same
         spec = (*spec, deployment.engineKey)
+    if deployment.artifact:  # likewise
+        spec = (*spec, "artifact", deployment.artifact)
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]

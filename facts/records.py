@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from facts.api_keys import MAX_KEYS
 from facts.artifacts import MAX_ARTIFACTS
@@ -27,7 +27,7 @@ from facts.deployments import MAX_DEPLOYMENTS
 from facts.inventory import Device, TopologyDomain
 from facts.kept import Kept
 
-__all__ = ["Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
+__all__ = ["Holding", "Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
 
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -54,7 +54,9 @@ class Replica(Struct, kw_only=True, frozen=True):
     allocation: Annotated[str, Meta(max_length=64)] = ""  # alc_ id of its GPUs
     devices: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] = []
     port: _Port = 0
-    state: Literal["starting", "ready", "failed", "stopping"] = "starting"
+    # `fetching`: its weights are being fetched (issue 28), said only once every member
+    # knows the word (the `artifacts` feature, facts.wire); before that it is `starting`.
+    state: Literal["fetching", "starting", "ready", "failed", "stopping"] = "starting"
     restarts: Annotated[int, Meta(ge=0)] = 0
     engineVersion: Annotated[str, Meta(max_length=64)] = ""
     error: Annotated[str, Meta(max_length=256)] = ""  # why failed / not ready yet; our words
@@ -63,6 +65,19 @@ class Replica(Struct, kw_only=True, frozen=True):
     waiting: Annotated[float, Meta(ge=0)] = 0.0  # requests queued
     kvUsage: Annotated[float, Meta(ge=0)] | None = None  # 0..1, when the engine says
     loadAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms of that reading; 0 never read
+
+
+class Holding(Struct, kw_only=True, frozen=True, array_like=True):
+    """An artifact this node holds pieces of (issue 28): resident when it holds them all."""
+
+    digest: Annotated[str, Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+    held: Annotated[int, Meta(ge=0)]  # verified pieces
+    pieces: Annotated[int, Meta(ge=0)]  # in the artifact
+
+    @property
+    def resident(self) -> bool:
+        """Whether every piece is held (and the files assembled)."""
+        return self.held >= self.pieces
 
 
 class NodeRecord(Struct, kw_only=True, frozen=True):
@@ -84,6 +99,11 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     updatedAt: Annotated[int, Meta(ge=0)]  # epoch ms
     generation: Annotated[int, Meta(ge=1)]
     replicas: Annotated[list[Replica], Meta(max_length=64)] = []
+    # The artifacts it holds (issue 28). Absent, not empty, until every member knows the
+    # field (the `artifacts` feature): a member of 0.1.0 checks a record's signature over
+    # its own encoding of the fields it knows, so one more field, even empty, would make it
+    # refuse the record.
+    artifacts: Annotated[list[Holding], Meta(max_length=MAX_ARTIFACTS)] | UnsetType = UNSET
     # The owner's signature (facts/record_signing.py): base64url ECDSA P-256 over the record
     # with this field empty. Members take a record only when it verifies against its
     # owner's pinned certificate.

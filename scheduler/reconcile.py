@@ -11,12 +11,13 @@ deterministic over the view, so once the views agree the cluster agrees:
   for, with the memory asked for, not held by any replica): on each eligible node the
   tightest group that fits (a topology domain when the deployment asks for one, the node's
   free GPUs otherwise), nodes holding fewer replicas of the deployment first (so a node's
-  loss takes as few as possible), then the tighter fit, then the node id. A placement that
-  lands on this node is a `Start`.
+  loss takes as few as possible), then nodes that already hold the deployment's weights (an
+  artifact: a preference, not a filter -- a node without them fetches them first), then the
+  tighter fit, then the node id. A placement that lands on this node is a `Start`.
 - **Surplus replicas** (more live ones than declared: a race, or a member back from a
   partition with its replicas still running) are cut to the declared number keeping ready
-  ones first, then starting, then failed, then the oldest, then by id; a node stops its own
-  replicas outside that set.
+  ones first, then starting, then fetching, then failed, then the oldest, then by id; a
+  node stops its own replicas outside that set.
   A replica of another version of the deployment's spec, or of a deployment no longer
   declared, is stopped by its node.
 
@@ -46,7 +47,7 @@ __all__ = [
 # A failed replica counts towards the declared number: its node keeps it (and its GPUs), and
 # shows why, until it retries it -- a deployment that cannot start must not take GPU after
 # GPU across the cluster. Surplus cuts take failed ones first.
-LIVE: Final = frozenset({"starting", "ready", "failed"})
+LIVE: Final = frozenset({"fetching", "starting", "ready", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class Running:
     deployment_id: str
     spec: str  # the digest of the spec it was started with
     devices: tuple[str, ...]
-    state: str  # starting, ready, failed, stopping
+    state: str  # fetching, starting, ready, failed, stopping
     created_at: int  # epoch ms
 
 
@@ -83,6 +84,7 @@ class Host:
     cordoned: bool = False
     gpus: tuple[Gpu, ...] = ()
     replicas: tuple[Running, ...] = ()
+    holds: frozenset[str] = frozenset()  # the artifacts (digests) resident on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class Want:
     device_class: str = ""
     one_domain: bool = False
     min_memory: int = 0
+    artifact: str = ""  # the digest of the weights it loads; "" none
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,7 @@ def admissible(start: Start, mine: Iterable[Running]) -> bool:
 
 
 def _rank(state: str) -> int:
-    return {"ready": 0, "starting": 1}.get(state, 2)
+    return {"ready": 0, "starting": 1, "fetching": 2}.get(state, 3)
 
 
 def _key(host: Host) -> str:
@@ -193,7 +196,7 @@ def _held(host: Host) -> set[str]:
 def _place(
     want: Want, hosts: Iterable[Host], used: dict[str, set[str]], count: Counter[str]
 ) -> Start | str:
-    best: tuple[tuple[int, int, str], Start] | None = None
+    best: tuple[tuple[int, bool, int, str], Start] | None = None
     reasons: list[str] = []
     for host in hosts:
         found = _fit(want, host, used[host.node_id])
@@ -201,7 +204,8 @@ def _place(
             reasons.append(f"{host.name or host.node_id}: {found}")
             continue
         leftover, devices = found
-        rank = (count[host.node_id], leftover, host.node_id)
+        fetches = bool(want.artifact) and want.artifact not in host.holds
+        rank = (count[host.node_id], fetches, leftover, host.node_id)
         if best is None or rank < best[0]:
             best = (rank, Start(want.name, want.id, host.node_id, devices))
     if best is None:

@@ -8,6 +8,7 @@ hashed, taken into this member's store, announced to every member), `POST
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,8 +19,10 @@ from msgspec import Meta
 from agent.apis.answers import bad_request, json_answer, read_json
 from agent.artifacts.fetches import Fetches, FetchRefused
 from agent.artifacts.store import StoreError, describe_files
+from agent.artifacts.weights import where
 from agent.cluster.artifacts import ArtifactRefused, Artifacts
 from facts.artifacts import Artifact, manifest_digest
+from facts.records import NodeRecord
 
 __all__ = ["AddArtifact", "artifact_routes"]
 
@@ -34,15 +37,19 @@ class AddArtifact(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 _add = msgspec.json.Decoder(AddArtifact)
 
 
-def artifact_routes(artifacts: Artifacts, fetches: Fetches) -> list[web.RouteDef]:
-    """The routes over this member's artifact facts and fetches."""
+def artifact_routes(
+    artifacts: Artifacts, fetches: Fetches, records: Callable[[], list[NodeRecord]] = list
+) -> list[web.RouteDef]:
+    """The routes over this member's artifact facts and fetches; `records`, the members'
+    records, say what each member holds."""
     store = fetches.store
 
     def view(artifact: Artifact) -> dict[str, Any]:
         shown: dict[str, Any] = msgspec.to_builtins(artifact)
         for hidden in ("byCert", "signature", "deleted"):
             shown.pop(hidden, None)
-        return shown | fetches.state(artifact.digest)
+        members = where(artifact.digest, records())
+        return shown | fetches.state(artifact.digest) | {"members": members}
 
     async def listing(request: web.Request) -> web.Response:
         return json_answer([view(a) for a in artifacts.live()])

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from agent.apis.answers import bad_request, json_answer, read_json
 from agent.apis.keys import key_routes
+from agent.artifacts.weights import StoreWeights, where
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from agent.cluster.members import Members
 from agent.engines import replica_logs
@@ -66,6 +67,7 @@ class DeployPorts:
     control: ReplicaControl
     members: Members
     pending: InFlight = field(default_factory=InFlight)
+    weights: StoreWeights | None = None  # this member's artifacts (issue 28)
 
 
 def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def deployment_routes(
         return json_answer([deployment_view(d, held) for d in deployments.live()])
 
     async def declare(request: web.Request) -> web.Response:
-        wanted = await read_json(request, _request)
+        wanted = _with_weights(await read_json(request, _request), ports, records())
         try:
             made = deployments.declare(wanted)
         except DeploymentRefused as exc:
@@ -173,7 +175,15 @@ def deployment_routes(
         if only and not rows:
             raise web.HTTPNotFound(text=f"no member {only!r} in this node's view\n")
         unplaced = [why for dep, why in control.last_plan.unplaced if dep == name]
-        return json_answer({"deployment": name, "nodes": rows, "unplaced": unplaced})
+        found = deployments.get(name)
+        weights: dict[str, Any] | None = None
+        if found is not None and found.artifact:
+            weights = {"artifact": found.artifact, "members": where(found.artifact, held)}
+            for row in rows:
+                row["weights"] = weights["members"].get(row["node"], "absent")
+        return json_answer(
+            {"deployment": name, "nodes": rows, "unplaced": unplaced, "weights": weights}
+        )
 
     async def explain_replicas(request: web.Request) -> web.Response:
         model = request.query.get("model")
@@ -192,6 +202,40 @@ def deployment_routes(
         web.get("/v1/explain/replicas", explain_replicas),
         *key_routes(ports.members.api_keys),  # the cluster's API keys (agent.apis.keys)
     ]
+
+
+def _with_weights(
+    wanted: DeploymentRequest, ports: DeployPorts, records: list[NodeRecord]
+) -> DeploymentRequest:
+    """`wanted` with its artifact named by digest (its source, when none is given, the
+    artifact's name); refused when the cluster cannot use artifacts yet, no such artifact is
+    known, or no member holds it."""
+    if not wanted.artifact:
+        return wanted
+    weights = ports.weights
+    if weights is None:
+        raise bad_request("this member keeps no artifacts", "artifact")
+    gate = ports.members.gate()
+    if not gate.allows("artifacts"):
+        behind = ", ".join(f"{n} ({r.release})" for n, r in gate.held_back_by) or "a member"
+        raise web.HTTPConflict(
+            text=f"artifact: every member must know artifacts first; {behind} does not "
+            "(docs/upgrade.md)\n"
+        )
+    found = weights.artifacts.get(wanted.artifact) or next(
+        (a for a in weights.artifacts.live() if a.digest == wanted.artifact), None
+    )
+    if found is None:
+        raise bad_request(f"no artifact named {wanted.artifact[:256]!r}", "artifact")
+    holders = [n for n, state in where(found.digest, records).items() if state == "resident"]
+    if not holders and weights.fetches.store.resident(found.digest) is None:
+        raise web.HTTPConflict(
+            text=f"artifact: no member holds {found.name} ({found.digest[:19]}); add it on a "
+            "member that has its files (nvpair artifact add)\n"
+        )
+    return msgspec.structs.replace(
+        wanted, artifact=found.digest, source=wanted.source or found.name
+    )
 
 
 def _log_tail(control: ReplicaControl, replica_id: str) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from agent.apis.usage import usage_routes
 from agent.app.upkeep import LoadPoller, Pruner, gpu_reader
 from agent.artifacts.fetches import Fetches
 from agent.artifacts.store import ArtifactStore
+from agent.artifacts.weights import StoreWeights
 from agent.cluster.api_keys import ApiKeys
 from agent.cluster.artifacts import Artifacts
 from agent.cluster.deployments import Deployments
@@ -59,6 +60,7 @@ from agent.engines.gpus import node_inventory
 from agent.engines.registry import Engines
 from agent.engines.replicas import ReplicaControl
 from agent.engines.supervisor import EngineSupervisor
+from agent.engines.weights import Weights
 from agent.metrics.serving import serving_metrics
 from agent.plane_link.link import PlaneParts, plane_link, plane_routes
 from agent.serving.facade import Facade, facade_address
@@ -159,7 +161,18 @@ class Agent:
         client = NodeClient(self.cluster, members.record, dial_from=config.dial_from)
         stack.push_async_callback(client.aclose)
         here = NodeState(node_inventory(node_id, config.simulate_gpus))
-        engines, control = self._engine_parts(deployments, here, record_changed)
+        tasks = Tasks(health)
+        artifact_store = ArtifactStore(config.artifacts_path)
+        fetches = Fetches(
+            artifact_store,
+            lambda: [n for n in members.reachable_peers() if members.works_with(n)],
+            client,
+            tasks.spawn,
+            budget=config.artifacts.max_bytes,
+        )
+        weights = StoreWeights(artifacts, fetches)
+        engines, control = self._engine_parts(deployments, here, record_changed, weights)
+        fetches.pinned = control.weights_in_use  # what replicas here load is never evicted
         self.own = own = OwnRecord(
             config,
             node_id,
@@ -168,6 +181,8 @@ class Agent:
             sign=lambda record: sign_record(record, identity.key),
             replicas=control.replicas,
             release=speaks.release,
+            holdings=weights.holdings,
+            features=lambda: members.gate().on,
         )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
         heartbeat = Heartbeat(
@@ -185,15 +200,6 @@ class Agent:
         self.facade = facade
         loads_moved.follow(facade.waits.poke)
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
-        tasks = Tasks(health)
-        weights = ArtifactStore(config.artifacts_path)
-        fetches = Fetches(
-            weights,
-            lambda: [n for n in members.reachable_peers() if members.works_with(n)],
-            client,
-            tasks.spawn,
-            budget=config.artifacts.max_bytes,
-        )
         self.operations = operations = Operations(
             self_id=node_id,
             requester=config.name,
@@ -234,7 +240,7 @@ class Agent:
             on_exchange=repair.answer_exchange,
             api_keys=api_keys.held.kept,
             probes=heartbeat.probes,
-            artifacts=weights,
+            artifacts=artifact_store,
         )
         link = plane_link(
             config.plane,
@@ -271,11 +277,11 @@ class Agent:
                 record_run=runs.remember,
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
-                deployments=DeployPorts(deployments, control, members, facade.pending),
+                deployments=DeployPorts(deployments, control, members, facade.pending, weights),
                 routes=[
                     *usage_routes(usage),
                     *plane_routes(link),
-                    *artifact_routes(artifacts, fetches),
+                    *artifact_routes(artifacts, fetches, members.records),
                 ],
                 ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
             ),
@@ -371,7 +377,7 @@ class Agent:
         return deployments, ApiKeys.signed_by(identity, self.config.home, known_changed)
 
     def _engine_parts(
-        self, deployments: Deployments, here: NodeState, record_changed: Nudge
+        self, deployments: Deployments, here: NodeState, record_changed: Nudge, weights: Weights
     ) -> tuple[Engines, ReplicaControl]:
         """The engine registry, and the replica controller over the engine supervisor (with
         its load scraper); an engine or replica that changes is in the next record at once."""
@@ -401,6 +407,7 @@ class Agent:
             name=config.name,
             auth=auth,
             on_change=record_changed,
+            weights=weights,
         )
         engines_moved.follow(control.engines_changed)
         return engines, control

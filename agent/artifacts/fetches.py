@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence, Set
 from typing import Any, Final
 
 from agent.artifacts.fetcher import FetchFailed, FetchFigures, Sources, fetch
@@ -18,6 +19,7 @@ __all__ = ["FETCHES_AT_ONCE", "FetchRefused", "Fetches"]
 log = logging.getLogger(__name__)
 
 FETCHES_AT_ONCE: Final = 4
+RETRY_S: Final = 10.0  # a fetch that failed is tried again, for a replica, this much later
 ENDED_KEPT: Final = 1024  # how many ended fetches' outcomes are remembered
 
 
@@ -43,20 +45,37 @@ class Fetches:
         self._sources = sources
         self._spawn = spawn
         self._running: dict[str, FetchFigures] = {}
-        self._ended: dict[str, str] = {}  # digest -> why its last fetch failed
+        # digest -> why its last fetch failed, and when (monotonic)
+        self._ended: dict[str, tuple[str, float]] = {}
+        # What eviction keeps besides the fetches: what replicas here use, the warm set.
+        self.pinned: Callable[[], Set[str]] = frozenset
+
+    def progress(self, digest: str) -> tuple[int, str] | None:
+        """(pieces verified, why the last try failed) of a fetch running or failed; None
+        when there is none."""
+        figures = self._running.get(digest)
+        if figures is not None:
+            return figures.pieces_held_before + figures.pieces_fetched, ""
+        ended = self._ended.get(digest)
+        return None if ended is None else (len(self.store.held(digest)), ended[0])
 
     def make_room(self, size: int) -> list[str]:
         """Room for `size` more bytes within the budget: least recently used artifacts
         dropped, never one being fetched; FetchRefused when there is none."""
         try:
-            return self.store.make_room(size, budget=self.budget, keep=set(self._running))
+            keep = set(self._running) | set(self.pinned())
+            return self.store.make_room(size, budget=self.budget, keep=keep)
         except StoreError as exc:
             raise FetchRefused(str(exc)) from None
 
-    async def start(self, digest: str, size: int) -> None:
+    async def start(self, digest: str, size: int, *, retry_s: float = 0.0) -> None:
         """Fetch `digest` (`size` bytes) in the background unless it is resident or being
-        fetched; FetchRefused when too many run or the disk budget has no room."""
+        fetched, or its last fetch failed less than `retry_s` ago; FetchRefused when too
+        many run or the disk budget has no room."""
         if digest in self._running:
+            return
+        ended = self._ended.get(digest)
+        if ended is not None and time.monotonic() - ended[1] < retry_s:
             return
         if self.store.resident(digest) is not None:
             await asyncio.to_thread(self.store.touch, digest)  # asked for again: a use
@@ -88,7 +107,7 @@ class Fetches:
             log.warning("fetching %s failed: %s", digest[:19], exc)
             if len(self._ended) >= ENDED_KEPT:
                 self._ended.clear()
-            self._ended[digest] = str(exc)[:300]
+            self._ended[digest] = (str(exc)[:300], time.monotonic())
         finally:
             del self._running[digest]
 
@@ -108,5 +127,5 @@ class Fetches:
         if figures is not None:
             return {"here": "fetching", "held": held, "refusedFrom": figures.pieces_refused}
         if digest in self._ended:
-            return {"here": "failed", "held": held, "why": self._ended[digest]}
+            return {"here": "failed", "held": held, "why": self._ended[digest][0]}
         return {"here": "absent", "held": held}

@@ -392,12 +392,24 @@ def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(result, indent=2))
         return 0
-    rows = [["NODE", "ID", "HOLDS", "A REPLICA MORE HERE NOW"]]
+    weights = result.get("weights")
+    rows = [["NODE", "ID", "HOLDS", *(["WEIGHTS"] if weights else []), "A REPLICA MORE HERE NOW"]]
     rows += [
-        [e["node"], e["nodeId"], str(e["replicas"]), e["reason"] or "can be placed"]
+        [
+            e["node"],
+            e["nodeId"],
+            str(e["replicas"]),
+            *([e.get("weights", "absent")] if weights else []),
+            e["reason"] or "can be placed",
+        ]
         for e in result["nodes"]
     ]
     print(cli_http.table(rows))
+    if weights:
+        print(
+            f"\nits weights: artifact {weights['artifact'][:19]}; members that hold them are "
+            "preferred, any other fetches them before its engine starts"
+        )
     for why in result["unplaced"]:
         print(f"\nunplaced in this node's last plan: {why}")
     return 0

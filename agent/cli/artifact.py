@@ -65,10 +65,18 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
-    rows = [["NAME", "ID", "DIGEST", "SIZE", "HERE"]]
-    rows += [[a["name"], a["id"], a["digest"][:19], _size(a["size"]), _here(a)] for a in found]
+    rows = [["NAME", "ID", "DIGEST", "SIZE", "HERE", "MEMBERS"]]
+    rows += [
+        [a["name"], a["id"], a["digest"][:19], _size(a["size"]), _here(a), _members(a)]
+        for a in found
+    ]
     print(cli_http.table(rows))
     return 0
+
+
+def _members(artifact: dict[str, Any]) -> str:
+    """Each member's copy, as the members' records say: `a:resident b:fetching 40%`."""
+    return " ".join(f"{name}:{state}" for name, state in sorted(artifact["members"].items()))
 
 
 def _fetch(args: argparse.Namespace) -> int:

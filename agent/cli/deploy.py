@@ -28,7 +28,12 @@ def add_commands(commands: Any) -> None:
     )
     deploy.add_argument("name", help="the model name clients use")
     # Required, checked in `_deploy`: argparse alone misses them after NAME (see below).
-    deploy.add_argument("--model", help="what the engine loads: a path or an id (required)")
+    deploy.add_argument("--model", help="what the engine loads: a path or an id")
+    deploy.add_argument(
+        "--artifact",
+        default="",
+        help="the weights it loads: an artifact (name, art_ id or digest) that members fetch",
+    )
     deploy.add_argument(
         "--engine", help="vllm, sglang, llamacpp, mock, or a [templates] name (required)"
     )
@@ -94,12 +99,13 @@ def _deploy(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.parser
     if flags:  # the flags written after NAME, parsed as if before it
         args = parser.parse_args([*flags, args.name])
-    if not args.model or not args.engine:
-        parser.error("--model and --engine are required")
+    if not (args.model or args.artifact) or not args.engine:
+        parser.error("--engine, and --model or --artifact, are required")
     body = {
         "name": args.name,
         "engine": args.engine,
-        "source": args.model,
+        "source": args.model or "",
+        "artifact": args.artifact,
         "args": extra,
         "gpus": args.gpus,
         "tp": args.tp,

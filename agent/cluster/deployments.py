@@ -42,6 +42,9 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     authority: str = "managed"
     url: str = ""
     engineKey: str = ""  # "", "generate" or "file:PATH" (facts.deployments)
+    # The weights it loads: an artifact's name, id or digest (the local API resolves it to
+    # the digest, and refuses one that no member holds).
+    artifact: str = ""
 
 
 class Deployments(SignedFacts[Deployment]):
@@ -81,6 +84,7 @@ class Deployments(SignedFacts[Deployment]):
                 authority=request.authority,  # type: ignore[arg-type]  # checked just below
                 url=request.url,
                 engineKey=request.engineKey,
+                artifact=request.artifact,
             )
             fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
         except msgspec.ValidationError as exc:

@@ -18,9 +18,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Final
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from agent.cluster.members import Members
 from agent.cluster.node_client import NodeClient
@@ -28,7 +31,7 @@ from agent.cluster.probes import member_probes
 from agent.config import AgentConfig
 from agent.core.errors import MemberRefused, MemberUnreachable
 from facts.inventory import GpuInventory
-from facts.records import Engine, NodeRecord, RecordsPush, Replica
+from facts.records import Engine, Holding, NodeRecord, RecordsPush, Replica
 from workload_manager import VERSION
 
 __all__ = ["Heartbeat", "NodeState", "OwnRecord"]
@@ -60,6 +63,8 @@ class OwnRecord:
         sign: Callable[[NodeRecord], NodeRecord] = lambda record: record,
         replicas: Callable[[], list[Replica]] = list,
         release: str = VERSION,
+        holdings: Callable[[], list[Holding]] = list,
+        features: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self._release = release  # what its record says it runs (its Speaks statement's)
         self._config = config
@@ -68,6 +73,8 @@ class OwnRecord:
         self.state = state
         self._engines = engines
         self._replicas = replicas  # this node's replicas and their engine load
+        self._holdings = holdings  # the artifacts it holds (issue 28)
+        self._features = features  # what every member knows (facts.wire.gate)
         self._generation = 0
         self._content: NodeRecord | None = None
         self.current = self.renew()
@@ -93,6 +100,15 @@ class OwnRecord:
         config = self._config
         # What peers dial, which may differ from where this node listens (NAT, forwards).
         manager_port, node_port, facade_port = config.advertised_ports
+        replicas = self._replicas()
+        artifacts: list[Holding] | UnsetType = UNSET
+        if "artifacts" in self._features():
+            artifacts = self._holdings()
+        else:  # a member of 0.1.0 knows neither the field nor the word (docs/upgrade.md)
+            replicas = [
+                msgspec.structs.replace(r, state="starting") if r.state == "fetching" else r
+                for r in replicas
+            ]
         return NodeRecord(
             nodeId=self._node_id,
             name=config.name,
@@ -104,7 +120,8 @@ class OwnRecord:
             devices=self.state.gpus.devices,
             domains=self.state.gpus.domains,
             engines=self._engines(),
-            replicas=self._replicas(),
+            replicas=replicas,
+            artifacts=artifacts,
             queueLimit=config.queue_limit,
             cordoned=self.state.cordoned,
             gpuNote=self.state.gpus.reason,

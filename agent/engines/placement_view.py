@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from msgspec import UnsetType
+
 from facts.deployments import Deployment, spec_digest
-from facts.records import Replica
+from facts.records import NodeRecord, Replica
 from scheduler.reconcile import Gpu, Running, Want
 
-__all__ = ["gpu_of", "running_of", "want_of"]
+__all__ = ["gpu_of", "holds_of", "running_of", "want_of"]
 
 
 def gpu_of(dev_id: str, cls: str, memory: int, health: str, domain: str | None) -> Gpu:
@@ -31,4 +33,12 @@ def want_of(d: Deployment) -> Want:
         device_class=c.deviceClass,
         one_domain=c.oneDomain,
         min_memory=c.minMemory,
+        artifact=d.artifact,
     )
+
+
+def holds_of(record: NodeRecord) -> frozenset[str]:
+    """The artifacts resident on the node whose record this is (none said: none)."""
+    if isinstance(record.artifacts, UnsetType):
+        return frozenset()
+    return frozenset(h.digest for h in record.artifacts if h.resident)

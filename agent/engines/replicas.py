@@ -12,6 +12,12 @@ so after a `kill -9` the agent knows which engine runs for which deployment and 
 A surplus replica (a race, or a member back from a partition) is stopped only when the cut
 holds for `SETTLE_S`: members whose views differ for a moment must not both stop theirs.
 A replica of a changed or undeployed deployment is stopped at once.
+
+A deployment that loads an artifact (issue 28) has its weights brought first: the replica's
+allocation is made (its GPUs held, so no other member places the same slot), the replica is
+`fetching` while this member fetches the artifact from the members that hold it, and its
+engine starts on the assembled copy once it is resident (`agent.engines.weights`). A fetch
+that fails is tried again; an agent killed meanwhile finds the allocation and goes on.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import msgspec
 from agent.engines.auth import EngineAuth
 from agent.engines.load import LoadScraper
 from agent.engines.observed import ObservedEngines
-from agent.engines.placement_view import gpu_of, running_of, want_of
+from agent.engines.placement_view import gpu_of, holds_of, running_of, want_of
 from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
 from agent.engines.replica_keys import engine_key, managed_keys
 from agent.engines.supervisor import EngineSupervisor
 from agent.engines.templates import LaunchSpec
 from agent.engines.version import EngineVersions
+from agent.engines.weights import NoWeights, Weights, WeightsState
 from certs import write_atomic
 from facts.deployments import Deployment, spec_digest
 from facts.inventory import GpuInventory
@@ -63,6 +70,8 @@ class Allocation(msgspec.Struct, kw_only=True, frozen=True):
     devices: list[str]  # device ids
     createdAt: int  # epoch ms
     apiKey: str = ""  # its engine's key (replica_keys.py); this file is 0600
+    artifact: str = ""  # the digest of the weights its engine loads; "" none
+    launched: bool = False  # with an artifact: its engine was started (else: fetching)
 
 
 _allocations: Final = msgspec.json.Decoder(list[Allocation])
@@ -92,6 +101,7 @@ class ReplicaControl:
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         auth: EngineAuth | None = None,
+        weights: Weights | None = None,
     ) -> None:
         self.path = home / ALLOCATIONS_FILE
         self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
@@ -111,6 +121,8 @@ class ReplicaControl:
         self._failed_at: dict[str, float] = {}  # failed replica -> when we saw it fail
         self._versions = EngineVersions(self.observed.auth)
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._weights: Weights = weights if weights is not None else NoWeights()
+        self._fetching: dict[str, WeightsState] = {}  # replica -> its weights, not yet here
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
 
@@ -133,7 +145,11 @@ class ReplicaControl:
         """Re-adopt what a previous agent left running; stop what has no allocation."""
         self.supervisor.adopt()
         running = {s.replica_id for s in self.supervisor.replicas()}
-        lost = [rid for rid in self.allocations if rid not in running]
+        lost = [
+            rid
+            for rid, a in self.allocations.items()
+            if rid not in running and not _fetching(a)  # one still fetching goes on
+        ]
         for rid in lost:
             log.info("%s: its engine is gone; its GPUs are free again", rid)
             del self.allocations[rid]
@@ -197,7 +213,34 @@ class ReplicaControl:
             if not admissible(start, mine):
                 continue  # a plan from a view older than what runs here
             self._launch(wants[start.deployment], start.devices)
+        await self._bring_weights(wants)
         return plan
+
+    async def _bring_weights(self, wants: dict[str, Deployment]) -> None:
+        """Each replica still without its weights: their fetch goes on, and its engine
+        starts once they are resident."""
+        for a in list(self.allocations.values()):
+            if not _fetching(a) or a.replica in self._stopping:
+                continue
+            deployment = wants.get(a.deployment)
+            if deployment is None or (deployment.id, spec_digest(deployment)) != (
+                a.deploymentId,
+                a.spec,
+            ):
+                continue  # the plan stops it
+            state = await self._weights.need(a.artifact)
+            if state.path is None:
+                if self._fetching.get(a.replica) != state:
+                    self._fetching[a.replica] = state
+                    self._on_change()  # its progress, in the record
+                continue
+            self._fetching.pop(a.replica, None)
+            log.info("replica %s of %s: its weights are here", a.replica, a.deployment)
+            self._start_engine(a, deployment, str(state.path))
+
+    def weights_in_use(self) -> set[str]:
+        """The artifacts the replicas here load or are fetching: never evicted."""
+        return {a.artifact for a in self.allocations.values() if a.artifact}
 
     def _retry_failed(self, now: float) -> None:
         # A failed replica holds its GPUs and counts as one of the declared (so a broken
@@ -215,7 +258,6 @@ class ReplicaControl:
     # -- carrying out -------------------------------------------------------------------------
 
     def _launch(self, deployment: Deployment, devices: tuple[str, ...]) -> None:
-        uuids = {d.id: d.uuid for d in self._gpus().devices}
         key = engine_key(deployment, self.path.parent)
         if key is None:
             return  # its key file cannot be used (said once in the log)
@@ -228,19 +270,39 @@ class ReplicaControl:
             devices=list(devices),
             createdAt=int(time.time() * 1000),
             apiKey=key,
+            artifact=deployment.artifact,
         )
+        self.allocations[allocation.replica] = allocation
+        self._save()  # written down before the engine starts: never an engine we cannot name
+        if deployment.artifact:
+            log.info(
+                "replica %s of %s on %d GPU(s): fetching its weights first",
+                allocation.replica,
+                deployment.name,
+                len(devices),
+            )
+            self._on_change()
+            return  # the rounds bring its weights, then start its engine
+        self._start_engine(allocation, deployment, deployment.source or deployment.name)
+
+    def _start_engine(self, allocation: Allocation, deployment: Deployment, model: str) -> None:
+        uuids = {d.id: d.uuid for d in self._gpus().devices}
+        devices = allocation.devices
+        key = allocation.apiKey
         spec = LaunchSpec(
             replica_id=allocation.replica,
             kind=deployment.engine,
-            model=deployment.source or deployment.name,
+            model=model,
             served=deployment.name,
             tp=deployment.tp,
             gpu_uuids=tuple(uuids[d] for d in devices if d in uuids),
             extra_args=tuple(deployment.args),
             api_key=key,
         )
-        self.allocations[allocation.replica] = allocation
-        self._save()  # written down before the engine starts: never an engine we cannot name
+        if allocation.artifact:
+            allocation = msgspec.structs.replace(allocation, launched=True)
+            self.allocations[allocation.replica] = allocation
+            self._save()
         try:
             started = self.supervisor.launch(spec)
             if key:
@@ -266,6 +328,7 @@ class ReplicaControl:
                 await self.supervisor.stop(rid)
             finally:
                 self.allocations.pop(rid, None)
+                self._fetching.pop(rid, None)
                 self._save()
                 self._stopping.pop(rid, None)
                 self._on_change()
@@ -291,7 +354,7 @@ class ReplicaControl:
                 a.deploymentId,
                 a.spec,
                 tuple(a.devices),
-                "stopping" if a.replica in self._stopping else _state(status.get(a.replica)),
+                "stopping" if a.replica in self._stopping else _state(status.get(a.replica), a),
                 a.createdAt,
             )
             for a in self.allocations.values()
@@ -299,6 +362,8 @@ class ReplicaControl:
 
     def _hosts(self) -> list[Host]:
         inventory = self._gpus()
+        records = self._records()
+        own = next((r for r in records if r.nodeId == self.self_id), None)
         me = Host(
             self.self_id,
             self.observed.self_name,
@@ -308,9 +373,10 @@ class ReplicaControl:
                 for d in inventory.devices
             ),
             replicas=tuple(self._running()),
+            holds=holds_of(own) if own is not None else frozenset(),
         )
         hosts = [me]
-        for record in self._records():
+        for record in records:
             if record.nodeId == self.self_id:
                 continue
             hosts.append(
@@ -324,6 +390,7 @@ class ReplicaControl:
                         for d in record.devices
                     ),
                     replicas=tuple(running_of(r) for r in record.replicas),
+                    holds=holds_of(record),
                 )
             )
         return hosts
@@ -335,8 +402,12 @@ class ReplicaControl:
         out = []
         for a in sorted(self.allocations.values(), key=_by_id):
             s = status.get(a.replica)
-            state = "stopping" if a.replica in self._stopping else _state(s)
+            state = "stopping" if a.replica in self._stopping else _state(s, a)
             load = loads.get(a.replica)
+            error = s.reason if s is not None else ""
+            if state == "fetching":
+                fetching = self._fetching.get(a.replica)
+                error = fetching.progress() if fetching else "fetching its weights"
             out.append(
                 Replica(
                     id=a.replica,
@@ -346,10 +417,10 @@ class ReplicaControl:
                     allocation=a.id,
                     devices=a.devices,
                     port=s.port if s is not None else 0,
-                    state=state,  # type: ignore[arg-type]  # one of the four
+                    state=state,  # type: ignore[arg-type]  # one of the five
                     restarts=s.restarts if s is not None else 0,
                     engineVersion=self._versions.get(a.replica),
-                    error=s.reason if s is not None else "",
+                    error=error[:256],
                     createdAt=a.createdAt,
                     running=load.running if load else 0.0,
                     waiting=load.waiting if load else 0.0,
@@ -393,6 +464,14 @@ def _by_id(a: Allocation) -> str:
     return a.replica
 
 
-def _state(status: ReplicaStatus | None) -> str:
-    # An allocation whose engine the supervisor does not hold (yet): starting.
-    return "starting" if status is None else _STATE[status.state]
+def _fetching(a: Allocation) -> bool:
+    """Whether the allocation waits for its weights (no engine started for it yet)."""
+    return bool(a.artifact) and not a.launched
+
+
+def _state(status: ReplicaStatus | None, allocation: Allocation) -> str:
+    # An allocation whose engine the supervisor does not hold (yet): fetching its weights,
+    # or starting.
+    if status is None:
+        return "fetching" if _fetching(allocation) else "starting"
+    return _STATE[status.state]

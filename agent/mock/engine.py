@@ -337,6 +337,12 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", required=True, help="model name (comma-separated for several)")
+    parser.add_argument(
+        "--weights",
+        default="",
+        help="what a real engine would load: an absolute path must exist (a missing model "
+        "fails the start, as it does a real engine's); anything else is a model id",
+    )
     parser.add_argument("--tokens-per-s", type=float, default=0.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
@@ -365,6 +371,9 @@ def _run(args: argparse.Namespace) -> int:
     if not 400 <= args.fail_status <= 599:
         print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
         return 2
+    if args.weights.startswith("/") and not os.path.exists(args.weights):
+        print(f"mock engine: no model at {args.weights}", file=sys.stderr)
+        return 1
 
     async def serve() -> None:
         engine = MockEngine(
@@ -381,7 +390,8 @@ def _run(args: argparse.Namespace) -> int:
             flavour=args.flavour,
         )
         await engine.start()
-        print(f"mock engine serving {engine.models} on {engine.url}", flush=True)
+        loads = f" (weights: {args.weights})" if args.weights else ""
+        print(f"mock engine serving {engine.models} on {engine.url}{loads}", flush=True)
         try:
             await asyncio.Event().wait()
         finally:

@@ -310,3 +310,44 @@ def test_a_failed_replica_counts_so_a_broken_deployment_does_not_spread() -> Non
     host = Host("nod_a", gpus=BIG.gpus, replicas=(failed, ready))
     plan = reconcile("nod_a", [Want("m", "dep_9", "s1", replicas=1)], [host])
     assert [rid for rid, _ in plan.stop] == ["rep_f"]
+
+
+# -- weights (issue 28): holders preferred, not required ----------------------------------------
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_a_member_that_holds_the_weights_is_preferred() -> None:
+    want = Want("llama", "dep_1", "s1", replicas=1, gpus=2, artifact=DIGEST)
+    # Without weights anywhere, the tighter fit (split: 2 GPUs left over against 6) wins.
+    plain = reconcile("nod_a", [want], [BIG, SPLIT])
+    assert [s.node_id for s in plain.start + plain.elsewhere] == ["nod_b"]
+    holder = Host(BIG.node_id, BIG.name, gpus=BIG.gpus, holds=frozenset({DIGEST}))
+    plan = reconcile("nod_a", [want], [holder, SPLIT])
+    assert [s.node_id for s in plan.start] == ["nod_a"]
+    # Another artifact held there does not count.
+    other = Host(BIG.node_id, BIG.name, gpus=BIG.gpus, holds=frozenset({"sha256:" + "cd" * 32}))
+    plan = reconcile("nod_a", [want], [other, SPLIT])
+    assert [s.node_id for s in plan.elsewhere] == ["nod_b"]
+
+
+def test_a_holder_without_room_leaves_the_replica_to_one_that_fetches() -> None:
+    want = Want("llama", "dep_1", "s1", replicas=1, gpus=4, artifact=DIGEST)
+    holder = Host(SMALL.node_id, SMALL.name, gpus=SMALL.gpus, holds=frozenset({DIGEST}))
+    plan = reconcile("nod_a", [want], [BIG, holder])
+    assert [s.node_id for s in plan.start] == ["nod_a"]  # a score, not a filter
+
+
+def test_a_fetching_replica_counts_as_placed() -> None:
+    want = Want("llama", "dep_1", "s1", replicas=1, gpus=2, artifact=DIGEST)
+    start = Start("llama", "dep_1", "nod_a", ("a-g00", "a-g01"))
+    fetching = Host(
+        BIG.node_id, BIG.name, gpus=BIG.gpus, replicas=(_running(start, "rep_1", "fetching"),)
+    )
+    plan = reconcile("nod_b", [want], [fetching, SPLIT])
+    assert (plan.start, plan.elsewhere, plan.unplaced) == ([], [], [])
+    # Two replicas where one is declared: the ready one is kept, the fetching one cut.
+    ready = _running(Start("llama", "dep_1", "nod_b", ("b-g00", "b-g01")), "rep_2", "ready")
+    split = Host(SPLIT.node_id, SPLIT.name, gpus=SPLIT.gpus, replicas=(ready,))
+    plan = reconcile("nod_a", [want], [fetching, split])
+    assert [rid for rid, _ in plan.stop] == ["rep_1"]

@@ -1,7 +1,9 @@
 """Artifacts between real agents (issue 28): files added as an artifact on a are learnt by
 every member as a signed fact, and fetched by b and then c over the node API, each
 byte-identical to the files on a (the test hashes them itself); c fetches from a and b at
-once."""
+once. A deployment that names an artifact is placed on a member without it when it must be:
+its replica is `fetching` there, then its engine starts on the assembled copy and serves
+through every member; one naming an artifact no member holds is refused."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 
-from ..harness import Node, eventually, make_node, start_cluster
+from ..deploy_harness import engine_cluster, engine_pids, post, ready_everywhere, replicas
+from ..harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -27,12 +31,8 @@ SIZES = {
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
-    root = tmp_path_factory.mktemp("artifacts")
-    nodes = [make_node(root, name, None) for name in "abc"]
-    for node in nodes:
-        node.home.mkdir(parents=True)
-        (node.home / "nvpair.toml").write_text("[agent]\nheartbeat_s = 0.5\n")
-    async for started in start_cluster(nodes):
+    gpus = dict.fromkeys("abc", "l4:1")
+    async for started in engine_cluster(tmp_path_factory.mktemp("artifacts"), gpus):
         yield started
 
 
@@ -100,3 +100,97 @@ async def test_fetching_an_unknown_artifact_is_refused(trio: list[Node]) -> None
 async def _is(node: Node, name: str, here: str) -> bool:
     found = await listed(node, name)
     return found is not None and found["here"] == here
+
+
+async def test_a_deployment_brings_its_weights_to_the_member_it_runs_on(
+    trio: list[Node], tmp_path: Path
+) -> None:
+    a, b, c = trio
+    weights = tmp_path / "chat-weights"
+    weights.mkdir()
+    (weights / "config.json").write_text('{"model_type": "mock"}')
+    (weights / "model.safetensors").write_bytes(os.urandom(3 * 1024 * 1024))
+    code, out, err = await a.cli("artifact", "add", str(weights), "--name", "chat-w")
+    assert code == 0, err
+    digest = (await listed(a, "chat-w") or {})["digest"]
+    await eventually(lambda: _is(c, "chat-w", "absent"), "c learns of chat-w")
+    # Declared on c, kept on b: b has no copy, so it fetches one before its engine starts.
+    code, out, err = await c.cli(
+        "deploy", "chat-art", "--artifact", "chat-w", "--engine", "mock", "--node", "b"
+    )
+    assert code == 0, err
+    seen: set[str] = set()
+
+    async def ready() -> bool:
+        seen.update(r["state"] for r in await replicas(a, "chat-art"))
+        return await ready_everywhere(trio, "chat-art", 1)
+
+    await eventually(ready, "chat-art ready in every member's view", within_s=60)
+    assert "fetching" in seen or await _is(b, "chat-w", "resident")
+    (rep,) = await replicas(a, "chat-art")
+    assert rep["node"] == "b"
+    ready_copy = b.home / "artifacts" / "ready" / digest.removeprefix("sha256:")
+    assert tree_digest(ready_copy) == tree_digest(weights)
+    # The engine was given the assembled copy as its model.
+    (pid,) = engine_pids(b.home).values()
+    assert str(ready_copy) in _argv(pid)
+    for node in trio:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{node.ports['facade']}/v1", api_key="unused"
+        )
+        async with client:
+            answer = await client.chat.completions.create(
+                model="chat-art", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        assert answer.choices[0].message.content
+    # `nvpair explain --deployment` says where the weights are.
+    code, out, err = await a.cli("explain", "--deployment", "chat-art")
+    assert code == 0, err
+    assert "WEIGHTS" in out
+    assert "resident" in out
+    # The members' records say who holds it; `nvpair artifact list` shows each member.
+    code, out, err = await a.cli("artifact", "list")
+    assert code == 0, err
+    assert "b:resident" in out.replace(" ", "")
+
+
+async def test_a_deployment_of_weights_no_member_holds_is_refused(
+    trio: list[Node], tmp_path: Path
+) -> None:
+    a, b, _ = trio
+    weights = tmp_path / "gone"
+    weights.write_bytes(os.urandom(1000))
+    code, _, err = await a.cli("artifact", "add", str(weights), "--name", "gone-w")
+    assert code == 0, err
+    await eventually(lambda: _is(b, "gone-w", "absent"), "b learns of gone-w")
+    await eventually(lambda: _holds(b, "a", "gone-w"), "b sees a holding gone-w")
+    code, _, err = await a.cli("artifact", "rm", "gone-w")  # the only copy
+    assert code == 0, err
+    await eventually(lambda: _lacks(b, "a", "gone-w"), "b sees a without gone-w")
+    body = {"name": "gone-dep", "engine": "mock", "artifact": "gone-w"}
+    status, text = await post(b, "/v1/deployments", body)
+    assert status == 409, text
+    assert "no member holds gone-w" in text
+    status, text = await post(b, "/v1/deployments", body | {"artifact": "no-such"})
+    assert status == 400, text
+    assert "no artifact named 'no-such'" in text
+    # The control: one a member holds is taken.
+    code, _, err = await a.cli("artifact", "add", str(weights), "--name", "gone-w")
+    assert code == 0, err
+    await eventually(lambda: _holds(b, "a", "gone-w"), "b sees a holding gone-w", within_s=20)
+    status, text = await post(b, "/v1/deployments", body | {"replicas": 0})
+    assert status == 201, text
+
+
+async def _holds(node: Node, member: str, name: str) -> bool:
+    found = await listed(node, name)
+    return found is not None and found.get("members", {}).get(member) == "resident"
+
+
+def _argv(pid: int) -> list[str]:
+    return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+
+
+async def _lacks(node: Node, member: str, name: str) -> bool:
+    found = await listed(node, name)
+    return found is not None and found.get("members", {}).get(member) == "absent"

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import msgspec
 import pytest
 
 from agent.cluster.heartbeat import Heartbeat, NodeState, OwnRecord
@@ -15,8 +16,9 @@ from agent.cluster.members import Members
 from agent.cluster.node_client import NodeClient
 from agent.config import AgentConfig
 from agent.core.errors import MemberUnreachable
+from facts import records
 from facts.inventory import GpuInventory
-from facts.records import RecordsPush
+from facts.records import RecordsPush, Replica
 from tests.fixtures.waiting import eventually
 
 
@@ -197,3 +199,34 @@ async def test_a_delta_leaves_out_newer_records_of_members_the_peer_knows(tmp_pa
     assert made["nod_x"] == 9  # not sent again: nod_a gets it from nod_x
     assert "nod_new" not in made  # new to nod_a: sent, with its certificate
     assert made["nod_self"] < 3  # this node's own change: sent
+
+
+def test_the_record_says_fetching_and_what_it_holds_only_once_every_member_knows(
+    tmp_path: Any,
+) -> None:
+    """Issue 28 under the skew rules: a member of 0.1.0 checks a record over its own encoding
+    of the fields it knows, so until the `artifacts` feature is on the record has no
+    `artifacts` field at all and a replica fetching its weights says `starting`."""
+    digest = "sha256:" + "ab" * 32
+    fetching = Replica(
+        id="rep_" + "0" * 26, deployment="m", deploymentId="dep_1", spec="s", state="fetching"
+    )
+    holding = records.Holding(digest=digest, held=3, pieces=8)
+    on: set[str] = set()
+    own = OwnRecord(
+        AgentConfig(home=tmp_path),
+        "nod_self",
+        NodeState(GpuInventory()),
+        list,
+        replicas=lambda: [fetching],
+        holdings=lambda: [holding],
+        features=lambda: on,
+    )
+    before = msgspec.json.encode(own.current)
+    assert b'"artifacts"' not in before
+    assert [r.state for r in own.current.replicas] == ["starting"]
+    on.add("artifacts")
+    assert own.renew_if_changed()
+    assert [r.state for r in own.current.replicas] == ["fetching"]
+    assert own.current.artifacts == [holding]
+    assert b'"artifacts":[["' + digest.encode() + b'",3,8]]' in msgspec.json.encode(own.current)

@@ -1,0 +1,96 @@
+"""This member's artifacts as the rest of the agent sees them (issue 28): what a replica
+loads (`need`, the replica controller's `agent.engines.weights.Weights`), what this member's
+record says it holds (`holdings`), and where a deployment's weights are in the cluster
+(`where`, for `nvpair deploy` and `nvpair explain --deployment`).
+
+The model path an engine gets is the assembled folder, or its one file when the artifact is
+a single file (a GGUF for llama.cpp): what `--model` takes in either case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+from agent.artifacts.fetches import RETRY_S, Fetches, FetchRefused
+from agent.cluster.artifacts import Artifacts
+from agent.engines.weights import WeightsState
+from facts.artifacts import Manifest
+from facts.records import Holding, NodeRecord
+
+__all__ = ["StoreWeights", "model_path", "where"]
+
+_ABSENT: Final = "absent"
+
+
+def model_path(folder: Path, manifest: Manifest) -> Path:
+    """What an engine loads from a resident artifact: its one file, or its folder."""
+    return folder / manifest.files[0].path if len(manifest.files) == 1 else folder
+
+
+class StoreWeights:
+    """The artifact facts, this member's store and its fetches, together."""
+
+    def __init__(self, artifacts: Artifacts, fetches: Fetches) -> None:
+        self.artifacts = artifacts
+        self.fetches = fetches
+
+    async def need(self, digest: str) -> WeightsState:
+        """Resident: where (what the engine loads). Else the fetch is started (again after
+        `RETRY_S` when it failed) and how far it is."""
+        store = self.fetches.store
+        ready = await asyncio.to_thread(store.resident, digest)
+        manifest = await asyncio.to_thread(store.manifest, digest) if ready else None
+        if ready is not None and manifest is not None:
+            await asyncio.to_thread(store.touch, digest)  # in use: the last to be evicted
+            return WeightsState(
+                model_path(ready, manifest), manifest.piece_count, manifest.piece_count
+            )
+        artifact = next((a for a in self.artifacts.live() if a.digest == digest), None)
+        if artifact is None:
+            return WeightsState(None, why=f"no artifact {digest[:19]} is known here")
+        why = ""
+        try:
+            await self.fetches.start(digest, artifact.size, retry_s=RETRY_S)
+        except FetchRefused as exc:
+            why = str(exc)
+        progress = self.fetches.progress(digest)
+        held, failed = progress if progress is not None else (0, "")
+        return WeightsState(None, held, artifact.pieceCount, why or failed)
+
+    def holdings(self) -> list[Holding]:
+        """What this member's record says it holds: each known artifact resident here or
+        being fetched, with its verified pieces (stat calls only: read every heartbeat)."""
+        store, found = self.fetches.store, []
+        for artifact in self.artifacts.live():
+            if store.resident(artifact.digest) is not None:
+                found.append(
+                    Holding(
+                        digest=artifact.digest, held=artifact.pieceCount, pieces=artifact.pieceCount
+                    )
+                )
+                continue
+            progress = self.fetches.progress(artifact.digest)
+            if progress is not None and progress[0] > 0:
+                held = min(progress[0], artifact.pieceCount)
+                found.append(Holding(digest=artifact.digest, held=held, pieces=artifact.pieceCount))
+        return sorted(found, key=lambda h: h.digest)
+
+
+def where(digest: str, records: Iterable[NodeRecord]) -> dict[str, str]:
+    """Per member (by name), whether it holds `digest`: `resident`, `fetching 40%` (pieces
+    verified) or `absent`, as the members' records say."""
+    found: dict[str, str] = {}
+    for record in records:
+        state = _ABSENT
+        for holding in record.artifacts if isinstance(record.artifacts, list) else []:
+            if holding.digest != digest:
+                continue
+            if holding.resident:
+                state = "resident"
+            else:
+                state = f"fetching {100 * holding.held // max(holding.pieces, 1)}%"
+        found[record.name] = state
+    return found
