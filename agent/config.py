@@ -127,6 +127,9 @@ class ArtifactsTable(Struct, forbid_unknown_fields=True, frozen=True):
 
     path: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None  # default: home
     max_bytes: Annotated[int, Meta(ge=0)] = 0  # 0: no budget
+    # Bytes a second this member fetches and serves artifact pieces at, each way; 0: no
+    # limit. A transfer then leaves the rest of the link to inference traffic.
+    max_rate: Annotated[int, Meta(ge=0)] = 0
 
 
 class _File(Struct, forbid_unknown_fields=True, frozen=True):

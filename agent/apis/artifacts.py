@@ -21,7 +21,7 @@ from agent.artifacts.fetches import Fetches, FetchRefused
 from agent.artifacts.store import StoreError, describe_files
 from agent.artifacts.weights import where
 from agent.cluster.artifacts import ArtifactRefused, Artifacts
-from facts.artifacts import Artifact, manifest_digest
+from facts.artifacts import MAX_PIECE_SIZE, PIECE_SIZE, Artifact, manifest_digest
 from facts.records import NodeRecord
 
 __all__ = ["AddArtifact", "artifact_routes"]
@@ -32,6 +32,7 @@ class AddArtifact(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
     path: Annotated[str, Meta(min_length=1, max_length=4096)]  # on this member
     name: Annotated[str, Meta(min_length=1, max_length=256)]
+    pieceSize: Annotated[int, Meta(ge=64 * 1024, le=MAX_PIECE_SIZE)] = PIECE_SIZE
 
 
 _add = msgspec.json.Decoder(AddArtifact)
@@ -60,7 +61,7 @@ def artifact_routes(
             raise bad_request("an absolute path on this member", "path")
         source = Path(wanted.path)
         try:
-            manifest = await asyncio.to_thread(describe_files, source)
+            manifest = await asyncio.to_thread(describe_files, source, wanted.pieceSize)
             digest = manifest_digest(manifest)
             if await asyncio.to_thread(store.resident, digest) is not None:
                 await asyncio.to_thread(store.touch, digest)  # the same files again: a use

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
@@ -30,6 +31,8 @@ import msgspec
 from aiohttp import web
 
 from agent.apis.answers import json_answer, read_json
+from agent.artifacts.counters import ArtifactCounters
+from agent.artifacts.pace import Pace
 from agent.artifacts.store import ArtifactStore, StoreError
 from agent.cluster.members import Incompatible
 from agent.cluster.probes import Probes
@@ -56,6 +59,9 @@ from netkit.sites import PerSourceRate, start_runner
 __all__ = ["JoinAnswer", "NodeApi"]
 
 PIECE_READS: Final = 4  # artifact pieces read for members at once (each up to 64 MiB)
+# NVPAIR_TEST_CORRUPT_PIECES=1: this member flips a byte of every artifact piece it serves
+# (the mixed-fault tests' corrupting member; never set it on a member that serves).
+_CORRUPT: Final = os.environ.get("NVPAIR_TEST_CORRUPT_PIECES") == "1"
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger(__name__)
@@ -117,8 +123,14 @@ class NodeApi:
         probes: Probes | None = None,
         refusal: Callable[[str], str | None] = lambda node_id: None,
         artifacts: ArtifactStore | None = None,
+        artifact_pace: Pace | None = None,
+        artifact_counters: ArtifactCounters | None = None,
     ) -> None:
         self.artifacts = artifacts  # the pieces this member serves (issue 28)
+        self._pace = artifact_pace if artifact_pace is not None else Pace(0)
+        self._served = artifact_counters if artifact_counters is not None else ArtifactCounters()
+        if _CORRUPT:
+            log.warning("NVPAIR_TEST_CORRUPT_PIECES: this member corrupts every piece it serves")
         # Pieces read for members at once: each is held whole, up to 64 MiB.
         self._piece_reads = asyncio.Semaphore(PIECE_READS)
         self.probes = probes
@@ -322,13 +334,17 @@ class NodeApi:
         text = request.match_info["piece"]
         if not text.isdigit() or len(text) > 7:
             raise web.HTTPBadRequest(text="not a piece number\n")
-        async with self._piece_reads:
+        async with self._piece_reads:  # pieces in memory: at most PIECE_READS, paced ones too
             try:
                 data = await asyncio.to_thread(store.read_piece, digest, int(text))
             except StoreError:
                 data = None
-        if data is None:
-            raise web.HTTPNotFound(text="no such piece here\n")
+            if data is None:
+                raise web.HTTPNotFound(text="no such piece here\n")
+            await self._pace.take(len(data))  # [artifacts] max_rate
+        if _CORRUPT and data:  # a stand-in for a member whose disk or memory corrupts pieces
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        self._served.served(peer_node_id(request), len(data))
         return web.Response(body=data, content_type="application/octet-stream")
 
 

@@ -61,6 +61,7 @@ from agent.engines.registry import Engines
 from agent.engines.replicas import ReplicaControl
 from agent.engines.supervisor import EngineSupervisor
 from agent.engines.weights import Weights
+from agent.metrics.artifacts import ArtifactMetrics
 from agent.metrics.serving import serving_metrics
 from agent.plane_link.link import PlaneParts, plane_link, plane_routes
 from agent.serving.facade import Facade, facade_address
@@ -169,6 +170,7 @@ class Agent:
             client,
             tasks.spawn,
             budget=config.artifacts.max_bytes,
+            max_rate=config.artifacts.max_rate,
         )
         weights = StoreWeights(artifacts, fetches)
         engines, control = self._engine_parts(deployments, here, record_changed, weights)
@@ -241,6 +243,8 @@ class Agent:
             api_keys=api_keys.held.kept,
             probes=heartbeat.probes,
             artifacts=artifact_store,
+            artifact_pace=fetches.serve_pace,
+            artifact_counters=fetches.counters,
         )
         link = plane_link(
             config.plane,
@@ -329,6 +333,7 @@ class Agent:
             tasks.spawn(name, loop())
         local_api.registry.register(usage.metrics)
         local_api.registry.register(serving_metrics(facade, control, deployments, view))
+        local_api.registry.register(ArtifactMetrics(fetches.counters, fetches.running))
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 

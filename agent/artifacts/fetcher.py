@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
+from agent.artifacts.counters import ArtifactCounters
+from agent.artifacts.pace import Pace
 from agent.artifacts.store import ArtifactStore, BadManifest, StoreError
 from agent.core.errors import MemberRefused, MemberUnreachable
 from facts.artifact_fetch import Fetch
+from facts.artifacts import Layout
 
 __all__ = ["FetchFailed", "FetchFigures", "Sources", "fetch"]
 
@@ -67,10 +70,15 @@ async def fetch(
     figures: FetchFigures | None = None,
     rescan_s: float = RESCAN_S,
     give_up_s: float = GIVE_UP_S,
+    pace: Pace | None = None,
+    counters: ArtifactCounters | None = None,
 ) -> Path:
     """Make `digest` resident here from the `members()` that hold it; its folder.
-    FetchFailed when it cannot be had."""
+    FetchFailed when it cannot be had. `pace` bounds the rate pieces are asked at;
+    `counters` count what came from whom."""
     figures = figures if figures is not None else FetchFigures()
+    counters = counters if counters is not None else ArtifactCounters()
+    pace = pace if pace is not None else Pace(0)
     done = await asyncio.to_thread(store.resident, digest)
     if done is not None:
         return done
@@ -82,6 +90,12 @@ async def fetch(
     held = await asyncio.to_thread(store.held, digest)
     figures.pieces_held_before = len(held)
     plan = Fetch(count=manifest.piece_count, have=held, per_source=per_source, in_flight=in_flight)
+    layout = Layout(manifest)
+
+    async def paced(piece: int, source: str) -> bytes:
+        await pace.take(layout.piece(piece).length)
+        return await sources.artifact_piece(source, digest, piece)
+
     stuck_since: float | None = None
     loop = asyncio.get_running_loop()
     await _ask_who_holds(plan, digest, members(), sources)
@@ -89,7 +103,7 @@ async def fetch(
     try:
         while not plan.done:
             for piece, source in plan.next():
-                task = asyncio.create_task(sources.artifact_piece(source, digest, piece))
+                task = asyncio.create_task(paced(piece, source))
                 running[task] = (piece, source)
             if not running:
                 if plan.stuck():
@@ -106,7 +120,7 @@ async def fetch(
             finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
                 piece, source = running.pop(task)
-                await _take(store, plan, digest, piece, source, task, figures)
+                await _take(store, plan, digest, piece, source, task, figures, counters)
     finally:
         for task in running:
             task.cancel()
@@ -149,6 +163,7 @@ async def _take(
     source: str,
     task: asyncio.Task[bytes],
     figures: FetchFigures,
+    counters: ArtifactCounters,
 ) -> None:
     try:
         data = task.result()
@@ -165,8 +180,10 @@ async def _take(
         plan.verified(piece)
         figures.pieces_fetched += 1
         figures.bytes_from[source] = figures.bytes_from.get(source, 0) + len(data)
+        counters.fetched(source, len(data))
         return
     figures.pieces_refused[source] = figures.pieces_refused.get(source, 0) + 1
+    counters.refused(source)
     log.warning(
         "piece %d of %s from %s failed its hash; asked of another", piece, digest[:19], source
     )

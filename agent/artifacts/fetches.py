@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable, Coroutine, Sequence, Set
 from typing import Any, Final
 
+from agent.artifacts.counters import ArtifactCounters
 from agent.artifacts.fetcher import FetchFailed, FetchFigures, Sources, fetch
+from agent.artifacts.pace import Pace
 from agent.artifacts.store import ArtifactStore, StoreError
 from agent.core.errors import AgentError
 
@@ -38,9 +40,13 @@ class Fetches:
         spawn: Callable[[str, Coroutine[Any, Any, Any]], asyncio.Task[Any]],
         *,
         budget: int = 0,
+        max_rate: int = 0,
     ) -> None:
         self.store = store
         self.budget = budget  # bytes the store may hold ([artifacts] max_bytes); 0: no bound
+        self.pace = Pace(max_rate)  # bytes a second all fetches together ([artifacts] max_rate)
+        self.serve_pace = Pace(max_rate)  # and all pieces served to members together
+        self.counters = ArtifactCounters()
         self._members = members
         self._sources = sources
         self._spawn = spawn
@@ -49,6 +55,10 @@ class Fetches:
         self._ended: dict[str, tuple[str, float]] = {}
         # What eviction keeps besides the fetches: what replicas here use, the warm set.
         self.pinned: Callable[[], Set[str]] = frozenset
+
+    def running(self) -> int:
+        """Fetches running now."""
+        return len(self._running)
 
     def progress(self, digest: str) -> tuple[int, str] | None:
         """(pieces verified, why the last try failed) of a fetch running or failed; None
@@ -93,8 +103,19 @@ class Fetches:
         self._spawn(f"fetch {digest[:19]}", self._run(digest, figures))
 
     async def _run(self, digest: str, figures: FetchFigures) -> None:
+        began = time.monotonic()
+        outcome = "stopped"  # the agent stopping cancels it
         try:
-            ready = await fetch(self.store, digest, self._members, self._sources, figures=figures)
+            ready = await fetch(
+                self.store,
+                digest,
+                self._members,
+                self._sources,
+                figures=figures,
+                pace=self.pace,
+                counters=self.counters,
+            )
+            outcome = "resident"
             log.info(
                 "%s resident at %s: %d pieces fetched, %d held before, bad pieces %s",
                 digest[:19],
@@ -104,12 +125,14 @@ class Fetches:
                 figures.pieces_refused or "none",
             )
         except (FetchFailed, StoreError) as exc:
+            outcome = "failed"
             log.warning("fetching %s failed: %s", digest[:19], exc)
             if len(self._ended) >= ENDED_KEPT:
                 self._ended.clear()
             self._ended[digest] = (str(exc)[:300], time.monotonic())
         finally:
             del self._running[digest]
+            self.counters.ended(outcome, time.monotonic() - began)
 
     def drop(self, digest: str) -> None:
         """Drop what this member holds of `digest` (FetchRefused while it is being fetched)."""

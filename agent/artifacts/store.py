@@ -173,8 +173,8 @@ class ArtifactStore:
         if len(data) != piece.length or hashlib.sha256(data).hexdigest() != piece.sha256:
             return False
         folder = self.root / "pieces" / _hex(digest)
-        make_private_dir(folder)
         try:
+            make_private_dir(folder)
             write_atomic(folder / str(index), data)
         except OSError as exc:
             raise StoreError(f"cannot write a piece of {digest[:19]}: {exc}") from exc

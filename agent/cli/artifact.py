@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -29,6 +30,12 @@ def add_commands(commands: Any) -> None:
     add = sub.add_parser("add", help="hash local files (a file or a folder) into an artifact")
     add.add_argument("path", type=Path, help="a file or a folder of files on this machine")
     add.add_argument("--name", help="the name deployments use (default: the file's or folder's)")
+    add.add_argument(
+        "--piece-size",
+        type=int,
+        default=0,
+        help="bytes per piece, 65536 to 67108864 (default 16 MiB)",
+    )
     add.set_defaults(run=_add)
     listing = sub.add_parser("list", help="the cluster's artifacts and where they are")
     listing.add_argument("--json", action="store_true")
@@ -47,7 +54,9 @@ def add_commands(commands: Any) -> None:
 
 def _add(args: argparse.Namespace) -> int:
     source = args.path.resolve()
-    body = {"path": str(source), "name": args.name or source.name}
+    body: dict[str, Any] = {"path": str(source), "name": args.name or source.name}
+    if args.piece_size:
+        body["pieceSize"] = args.piece_size
     made = cli_http.request(
         cli_http.agent_url() + "/v1/artifacts",
         "POST",
@@ -82,9 +91,12 @@ def _members(artifact: dict[str, Any]) -> str:
 def _fetch(args: argparse.Namespace) -> int:
     name = urllib.parse.quote(args.name, safe="")
     state = cli_http.post(f"/v1/artifacts/{name}/fetch")
+    shown = Progress(state["pieceCount"], tty=sys.stdout.isatty())
     while args.wait and state["here"] == "fetching":
+        shown.show(state.get("held", 0))
         time.sleep(0.5)  # a local call; the fetch reports what it holds each time
         state = next(a for a in cli_http.get("/v1/artifacts") if a["name"] == state["name"])
+    shown.end()
     print(f"{state['name']}: {_here(state)}")
     if args.wait and state["here"] != "resident":
         raise CliError(f"{state['name']} is not resident here: {state.get('why', state['here'])}")
@@ -113,6 +125,36 @@ def _forget(args: argparse.Namespace) -> int:
     )
     print(f"{done['forgotten']} forgotten; the members follow")
     return 0
+
+
+class Progress:
+    """A fetch's progress: a bar redrawn in place on a terminal, else a plain line each
+    tenth of the way (logs and pipes get no carriage returns)."""
+
+    WIDTH: Final = 30
+
+    def __init__(self, pieces: int, *, tty: bool) -> None:
+        self.pieces = max(pieces, 1)
+        self.tty = tty
+        self._last = -1  # the tenth last printed (plain lines)
+        self._drawn = False
+
+    def show(self, held: int) -> None:
+        """Show `held` pieces of the artifact's."""
+        share = min(held, self.pieces) / self.pieces
+        if self.tty:
+            filled = int(share * self.WIDTH)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            print(f"\r[{bar}] {share:4.0%} {held}/{self.pieces} pieces", end="", flush=True)
+            self._drawn = True
+        elif int(share * 10) > self._last:
+            self._last = int(share * 10)
+            print(f"fetching: {share:.0%} ({held}/{self.pieces} pieces)", flush=True)
+
+    def end(self) -> None:
+        """End the bar's line."""
+        if self._drawn:
+            print()
 
 
 def _here(artifact: dict[str, Any]) -> str:
