@@ -6,20 +6,24 @@ Layout, under `$NVPAIR_HOME/artifacts` (or the configured path; 0700):
 
 - `manifests/<hex>.json` -- a manifest whose digest is `sha256:<hex>`, checked before it is
   written (`put_manifest`);
-- `pieces/<hex>/<n>` -- piece `n` of that artifact, written only after its SHA-256 matched
-  the manifest (`put_piece`), each file written whole and renamed into place, so a crash
-  leaves a piece whole or absent;
+- `pieces/<hex>/files/...` -- the artifact's files being fetched, at their full sizes
+  (sparse until written), each verified piece written in place at its offset
+  (`put_piece`, only after its SHA-256 matched the manifest) and synced, then marked held
+  by an empty `pieces/<hex>/held/<n>`: a crash leaves a piece marked only once its bytes
+  are on disk, and an unmarked one is fetched again;
 - `ready/<hex>/...` -- the artifact's files with the manifest's names, what an engine is
-  given as its model path. They are written into `ready/.<hex>.partial/` and the folder is
-  renamed into place only once every file is written and synced: an artifact is resident
-  exactly when `ready/<hex>` exists, never half of it. Its pieces are then dropped (a
-  resident artifact's pieces are read from its files).
+  given as its model path. Once every piece is held, `pieces/<hex>/files` is renamed to
+  `ready/<hex>` (`assemble`): an artifact is resident exactly when `ready/<hex>` exists,
+  never half of it, and it never takes twice its size on disk (the bytes are written once).
+  Files imported from a local path are copied into `ready/.<hex>.partial/` and renamed into
+  place the same way.
 
 Nothing in a manifest can place a file outside its folder (`facts.artifacts.bad_path`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -91,6 +95,26 @@ def describe_files(source: Path, piece_size: int = PIECE_SIZE) -> Manifest:
     return manifest
 
 
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """Every byte of `data` at `offset`: a disk that fills up returns a short write first
+    (no error), and only the next write fails with ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        view, offset = view[written:], offset + written
+
+
+def _sync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (its entry on disk, not only in the cache)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _hex(digest: str) -> str:
     algorithm, _, hexed = digest.partition(":")
     if algorithm != "sha256" or len(hexed) != 64 or not all(c in "0123456789abcdef" for c in hexed):
@@ -105,6 +129,8 @@ class ArtifactStore:
         self.root = root
         for folder in (root, root / "manifests", root / "pieces", root / "ready"):
             make_private_dir(folder)
+        for stale in (root / "ready").glob(".*.partial"):  # an import a crash cut short
+            shutil.rmtree(stale, ignore_errors=True)
         # Manifests read, by digest hex: a piece is checked against its manifest without
         # reading it again (bounded: cleared when it would pass twice the artifacts held).
         self._layouts: dict[str, Layout] = {}
@@ -159,41 +185,62 @@ class ArtifactStore:
             return set()
         if self.resident(digest) is not None:
             return set(range(manifest.piece_count))
-        folder = self.root / "pieces" / _hex(digest)
         try:
-            names = os.listdir(folder)
+            names = os.listdir(self._fetching(digest) / "held")
         except FileNotFoundError:
             return set()
         return {int(name) for name in names if name.isdigit() and int(name) < manifest.piece_count}
 
+    def _fetching(self, digest: str) -> Path:
+        return self.root / "pieces" / _hex(digest)
+
     def put_piece(self, digest: str, index: int, data: bytes) -> bool:
         """Keep piece `index` of `digest` when its SHA-256 is the manifest's; returns
-        whether it was (a piece that fails is not kept). StoreError without the manifest."""
+        whether it was (a piece that fails is not kept). StoreError without the manifest,
+        or when the disk refuses it (full: the error says so)."""
         piece = self._piece(digest, index)
         if len(data) != piece.length or hashlib.sha256(data).hexdigest() != piece.sha256:
             return False
-        folder = self.root / "pieces" / _hex(digest)
+        manifest = self.manifest(digest)
+        assert manifest is not None  # _piece found it
+        entry = manifest.files[piece.file]
+        folder = self._fetching(digest)
+        target = folder / "files" / entry.path
         try:
             make_private_dir(folder)
-            write_atomic(folder / str(index), data)
+            make_private_dir(folder / "held")
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size != entry.size:
+                    os.ftruncate(fd, entry.size)  # sparse: only written pieces take room
+                _write_all(fd, data, piece.offset)
+                os.fsync(fd)  # on disk before it is marked held
+            finally:
+                os.close(fd)
+            os.close(os.open(folder / "held" / str(index), os.O_WRONLY | os.O_CREAT, 0o600))
         except OSError as exc:
             raise StoreError(f"cannot write a piece of {digest[:19]}: {exc}") from exc
         return True
 
     def read_piece(self, digest: str, index: int) -> bytes | None:
-        """Piece `index` of `digest`, if held (from its piece file, or from the resident
-        artifact's files)."""
+        """Piece `index` of `digest`, if held (from the files being fetched, or from the
+        resident artifact's)."""
         piece = self._piece(digest, index)
-        hexed = _hex(digest)
+        manifest = self.manifest(digest)
+        assert manifest is not None  # _piece found it
+        path = manifest.files[piece.file].path
         ready = self.resident(digest)
         if ready is not None:
-            manifest = self.manifest(digest)
-            assert manifest is not None  # resident artifacts keep theirs
-            with (ready / manifest.files[piece.file].path).open("rb") as f:
+            where = ready / path
+        elif (self._fetching(digest) / "held" / str(index)).exists():
+            where = self._fetching(digest) / "files" / path
+        else:
+            return None
+        try:
+            with where.open("rb") as f:
                 f.seek(piece.offset)
                 return f.read(piece.length)
-        try:
-            return (self.root / "pieces" / hexed / str(index)).read_bytes()
         except FileNotFoundError:
             return None
 
@@ -214,8 +261,8 @@ class ArtifactStore:
         return ready if ready.is_dir() else None
 
     def assemble(self, digest: str) -> Path:
-        """Write the artifact's files from its pieces (every one must be held), then make it
-        resident in one rename and drop the pieces; its folder."""
+        """Make the artifact resident once every piece is held: its files (written in
+        place, empty ones created) renamed into `ready/` in one step; its folder."""
         manifest = self.manifest(digest)
         if manifest is None:
             raise StoreError(f"no manifest of {digest[:19]} here")
@@ -225,47 +272,64 @@ class ArtifactStore:
         missing = set(range(manifest.piece_count)) - self.held(digest)
         if missing:
             raise StoreError(f"{digest[:19]} lacks {len(missing)} of its pieces")
-        hexed = _hex(digest)
-        partial = self.root / "ready" / f".{hexed}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        source = self.root / "pieces" / hexed
+        folder = self._fetching(digest)
+        files = folder / "files"
         try:
-            by_file: dict[int, list[Piece]] = {}
-            for piece in pieces(manifest):
-                by_file.setdefault(piece.file, []).append(piece)
-            for number, entry in enumerate(manifest.files):
-                target = partial / entry.path
-                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                with target.open("wb") as out:
-                    for piece in by_file.get(number, []):
-                        with (source / str(piece.index)).open("rb") as part:
-                            shutil.copyfileobj(part, out, _CHUNK)
-                    out.flush()
-                    os.fsync(out.fileno())
-            os.replace(partial, self.root / "ready" / hexed)
+            for entry in manifest.files:  # a file of no bytes has no piece to create it
+                if entry.size == 0:
+                    (files / entry.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    (files / entry.path).touch(mode=0o600)
+            _sync_dir(files)
+            os.replace(files, self.root / "ready" / _hex(digest))
+            _sync_dir(self.root / "ready")
         except OSError as exc:
-            shutil.rmtree(partial, ignore_errors=True)
             raise StoreError(f"cannot assemble {digest[:19]}: {exc}") from exc
-        shutil.rmtree(source, ignore_errors=True)
-        return self.root / "ready" / hexed
+        shutil.rmtree(folder, ignore_errors=True)
+        return self.root / "ready" / _hex(digest)
 
     def import_files(self, source: Path, digest: str) -> Path:
         """Make `digest` resident from local files at `source` (a file or a folder laid out
-        as its manifest says), each piece checked against the manifest as it is read."""
+        as its manifest says), each piece checked against the manifest as it is read and
+        written once, into `ready/.<hex>.partial/`, renamed into place when all match."""
         manifest = self.manifest(digest)
         if manifest is None:
             raise StoreError(f"no manifest of {digest[:19]} here")
+        done = self.resident(digest)
+        if done is not None:
+            return done
+        hexed = _hex(digest)
+        partial = self.root / "ready" / f".{hexed}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        by_file: dict[int, list[Piece]] = {}
         for piece in pieces(manifest):
-            path = source if source.is_file() else source / manifest.files[piece.file].path
-            try:
-                with path.open("rb") as f:
-                    f.seek(piece.offset)
-                    data = f.read(piece.length)
-            except OSError as exc:
-                raise StoreError(f"cannot read {path}: {exc}") from exc
-            if not self.put_piece(digest, piece.index, data):
-                raise StoreError(f"{path} is not what {digest[:19]} says (piece {piece.index})")
-        return self.assemble(digest)
+            by_file.setdefault(piece.file, []).append(piece)
+        try:
+            for number, entry in enumerate(manifest.files):
+                path = source if source.is_file() else source / entry.path
+                target = partial / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with path.open("rb") as f, target.open("wb") as out:
+                    for piece in by_file.get(number, []):
+                        data = f.read(piece.length)
+                        if len(data) != piece.length or (
+                            hashlib.sha256(data).hexdigest() != piece.sha256
+                        ):
+                            raise StoreError(
+                                f"{path} is not what {digest[:19]} says (piece {piece.index})"
+                            )
+                        out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+            os.replace(partial, self.root / "ready" / hexed)
+            _sync_dir(self.root / "ready")
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise StoreError(f"cannot import {digest[:19]} from {source}: {exc}") from exc
+        except StoreError:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        shutil.rmtree(self._fetching(digest), ignore_errors=True)
+        return self.root / "ready" / hexed
 
     # -- the disk budget -----------------------------------------------------------------------
 
@@ -307,7 +371,11 @@ class ArtifactStore:
     def remove(self, digest: str) -> None:
         """Drop what is held of `digest` here: its files, pieces and manifest."""
         hexed = _hex(digest)
-        for folder in (self.root / "ready" / hexed, self.root / "pieces" / hexed):
+        for folder in (
+            self.root / "ready" / hexed,
+            self.root / "ready" / f".{hexed}.partial",
+            self.root / "pieces" / hexed,
+        ):
             shutil.rmtree(folder, ignore_errors=True)
         (self.root / "manifests" / f"{hexed}.json").unlink(missing_ok=True)
         self._layouts.pop(hexed, None)

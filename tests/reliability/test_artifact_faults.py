@@ -11,6 +11,10 @@
   another artifact from a and d; every piece d sends fails its hash, is refused, counted
   against d and fetched from a; no member ever holds a corrupt copy.
 
+- **A full disk mid-fetch** (e, whose store is a 3 MiB tmpfs): a fetch of 4 MiB fails with
+  the disk's own error on the artifact; the agent keeps answering, keeps its pieces for a
+  later try, and a fetch that fits succeeds (the control).
+
 The rates make the crashes land mid-transfer: a serves 4 pieces a second and b, once
 restarted, 1 (`[artifacts] max_rate`), so the test waits on what each member holds on disk,
 never on time.
@@ -27,7 +31,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.agent.harness import Node, eventually, make_node, start_cluster
+from tests.agent.harness import Node, eventually, join, make_node, start_cluster
+
+from .disk import SmallDisk
 
 pytestmark = [pytest.mark.reliability, pytest.mark.quick, pytest.mark.asyncio(loop_scope="module")]
 
@@ -62,9 +68,9 @@ def files(root: Path, name: str) -> Path:
 
 
 def pieces_on_disk(node: Node, digest: str) -> set[int]:
-    """The verified pieces `node` holds of a fetch in progress (each file is written whole,
-    under its number, once its hash matched)."""
-    folder = node.home / "artifacts" / "pieces" / digest.removeprefix("sha256:")
+    """The verified pieces `node` holds of a fetch in progress (each marked, under its
+    number, once its hash matched and its bytes are on disk)."""
+    folder = node.home / "artifacts" / "pieces" / digest.removeprefix("sha256:") / "held"
     try:
         return {int(n) for n in os.listdir(folder) if n.isdigit()}
     except FileNotFoundError:
@@ -72,7 +78,8 @@ def pieces_on_disk(node: Node, digest: str) -> set[int]:
 
 
 def ready(node: Node, digest: str) -> Path:
-    return node.home / "artifacts" / "ready" / digest.removeprefix("sha256:")
+    store = node.home.parent / "store" if node.name == "e" else node.home / "artifacts"
+    return store / "ready" / digest.removeprefix("sha256:")
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -168,3 +175,46 @@ async def test_a_member_that_corrupts_pieces_is_refused_and_counted(
     # The control: every byte c kept came from a, the honest member.
     now_from_a = await c.metric("nvpair_artifact_fetched_bytes_total", peer=a_id)
     assert now_from_a - from_a == PIECES * PIECE
+
+
+async def test_a_full_disk_mid_fetch_is_an_error_on_the_artifact_and_the_agent_serves_on(
+    four: list[Node], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    a = four[0]
+    e = make_node(tmp_path_factory.mktemp("full-disk"), "e", None)
+    disk = SmallDisk(e.home.parent / "store", "3m")
+    disk.mount()
+    try:
+        e.home.mkdir()
+        (e.home / "nvpair.toml").write_text(
+            f'[agent]\nheartbeat_s = 0.5\n[artifacts]\npath = "{disk.path}"\n'
+        )
+        await join(a, e)
+        await e.start()
+        big = tmp_path / "big"
+        big.mkdir()
+        (big / "model.safetensors").write_bytes(os.urandom(2 * PIECES * PIECE))  # 4 MiB
+        await add(a, big, "big")
+        await eventually(lambda: known(e, "big"), "e learns of it")
+        code, _, err = await e.cli("artifact", "fetch", "big", "--wait")
+        assert code != 0
+        assert "No space left on device" in err
+        (listed,) = [x for x in await e.get("/v1/artifacts") if x["name"] == "big"]
+        assert listed["here"] == "failed"
+        assert "No space left on device" in listed["why"]
+        assert 0 < listed["held"] < 2 * PIECES  # what fitted is kept, for a later try
+        assert await e.healthy()
+        a_sees = [n for n in await a.get("/v1/nodes") if n["name"] == "e"]
+        assert a_sees[0]["reachable"]
+        # The control: after its copy is dropped, an artifact that fits is fetched.
+        code, _, err = await e.cli("artifact", "rm", "big")
+        assert code == 0, err
+        small = files(tmp_path, "small")
+        digest = await add(a, small, "small")
+        await eventually(lambda: known(e, "small"), "e learns of small")
+        code, _, err = await e.cli("artifact", "fetch", "small", "--wait")
+        assert code == 0, err
+        assert tree(ready(e, digest)) == tree(small)
+    finally:
+        await e.stop()
+        disk.unmount()

@@ -5,13 +5,19 @@ files are imported only when every piece matches."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 import stat
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, cast
 
 import msgspec
 import pytest
 
+from agent.artifacts.fetcher import Sources
+from agent.artifacts.fetches import Fetches, FetchRefused
 from agent.artifacts.store import ArtifactStore, BadManifest, StoreError, describe_files
 from facts.artifacts import Manifest, ManifestFile, manifest_digest, pieces
 
@@ -142,16 +148,24 @@ def test_what_a_crash_leaves_is_never_taken_for_a_resident_artifact(
         path = snapshot / manifest.files[piece.file].path
         data = path.read_bytes()[piece.offset : piece.offset + piece.length]
         assert store.put_piece(digest, piece.index, data)
-    # A crash during assembly leaves a partial folder and a stray temporary piece file.
+    # A crash during an import leaves a partial folder; one mid-fetch, a piece written but
+    # not yet marked held (its bytes in place, its mark missing) -- and a stray file.
     partial = tmp_path / "store" / "ready" / f".{digest[7:]}.partial"
     (partial / "tokenizer").mkdir(parents=True)
     (partial / "config.json").write_bytes(b"{")
-    (tmp_path / "store" / "pieces" / digest[7:] / ".0.123.tmp").write_bytes(b"x")
+    (tmp_path / "store" / "pieces" / digest[7:] / "held" / ".tmp").write_bytes(b"x")
+    (tmp_path / "store" / "pieces" / digest[7:] / "held" / "0").unlink()
     again = ArtifactStore(tmp_path / "store")  # the restarted agent
+    assert not partial.exists()  # an import cut short is dropped: no one finishes it
     assert again.resident(digest) is None
-    assert again.held(digest) == set(range(manifest.piece_count))
+    assert again.held(digest) == set(range(1, manifest.piece_count))
+    assert again.read_piece(digest, 0) is None  # not held: never served
+    with pytest.raises(StoreError, match="lacks 1 of its pieces"):
+        again.assemble(digest)
+    first = next(pieces(manifest))
+    data = (snapshot / manifest.files[first.file].path).read_bytes()[: first.length]
+    assert again.put_piece(digest, 0, data)
     assert files_of(again.assemble(digest)) == files_of(snapshot)
-    assert not partial.exists()
 
 
 def test_the_store_is_the_owners_alone_whatever_the_umask(tmp_path: Path) -> None:
@@ -188,3 +202,59 @@ def test_the_budget_drops_the_least_recently_used_and_never_a_kept_one(
     assert store.resident(digests[0]) is not None  # nothing dropped when it cannot fit
     assert store.resident(digests[2]) is not None
     assert store.make_room(10**12, budget=0, keep=set()) == []  # no budget: no eviction
+
+
+def test_a_short_write_on_a_full_disk_is_an_error_and_the_piece_is_not_held(
+    snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = describe_files(snapshot, PIECE)
+    digest = manifest_digest(manifest)
+    store = ArtifactStore(tmp_path / "store")
+    store.put_manifest(digest, msgspec.json.encode(manifest))
+    piece = next(p for p in pieces(manifest) if p.length == PIECE)
+    data = (snapshot / manifest.files[piece.file].path).read_bytes()
+    good = data[piece.offset : piece.offset + piece.length]
+    real = os.pwrite
+    calls: list[int] = []
+
+    def filling(fd: int, chunk: bytes | memoryview, offset: int) -> int:
+        calls.append(len(chunk))
+        if len(calls) == 1:
+            return real(fd, bytes(chunk[:100]), offset)  # what the disk had room for
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", filling)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.put_piece(digest, piece.index, good)
+    assert calls == [PIECE, PIECE - 100]  # the rest was asked for, not taken as written
+    assert store.held(digest) == set()
+    assert store.read_piece(digest, piece.index) is None
+    monkeypatch.setattr(os, "pwrite", real)
+    assert store.put_piece(digest, piece.index, good)  # room again: the control
+    assert store.read_piece(digest, piece.index) == good
+
+
+async def test_eviction_never_drops_what_a_replica_uses(snapshot: Path, tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    digests = []
+    for n in range(2):
+        folder = tmp_path / f"w{n}"
+        folder.mkdir()
+        (folder / "w.bin").write_bytes(os.urandom(PIECE))
+        manifest = describe_files(folder, PIECE)
+        digest = manifest_digest(manifest)
+        store.put_manifest(digest, msgspec.json.encode(manifest))
+        store.import_files(folder, digest)
+        os.utime(store.root / "ready" / digest[7:], (1000 + n, 1000 + n))
+        digests.append(digest)
+    fetches = Fetches(store, list, cast(Sources, None), _no_spawn, budget=2 * PIECE)
+    fetches.pinned = lambda: {digests[0]}  # the older one is a replica's
+    assert fetches.make_room(PIECE) == [digests[1]]  # the newer, unpinned one goes
+    with pytest.raises(FetchRefused, match="budget"):
+        fetches.make_room(2 * PIECE)  # only the pinned one is left: it stays
+    assert store.resident(digests[0]) is not None
+
+
+def _no_spawn(name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    coro.close()
+    raise AssertionError("nothing is fetched here")
