@@ -214,6 +214,8 @@ class Artifact(Struct, kw_only=True, frozen=True):
     pieceSize: Annotated[int, Meta(ge=0)] = PIECE_SIZE
     files: _Count = 0
     pieceCount: _Count = 0
+    # In the cluster's warm set: every member keeps it resident (`nvpair artifact warm`).
+    warm: bool = False
     deleted: bool = False  # forgotten cluster-wide (a tombstone)
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: _Count = 0  # epoch ms
@@ -233,7 +235,9 @@ class Artifact(Struct, kw_only=True, frozen=True):
 
 
 def _says(a: Artifact) -> str:
-    return "forgotten" if a.deleted else f"added: {a.digest[:19]}, {a.size} bytes"
+    if a.deleted:
+        return "forgotten"
+    return f"added: {a.digest[:19]}, {a.size} bytes" + (", warm" if a.warm else "")
 
 
 ARTIFACT: Final[FactKind[Artifact]] = FactKind(

@@ -174,7 +174,8 @@ class Agent:
         )
         weights = StoreWeights(artifacts, fetches)
         engines, control = self._engine_parts(deployments, here, record_changed, weights)
-        fetches.pinned = control.weights_in_use  # what replicas here load is never evicted
+        # Never evicted: what replicas here load, and the warm set.
+        fetches.pinned = lambda: control.weights_in_use() | {a.digest for a in weights.warm()}
         self.own = own = OwnRecord(
             config,
             node_id,
@@ -254,7 +255,7 @@ class Agent:
             writer=writer,
             record=lambda: own.current,
             usage=usage.store,
-            parts=PlaneParts(deployments, operations, facade, members, control),
+            parts=PlaneParts(deployments, operations, facade, members, control, weights),
         )
 
         def remove_member(target: str) -> None:
@@ -329,6 +330,7 @@ class Agent:
         )
         tasks.spawn("prune", pruner.run())
         tasks.spawn("anti-entropy", repair.run())
+        tasks.spawn("artifacts-warm", weights.keep_warm())
         for name, loop in ({} if link is None else link.loops).items():
             tasks.spawn(name, loop())
         local_api.registry.register(usage.metrics)

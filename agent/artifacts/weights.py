@@ -10,6 +10,7 @@ a single file (a GGUF for llama.cpp): what `--model` takes in either case.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
@@ -17,12 +18,15 @@ from typing import Final
 from agent.artifacts.fetches import RETRY_S, Fetches, FetchRefused
 from agent.cluster.artifacts import Artifacts
 from agent.engines.weights import WeightsState
-from facts.artifacts import Manifest
+from facts.artifacts import Artifact, Manifest
 from facts.records import Holding, NodeRecord
 
 __all__ = ["StoreWeights", "model_path", "where"]
 
+log = logging.getLogger(__name__)
+
 _ABSENT: Final = "absent"
+WARM_S: Final = 2.0  # how often the warm set is looked at
 
 
 def model_path(folder: Path, manifest: Manifest) -> Path:
@@ -36,6 +40,39 @@ class StoreWeights:
     def __init__(self, artifacts: Artifacts, fetches: Fetches) -> None:
         self.artifacts = artifacts
         self.fetches = fetches
+        # The plane's warm set for this cluster, by digest (`DesiredState.warm`).
+        self.plane_warm: frozenset[str] = frozenset()
+        self._said: dict[str, bool] = {}  # digest -> why it is not resident was logged
+
+    def warm(self) -> list[Artifact]:
+        """The cluster's warm set: artifacts marked warm (`nvpair artifact warm`) and those
+        the plane declares warm, by digest, that the cluster knows."""
+        return [a for a in self.artifacts.live() if a.warm or a.digest in self.plane_warm]
+
+    def state_of(self, digest: str) -> tuple[str, float]:
+        """`resident`, `fetching` or `missing` here, from the store (verified pieces, not a
+        path's existence), with the share of pieces held."""
+        store = self.fetches.store
+        if store.resident(digest) is not None:
+            return "resident", 1.0
+        artifact = next((a for a in self.artifacts.live() if a.digest == digest), None)
+        progress = self.fetches.progress(digest)
+        if artifact is None or progress is None or progress[1]:
+            return "missing", 0.0
+        return "fetching", progress[0] / max(artifact.pieceCount, 1)
+
+    async def keep_warm(self, interval_s: float = WARM_S) -> None:
+        """Until cancelled: every member fetches each artifact of the warm set it lacks, in
+        the background (a failed fetch is tried again after `RETRY_S`)."""
+        while True:
+            said: dict[str, bool] = {}
+            for artifact in self.warm():
+                state = await self.need(artifact.digest)
+                if state.path is None and state.why and not self._said.get(artifact.digest):
+                    log.info("warm artifact %s not resident yet: %s", artifact.name, state.why)
+                said[artifact.digest] = bool(state.why)
+            self._said = said  # only the warm set's: bounded by it
+            await asyncio.sleep(interval_s)  # a cadence, not a sync: the warm set is polled
 
     async def need(self, digest: str) -> WeightsState:
         """Resident: where (what the engine loads). Else the fetch is started (again after

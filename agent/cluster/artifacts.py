@@ -63,6 +63,14 @@ class Artifacts(SignedFacts[Artifact]):
             raise ArtifactRefused(f"bad artifact: {exc}") from None
         return self.commit(fresh)
 
+    def warm(self, name: str, on: bool) -> Artifact:
+        """Put the artifact in the cluster's warm set (every member keeps it resident) or
+        take it out; the version made here (the held one when nothing changes)."""
+        held = self.get(name)
+        if held is None:
+            raise ArtifactRefused(f"no artifact named {name!r}")
+        return held if held.warm == on else self.commit(msgspec.structs.replace(held, warm=on))
+
     def forget(self, name: str) -> Artifact:
         """Forget the artifact cluster-wide: a tombstone version (members drop their copies
         unless a replica uses them)."""

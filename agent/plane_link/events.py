@@ -9,8 +9,10 @@
 - `ComponentReports`: the agent's version and each replica's engine version; sent when the
   set changed since the plane last accepted it.
 - `CacheReports`: for each artifact of the cluster's warm set, whether this node holds it
-  resident -- one of its locations is a local path that exists here, or a ready replica of
-  this node runs a deployment whose source is one of them (or its digest).
+  resident, is fetching it (and how far) or lacks it -- from its artifact store, every piece
+  verified (issue 28); for an artifact the cluster does not know, one of its locations is
+  a local path that exists here, or a ready replica of this node runs a deployment whose
+  source is one of them (or its digest).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
+
+from agent.artifacts.weights import StoreWeights
 from agent.cluster.operations import Operations
 from agent.plane_link.ops import PlaneOps
 from agent.plane_link.reports import Reporter
@@ -182,19 +187,44 @@ def _local_path(location: str) -> Path | None:
 
 
 class CacheReports(_WholeSet):
-    """The cache reporter; also an `on_desired` handler that keeps the warm set."""
+    """The cache reporter; also an `on_desired` handler that keeps the warm set (and hands
+    it to this member's artifacts, which fetch it: `StoreWeights.keep_warm`)."""
 
-    def __init__(self, deployment_of: DeploymentOf) -> None:
+    def __init__(self, deployment_of: DeploymentOf, weights: StoreWeights | None = None) -> None:
         super().__init__()
         self._deployment_of = deployment_of
+        self._weights = weights
         self._warm: list[WarmArtifact] = []
 
     async def on_desired(self, state: DesiredState) -> None:
         """Keep the cluster's declared warm set."""
         self._warm = list(state.warm)
+        if self._weights is not None:
+            self._weights.plane_warm = frozenset(a.digest for a in self._warm if a.digest)
 
-    def resident(self, artifact: WarmArtifact, record: NodeRecord) -> bool:
-        """Whether this node holds `artifact`'s weights."""
+    def report(self, artifact: WarmArtifact, record: NodeRecord) -> CacheReport:
+        """Where `artifact`'s weights stand on this node: from the artifact store (pieces
+        verified against the manifest its digest names); for a node without one, and
+        an artifact the cluster does not know, a local path among its locations, or a ready
+        replica of this node serving a deployment whose source is one of them."""
+        if self._weights is not None:
+            state, progress = self._weights.state_of(artifact.digest)
+            if state != "missing" or any(a.digest == artifact.digest for a in self._weights.warm()):
+                return CacheReport(
+                    artifact=artifact.artifact,
+                    resident=state == "resident",
+                    state=state,  # type: ignore[arg-type]  # one of the three
+                    progress=progress,
+                )
+        resident = self._elsewhere(artifact, record)
+        return CacheReport(
+            artifact=artifact.artifact,
+            resident=resident,
+            state="resident" if resident else "missing",
+            progress=1.0 if resident else 0.0,
+        )
+
+    def _elsewhere(self, artifact: WarmArtifact, record: NodeRecord) -> bool:
         names = {*artifact.locations, artifact.digest} - {""}
         for location in artifact.locations:
             path = _local_path(location)
@@ -207,9 +237,12 @@ class CacheReports(_WholeSet):
         return False
 
     def fields(self, record: NodeRecord) -> dict[str, Any]:
-        """Residency of each warm artifact, when it changed."""
-        now = [CacheReport(artifact=a.artifact, resident=self.resident(a, record))
-               for a in self._warm]  # fmt: skip
+        """Residency of each warm artifact, when it changed (progress in tenths: a fetch
+        is not a report every beat)."""
+        now = []
+        for artifact in self._warm:
+            report = self.report(artifact, record)
+            now.append(msgspec.structs.replace(report, progress=int(report.progress * 10) / 10))
         return self.offer("cache", now)
 
 
@@ -220,10 +253,11 @@ def machinery_reporters(
     home: Path,
     node_id: str,
     plane_url: str,
+    weights: StoreWeights | None = None,
 ) -> tuple[list[Reporter], list[Any]]:
     """The machinery side's sync reporters and `on_desired` handlers, for `plane_link`."""
     ops = PlaneOps(operations, self_id=node_id, home=home)
-    cache = CacheReports(deployment_of)
+    cache = CacheReports(deployment_of, weights)
     events = EventReports(home=home, plane_url=plane_url, node_id=node_id)
     reporters: list[Reporter] = [ops, events, ComponentReports(deployment_of), cache]
     return reporters, [ops.on_desired, cache.on_desired]

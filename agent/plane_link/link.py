@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from agent.artifacts.weights import StoreWeights
 from agent.cluster.deployments import Deployments
 from agent.cluster.members import Members
 from agent.cluster.operations import Operations
@@ -47,6 +48,7 @@ class PlaneParts:
     facade: Facade
     members: Members
     control: ReplicaControl
+    weights: StoreWeights | None = None  # this member's artifacts: the warm set, residency
 
 
 @dataclass
@@ -89,7 +91,12 @@ def plane_link(
         return None
     node_id = identity.node.node_id
     machinery, handlers = machinery_reporters(
-        parts.operations, parts.deployments.get, home=home, node_id=node_id, plane_url=settings.url
+        parts.operations,
+        parts.deployments.get,
+        home=home,
+        node_id=node_id,
+        plane_url=settings.url,
+        weights=parts.weights,
     )
     reporters: list[Reporter] = [*machinery]  # operations, events, components, cache
     reporters.append(ReplicaReporter(parts.control.observed.drifts))  # replicas, facade URL

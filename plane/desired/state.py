@@ -168,10 +168,14 @@ class ComponentReport(Struct, kw_only=True, frozen=True):
 
 
 class CacheReport(Struct, kw_only=True, frozen=True):
-    """Whether an artifact's weights are resident on this node."""
+    """Whether an artifact's weights are resident on this node: from its store, pieces
+    verified (issue 28). `state` and `progress` are new in 0.2.0 (a node of 0.1.0 sends
+    `resident` alone; a plane of 0.1.0 ignores them)."""
 
     artifact: _ArtId
     resident: bool
+    state: Literal["", "resident", "fetching", "missing"] = ""
+    progress: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0  # share of pieces held
 
 
 class OperationReport(Struct, kw_only=True, frozen=True):

@@ -46,12 +46,16 @@ _UPSERT_COMPONENTS: Final = (
 )
 # Only artifacts the plane knows: a node may hold weights of one the plane never declared.
 _UPSERT_CACHE: Final = (
-    "INSERT INTO cache_entries (artifact_id, cluster_id, node_id, resident) "
-    "SELECT u.id, %s, %s, u.resident FROM unnest(%s::text[], %s::bool[]) AS u(id, resident) "
+    "INSERT INTO cache_entries (artifact_id, cluster_id, node_id, resident, state, progress) "
+    "SELECT u.id, %s, %s, u.resident, u.state, u.progress "
+    "FROM unnest(%s::text[], %s::bool[], %s::text[], %s::real[]) "
+    "AS u(id, resident, state, progress) "
     "JOIN artifacts a ON a.id = u.id "
     "ON CONFLICT (artifact_id, cluster_id, node_id) DO UPDATE SET "
-    "resident = excluded.resident, updated_at = now() "
-    "WHERE cache_entries.resident <> excluded.resident"
+    "resident = excluded.resident, state = excluded.state, progress = excluded.progress, "
+    "updated_at = now() "
+    "WHERE (cache_entries.resident, cache_entries.state, cache_entries.progress) "
+    "IS DISTINCT FROM (excluded.resident, excluded.state, excluded.progress)"
 )
 
 
@@ -146,12 +150,22 @@ async def _components(cur: Any, cluster_id: str, node_id: str, batch: SyncBatch)
 
 
 async def _cache(cur: Any, cluster_id: str, node_id: str, batch: SyncBatch) -> int:
-    resident = {c.artifact: c.resident for c in batch.cache or []}
-    ids = sorted(resident)
+    reports = {c.artifact: c for c in batch.cache or []}
+    ids = sorted(reports)
     await cur.execute(
         "DELETE FROM cache_entries WHERE cluster_id = %s AND node_id = %s "
         "AND NOT (artifact_id = ANY(%s))",
         (cluster_id, node_id, ids),
     )
-    await cur.execute(_UPSERT_CACHE, (cluster_id, node_id, ids, [resident[i] for i in ids]))
+    await cur.execute(
+        _UPSERT_CACHE,
+        (
+            cluster_id,
+            node_id,
+            ids,
+            [reports[i].resident for i in ids],
+            [reports[i].state for i in ids],
+            [reports[i].progress for i in ids],
+        ),
+    )
     return int(cur.rowcount)

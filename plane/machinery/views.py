@@ -51,7 +51,13 @@ _CACHE: Final = """
 SELECT c.cluster_id, c.artifact_id,
        bool_or(c.node_id = '' AND c.declared_warm) AS warm,
        coalesce(array_agg(c.node_id ORDER BY c.node_id)
-                FILTER (WHERE c.node_id <> '' AND c.resident), ARRAY[]::text[]) AS resident
+                FILTER (WHERE c.node_id <> '' AND c.resident), ARRAY[]::text[]) AS resident,
+       coalesce(array_agg(c.node_id ORDER BY c.node_id)
+                FILTER (WHERE c.node_id <> '' AND NOT c.resident AND c.state = 'fetching'),
+                ARRAY[]::text[]) AS fetching,
+       coalesce(array_agg(c.progress ORDER BY c.node_id)
+                FILTER (WHERE c.node_id <> '' AND NOT c.resident AND c.state = 'fetching'),
+                ARRAY[]::real[]) AS progress
 FROM cache_entries c {where}
 GROUP BY c.cluster_id, c.artifact_id
 ORDER BY c.cluster_id, c.artifact_id LIMIT 10000
@@ -60,7 +66,8 @@ ORDER BY c.cluster_id, c.artifact_id LIMIT 10000
 
 async def cache_view(conn: Conn, *, cluster_id: str | None) -> list[dict[str, Any]]:
     """Per cluster and artifact: whether it is declared warm there, the nodes that hold it
-    resident, and -- for a warm one -- the cluster's nodes that do not yet."""
+    resident (from their artifact stores), those fetching it (with the share of pieces
+    held), and -- for a warm one -- the cluster's nodes that have none of it yet."""
     where = "WHERE c.cluster_id = %s" if cluster_id is not None else ""
     params = [cluster_id] if cluster_id is not None else []
     cursor = await conn.execute(_CACHE.format(where=where), params)
@@ -73,14 +80,19 @@ async def cache_view(conn: Conn, *, cluster_id: str | None) -> list[dict[str, An
     for owner, node in await cursor.fetchall():
         nodes.setdefault(owner, []).append(node)
     view = []
-    for owner, artifact, warm, resident in rows:
+    for owner, artifact, warm, resident, fetching, progress in rows:
         entry: dict[str, Any] = {
             "cluster": owner,
             "artifact": artifact,
             "declaredWarm": bool(warm),
             "residentOn": list(resident),
+            "fetchingOn": [
+                {"node": n, "progress": round(float(p), 2)}
+                for n, p in zip(fetching, progress, strict=True)
+            ],
         }
         if warm:
-            entry["missingOn"] = [n for n in nodes.get(owner, []) if n not in resident]
+            held = {*resident, *fetching}
+            entry["missingOn"] = [n for n in nodes.get(owner, []) if n not in held]
         view.append(entry)
     return view

@@ -6,11 +6,18 @@ cache residency each batch carries."""
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
+from agent.artifacts.fetcher import Sources
+from agent.artifacts.fetches import Fetches
+from agent.artifacts.store import ArtifactStore, describe_files
+from agent.artifacts.weights import StoreWeights
+from agent.cluster.artifacts import Artifacts
 from agent.engines.gpus import simulate
 from agent.plane_link.events import CacheReports, ComponentReports, EventReports
 from agent.plane_link.ops import INTERRUPTED, PlaneOps
@@ -177,3 +184,39 @@ async def test_components_and_cache_are_sent_when_they_change(tmp_path: Path) ->
     batch = next_batch(components, cache, record=ready)
     assert ("engine:vllm:llama", "0.6.1") in [(c.name, c.version) for c in batch.components or []]
     assert [c.resident for c in batch.cache or []] == [True, True, False]  # served from it
+
+
+async def test_cache_residency_comes_from_the_artifact_store(tmp_path: Path) -> None:
+    """Issue 28: a warm artifact the cluster knows is resident only once the store holds
+    every piece verified -- not because a path among its locations exists -- and the warm
+    set the plane declares is handed to the member's artifacts, which fetch it."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "w.bin").write_bytes(os.urandom(3 * 65536))
+    manifest = describe_files(weights, 65536)
+    artifacts = Artifacts(tmp_path, sign=lambda a: a)
+    known = artifacts.add("w", manifest)
+    store = ArtifactStore(tmp_path / "store")
+    held = StoreWeights(artifacts, Fetches(store, list, cast(Sources, None), _spawn))
+    cache = CacheReports(lambda name: None, held)
+    warm = WarmArtifact(
+        artifact=prefixed_ulid("art"), digest=known.digest, locations=[str(weights)]
+    )
+    await cache.on_desired(desired(warm=[warm]))
+    assert held.plane_warm == {known.digest}
+    assert [a.name for a in held.warm()] == ["w"]  # the member fetches it
+    record = node_record(NODE, 1)
+    batch = next_batch(cache, record=record)
+    assert [(c.resident, c.state) for c in batch.cache or []] == [(False, "missing")]
+    cache.sent()
+    store.put_manifest(known.digest, msgspec.json.encode(manifest))
+    store.import_files(weights, known.digest)
+    batch = next_batch(cache, record=record)
+    assert [(c.resident, c.state, c.progress) for c in batch.cache or []] == [
+        (True, "resident", 1.0)
+    ]
+
+
+def _spawn(name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    coro.close()
+    raise AssertionError("nothing is fetched here")

@@ -304,8 +304,16 @@ async def test_components_and_cache_replace_the_nodes_own_rows(plane: Plane) -> 
     entries = {e["artifact"]: e for e in cache["items"]}
     assert entries[art] == {
         "cluster": cluster, "artifact": art, "declaredWarm": True,
-        "residentOn": [node], "missingOn": [neighbour],
+        "residentOn": [node], "fetchingOn": [], "missingOn": [neighbour],
     }  # fmt: skip
+    # The neighbour fetching it (a node of 0.2.0 says how far): neither resident nor missing.
+    fetching = CacheReport(artifact=art, resident=False, state="fetching", progress=0.4)
+    assert (await sync(plane, token, batch(neighbour, 4, cache=[fetching])))[0] == 200
+    _, cache = await plane.call("GET", f"/v1/cache?cluster={cluster}", ADMIN)
+    entries = {e["artifact"]: e for e in cache["items"]}
+    assert entries[art]["fetchingOn"] == [{"node": neighbour, "progress": 0.4}]
+    assert entries[art]["missingOn"] == []
+    assert (await sync(plane, token, batch(neighbour, 5, cache=[])))[0] == 200  # dropped again
     assert entries[cold]["declaredWarm"] is False
     assert "missingOn" not in entries[cold]
     unknown = CacheReport(artifact=new_id("art"), resident=True)  # one the plane never declared
