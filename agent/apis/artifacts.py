@@ -2,8 +2,10 @@
 whether each is resident here), `POST /v1/artifacts` (name local files as an artifact:
 hashed, taken into this member's store, announced to every member), `POST
 /v1/artifacts/{name}/fetch` (fetch it from the members that hold it, in the background) and
-`DELETE /v1/artifacts/{name}` (forget it cluster-wide), `DELETE /v1/artifacts/{name}/here`
-(drop this member's copy). Owner-only, as the whole local API."""
+`POST /v1/artifacts/{name}/warm` (`{"warm": bool}`: in or out of the cluster's warm set,
+which every member keeps resident), `DELETE /v1/artifacts/{name}` (forget it
+cluster-wide), `DELETE /v1/artifacts/{name}/here` (drop this member's copy). Owner-only,
+as the whole local API."""
 
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ class AddArtifact(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
 
 _add = msgspec.json.Decoder(AddArtifact)
+
+
+class _Warm(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    warm: bool = True
+
+
+_warm = msgspec.json.Decoder(_Warm)
 
 
 def artifact_routes(
@@ -99,6 +108,14 @@ def artifact_routes(
             raise web.HTTPConflict(text=f"{exc}\n") from None
         return json_answer(view(artifact))
 
+    async def warm(request: web.Request) -> web.Response:
+        wanted = await read_json(request, _warm)
+        try:
+            made = artifacts.warm(named(request).name, wanted.warm)
+        except ArtifactRefused as exc:
+            raise bad_request(exc) from None
+        return json_answer(view(made))
+
     async def forget(request: web.Request) -> web.Response:
         made = artifacts.forget(named(request).name)
         return json_answer({"forgotten": made.name, "version": made.version})
@@ -107,6 +124,7 @@ def artifact_routes(
         web.get("/v1/artifacts", listing),
         web.post("/v1/artifacts", add),
         web.post("/v1/artifacts/{name}/fetch", fetch),
+        web.post("/v1/artifacts/{name}/warm", warm),
         web.delete("/v1/artifacts/{name}", forget),
         web.delete("/v1/artifacts/{name}/here", drop),
     ]

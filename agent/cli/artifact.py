@@ -1,4 +1,4 @@
-"""`nvpair artifact add|list|fetch|rm|forget`: weights as cluster artifacts (issue 28), through
+"""`nvpair artifact add|list|fetch|warm|rm|forget`: weights as cluster artifacts (issue 28), through
 the running agent's local API. `add` hashes local files into this member's store and names
 them for every member; `fetch` makes an artifact resident here from the members that hold
 it; `list` shows the cluster's artifacts and whether each is resident here."""
@@ -44,6 +44,12 @@ def add_commands(commands: Any) -> None:
     fetch.add_argument("name")
     fetch.add_argument("--wait", action="store_true", help="wait until it is resident")
     fetch.set_defaults(run=_fetch)
+    warm = sub.add_parser(
+        "warm", help="keep artifacts resident on every member (the cluster's warm set)"
+    )
+    warm.add_argument("names", nargs="+", metavar="NAME")
+    warm.add_argument("--off", action="store_true", help="take them out of the warm set")
+    warm.set_defaults(run=_warm)
     rm = sub.add_parser("rm", help="drop this member's copy (the others keep theirs)")
     rm.add_argument("name")
     rm.set_defaults(run=_rm)
@@ -74,12 +80,22 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
-    rows = [["NAME", "ID", "DIGEST", "SIZE", "HERE", "MEMBERS"]]
+    rows = [["NAME", "ID", "DIGEST", "SIZE", "WARM", "HERE", "MEMBERS"]]
     rows += [
-        [a["name"], a["id"], a["digest"][:19], _size(a["size"]), _here(a), _members(a)]
+        [a["name"], a["id"], a["digest"][:19], _size(a["size"]), "yes" if a.get("warm") else "",
+         _here(a), _members(a)]
         for a in found
-    ]
+    ]  # fmt: skip
     print(cli_http.table(rows))
+    return 0
+
+
+def _warm(args: argparse.Namespace) -> int:
+    for name in args.names:
+        quoted = urllib.parse.quote(name, safe="")
+        made = cli_http.post(f"/v1/artifacts/{quoted}/warm", {"warm": not args.off})
+        said = "warm: every member keeps it resident" if made["warm"] else "not warm"
+        print(f"{made['name']}: {said}")
     return 0
 
 

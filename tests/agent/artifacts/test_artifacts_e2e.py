@@ -194,3 +194,28 @@ def _argv(pid: int) -> list[str]:
 async def _lacks(node: Node, member: str, name: str) -> bool:
     found = await listed(node, name)
     return found is not None and found.get("members", {}).get(member) == "absent"
+
+
+async def test_an_artifact_made_warm_is_fetched_by_every_member_unasked(
+    trio: list[Node], tmp_path: Path
+) -> None:
+    a, b, c = trio
+    weights = tmp_path / "warm-w"
+    weights.mkdir()
+    (weights / "w.bin").write_bytes(os.urandom(2 * 1024 * 1024))
+    code, _, err = await a.cli("artifact", "add", str(weights), "--name", "warm-w")
+    assert code == 0, err
+    await eventually(lambda: _is(c, "warm-w", "absent"), "c learns of warm-w")
+    assert await _is(b, "warm-w", "absent")  # the control: nobody fetches it unasked
+    code, out, err = await b.cli("artifact", "warm", "warm-w")
+    assert code == 0, err
+    assert "warm-w: warm" in out
+    for node in (b, c):
+        await eventually(
+            lambda n=node: _is(n, "warm-w", "resident"), f"{node.name} keeps warm-w resident"
+        )
+    code, out, err = await c.cli("artifact", "list")
+    assert code == 0, err
+    assert any("warm-w" in line and " yes " in line for line in out.splitlines())
+    code, _, err = await a.cli("artifact", "warm", "--off", "warm-w")
+    assert code == 0, err
