@@ -11,7 +11,8 @@ in flight from whom, and decides:
 - **Every source replaceable.** A source that goes (`source_gone`) gives back what it had in
   flight, and those pieces are asked of others; a piece that fails its hash (`refused`) is
   asked again of another source, and a source that sends `strikes` bad pieces is never
-  asked again (`avoided`).
+  asked again (`avoided`). A source whose link is booked says so (`busy`): it rests a moment
+  while the others are asked.
 - **Resumable.** A fetcher that starts again begins with the pieces it already holds.
 """
 
@@ -63,6 +64,7 @@ class Fetch:
     _asked: dict[int, str] = field(default_factory=dict)  # piece -> the source asked for it
     _bad: dict[str, int] = field(default_factory=dict)  # source -> bad pieces it sent
     _order: list[int] = field(default_factory=list)  # the tie-break order of pieces
+    _resting: set[str] = field(default_factory=set)  # busy sources, asked nothing for now
 
     def __post_init__(self) -> None:
         self._order = list(range(self.count))
@@ -83,6 +85,22 @@ class Fetch:
             del self._asked[piece]
         return back
 
+    def busy(self, piece: int, source: str) -> None:
+        """`source` said it is busy (its link booked): `piece` is asked of another, and the
+        source rests -- asked nothing -- until `wake(source)`, when the caller's pause ends."""
+        if self._asked.get(piece) == source:
+            del self._asked[piece]
+        self._resting.add(source)
+
+    def wake(self, source: str) -> None:
+        """`source` may be asked again."""
+        self._resting.discard(source)
+
+    @property
+    def resting(self) -> bool:
+        """Whether some source rests (said it was busy)."""
+        return bool(self._resting)
+
     def avoided(self, source: str) -> bool:
         """Whether `source` sent `strikes` bad pieces and is asked for nothing more."""
         return self._bad.get(source, 0) >= self.strikes
@@ -97,7 +115,11 @@ class Fetch:
         room = self.in_flight - len(self._asked)
         if room <= 0:
             return []
-        usable = {s: held for s, held in self._sources.items() if not self.avoided(s)}
+        usable = {
+            s: held
+            for s, held in self._sources.items()
+            if not self.avoided(s) and s not in self._resting
+        }
         holders: dict[int, list[str]] = {}
         for source, held in sorted(usable.items()):
             for piece in held:

@@ -59,6 +59,8 @@ from netkit.sites import PerSourceRate, start_runner
 __all__ = ["JoinAnswer", "NodeApi"]
 
 PIECE_READS: Final = 4  # artifact pieces read for members at once (each up to 64 MiB)
+BUSY_S: Final = 1.0  # a paced member with this much already booked answers 503 (busy)
+_BUSY: Final = {"Retry-After": "1"}
 # NVPAIR_TEST_CORRUPT_PIECES=1: this member flips a byte of every artifact piece it serves
 # (the mixed-fault tests' corrupting member; never set it on a member that serves).
 _CORRUPT: Final = os.environ.get("NVPAIR_TEST_CORRUPT_PIECES") == "1"
@@ -334,6 +336,10 @@ class NodeApi:
         text = request.match_info["piece"]
         if not text.isdigit() or len(text) > 7:
             raise web.HTTPBadRequest(text="not a piece number\n")
+        if self._pace.backlog() > BUSY_S:
+            # Its link is booked for a while ([artifacts] max_rate): the member asks another
+            # holder now rather than wait in line here (every receiver is a source).
+            raise web.HTTPServiceUnavailable(text="busy serving pieces\n", headers=_BUSY)
         async with self._piece_reads:  # pieces in memory: at most PIECE_READS, paced ones too
             try:
                 data = await asyncio.to_thread(store.read_piece, digest, int(text))

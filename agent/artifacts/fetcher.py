@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from agent.artifacts.counters import ArtifactCounters
 from agent.artifacts.pace import Pace
@@ -33,6 +34,7 @@ __all__ = ["FetchFailed", "FetchFigures", "Sources", "fetch"]
 log = logging.getLogger(__name__)
 
 RESCAN_S: Final = 1.0  # how long to wait before asking the sources again when stuck
+BUSY_REST_S: Final = 0.25  # a source that said it is busy is asked nothing this long
 GIVE_UP_S: Final = 60.0  # stuck this long (no source holds a missing piece): the fetch fails
 
 
@@ -87,25 +89,45 @@ async def fetch(
         await _manifest(store, digest, members(), sources)
         manifest = await asyncio.to_thread(store.manifest, digest)
         assert manifest is not None  # put_manifest kept it
-    held = await asyncio.to_thread(store.held, digest)
+    held = await asyncio.to_thread(store.held_checked, digest)
     figures.pieces_held_before = len(held)
-    plan = Fetch(count=manifest.piece_count, have=held, per_source=per_source, in_flight=in_flight)
+    # Each fetcher its own order among equally rare pieces: members fetching at once ask
+    # for different pieces, and soon hold pieces to give each other.
+    plan = Fetch(
+        count=manifest.piece_count,
+        have=held,
+        per_source=per_source,
+        in_flight=in_flight,
+        seed=random.randrange(2**32),
+    )
     layout = Layout(manifest)
+    loop = asyncio.get_running_loop()
 
     async def paced(piece: int, source: str) -> bytes:
-        await pace.take(layout.piece(piece).length)
-        return await sources.artifact_piece(source, digest, piece)
+        size = layout.piece(piece).length
+        await pace.take(size)
+        try:
+            return await sources.artifact_piece(source, digest, piece)
+        except MemberRefused as exc:
+            if exc.status == 503:
+                pace.refund(size)  # nothing came: this member's link was not used
+            raise
+
+    def rest(source: str) -> None:
+        # A busy source rests `BUSY_REST_S`, then may be asked again.
+        loop.call_later(BUSY_REST_S, plan.wake, source)
 
     stuck_since: float | None = None
-    loop = asyncio.get_running_loop()
     await _ask_who_holds(plan, digest, members(), sources)
+    next_scan = loop.time() + rescan_s
+    scan: asyncio.Task[None] | None = None
     running: dict[asyncio.Task[bytes], tuple[int, str]] = {}
     try:
         while not plan.done:
             for piece, source in plan.next():
                 task = asyncio.create_task(paced(piece, source))
                 running[task] = (piece, source)
-            if not running:
+            if not running and scan is None:
                 if plan.stuck():
                     stuck_since = stuck_since if stuck_since is not None else loop.time()
                     if loop.time() - stuck_since > give_up_s:
@@ -113,18 +135,36 @@ async def fetch(
                             f"{digest[:19]}: {plan.count - len(plan.have)} pieces held by no "
                             "member that answers"
                         )
+                if plan.resting:  # the sources it needs are busy: a short pause, then again
+                    await asyncio.sleep(BUSY_REST_S)  # a pause, not a sync
+                    continue
                 await asyncio.sleep(rescan_s)  # a pause before asking again, not a sync
                 await _ask_who_holds(plan, digest, members(), sources)
+                next_scan = loop.time() + rescan_s
                 continue
             stuck_since = None
-            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
-                piece, source = running.pop(task)
-                await _take(store, plan, digest, piece, source, task, figures, counters)
+            # Who holds what is asked again every `rescan_s` while pieces come: the other
+            # members fetching the same artifact hold more each time (a swarm).
+            if scan is None and loop.time() >= next_scan:
+                scan = asyncio.create_task(_ask_who_holds(plan, digest, members(), sources))
+            waiting: set[asyncio.Future[Any]] = {*running, *([scan] if scan else [])}
+            timeout = None if scan is not None else max(0.0, next_scan - loop.time())
+            finished, _ = await asyncio.wait(
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for ended in finished:
+                if ended is scan:
+                    scan.result()
+                    scan, next_scan = None, loop.time() + rescan_s
+                    continue
+                got = cast(asyncio.Task[bytes], ended)  # not the scan: a piece's
+                piece, source = running.pop(got)
+                await _take(store, plan, digest, piece, source, got, figures, counters, rest)
     finally:
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        pending: list[asyncio.Future[Any]] = [*running, *([scan] if scan else [])]
+        for left in pending:
+            left.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     return await asyncio.to_thread(store.assemble, digest)
 
 
@@ -164,13 +204,23 @@ async def _take(
     task: asyncio.Task[bytes],
     figures: FetchFigures,
     counters: ArtifactCounters,
+    rest: Callable[[str], None],
 ) -> None:
     try:
         data = task.result()
-    except (MemberUnreachable, MemberRefused) as exc:
+    except MemberRefused as exc:
+        if exc.status == 503:  # its link is booked: another holder is asked meanwhile
+            plan.busy(piece, source)
+            rest(source)
+            return
         log.info("piece %d of %s from %s: %s", piece, digest[:19], source, exc)
         plan.failed(piece, source)
         plan.source_gone(source)  # asked again what it holds at the next scan
+        return
+    except MemberUnreachable as exc:
+        log.info("piece %d of %s from %s: %s", piece, digest[:19], source, exc)
+        plan.failed(piece, source)
+        plan.source_gone(source)
         return
     try:
         kept = await asyncio.to_thread(store.put_piece, digest, piece, data)

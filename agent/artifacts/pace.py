@@ -37,6 +37,15 @@ class Pace:
         self._next = free_at + size / self.rate
         return max(0.0, free_at - BURST_S - now)
 
+    def refund(self, size: int) -> None:
+        """`size` bytes reserved were not sent after all (the source was busy)."""
+        if self.rate > 0:
+            self._next = max(self._clock() - BURST_S, self._next - size / self.rate)
+
+    def backlog(self) -> float:
+        """Seconds of bytes already reserved beyond now (0: idle, or no bound)."""
+        return max(0.0, self._next - self._clock()) if self.rate > 0 else 0.0
+
     async def take(self, size: int) -> None:
         """Wait until `size` more bytes fit in the rate."""
         wait = self.delay(size)

@@ -40,6 +40,8 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes |
     """The whole body, or None when it is longer than `limit` (not read past it)."""
     if (response.content_length or 0) > limit:
         return None
+    if response.content_length is not None:  # bounded by its length: read at once
+        return await response.read()
     chunks, total = [], 0
     async for chunk in response.content.iter_chunked(256 * 1024):
         total += len(chunk)
