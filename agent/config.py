@@ -130,6 +130,9 @@ class ArtifactsTable(Struct, forbid_unknown_fields=True, frozen=True):
     # Bytes a second this member fetches and serves artifact pieces at, each way; 0: no
     # limit. A transfer then leaves the rest of the link to inference traffic.
     max_rate: Annotated[int, Meta(ge=0)] = 0
+    # PEM certificates trusted for `https://` downloads instead of the system's (an internal
+    # mirror with its own CA); relative paths are to the home.
+    ca_file: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
 
 
 class _File(Struct, forbid_unknown_fields=True, frozen=True):

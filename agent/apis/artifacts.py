@@ -19,20 +19,23 @@ from aiohttp import web
 from msgspec import Meta
 
 from agent.apis.answers import bad_request, json_answer, read_json
-from agent.artifacts.fetches import Fetches, FetchRefused
-from agent.artifacts.store import StoreError, describe_files
-from agent.artifacts.weights import where
-from agent.cluster.artifacts import ArtifactRefused, Artifacts
-from facts.artifacts import MAX_PIECE_SIZE, PIECE_SIZE, Artifact, manifest_digest
+from agent.artifacts.fetches import FetchRefused
+from agent.artifacts.sources import SourceError
+from agent.artifacts.weights import StoreWeights, where
+from agent.cluster.artifacts import ArtifactRefused
+from facts.artifacts import MAX_PIECE_SIZE, PIECE_SIZE, Artifact
 from facts.records import NodeRecord
 
 __all__ = ["AddArtifact", "artifact_routes"]
 
 
 class AddArtifact(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Body of `POST /v1/artifacts` (`nvpair artifact add`)."""
+    """Body of `POST /v1/artifacts` (`nvpair artifact add`): files on this member (`path`,
+    absolute) or one file behind an https URL (`url`, with its `sha256`)."""
 
-    path: Annotated[str, Meta(min_length=1, max_length=4096)]  # on this member
+    path: Annotated[str, Meta(max_length=4096)] = ""
+    url: Annotated[str, Meta(max_length=8192)] = ""
+    sha256: Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")] = ""
     name: Annotated[str, Meta(min_length=1, max_length=256)]
     pieceSize: Annotated[int, Meta(ge=64 * 1024, le=MAX_PIECE_SIZE)] = PIECE_SIZE
 
@@ -48,11 +51,11 @@ _warm = msgspec.json.Decoder(_Warm)
 
 
 def artifact_routes(
-    artifacts: Artifacts, fetches: Fetches, records: Callable[[], list[NodeRecord]] = list
+    weights: StoreWeights, records: Callable[[], list[NodeRecord]] = list
 ) -> list[web.RouteDef]:
-    """The routes over this member's artifact facts and fetches; `records`, the members'
-    records, say what each member holds."""
-    store = fetches.store
+    """The routes over this member's artifact facts, fetches and sources; `records`, the
+    members' records, say what each member holds."""
+    artifacts, fetches, sources = weights.artifacts, weights.fetches, weights.sources
 
     def view(artifact: Artifact) -> dict[str, Any]:
         shown: dict[str, Any] = msgspec.to_builtins(artifact)
@@ -66,21 +69,22 @@ def artifact_routes(
 
     async def add(request: web.Request) -> web.Response:
         wanted = await read_json(request, _add)
-        if not wanted.path.startswith("/"):
-            raise bad_request("an absolute path on this member", "path")
-        source = Path(wanted.path)
+        if bool(wanted.path) == bool(wanted.url):
+            raise bad_request("a path on this member or an https:// URL, one of them", "path")
         try:
-            manifest = await asyncio.to_thread(describe_files, source, wanted.pieceSize)
-            digest = manifest_digest(manifest)
-            if await asyncio.to_thread(store.resident, digest) is not None:
-                await asyncio.to_thread(store.touch, digest)  # the same files again: a use
+            if wanted.path:
+                if not wanted.path.startswith("/"):
+                    raise bad_request("an absolute path on this member", "path")
+                made = await sources.take_local(
+                    Path(wanted.path), wanted.name, piece_size=wanted.pieceSize
+                )
             else:
-                await asyncio.to_thread(fetches.make_room, manifest.size)
-                raw = msgspec.json.encode(manifest)
-                await asyncio.to_thread(store.put_manifest, digest, raw)
-                await asyncio.to_thread(store.import_files, source, digest)
-            made = artifacts.add(wanted.name, manifest)
-        except (StoreError, ArtifactRefused) as exc:
+                if not wanted.sha256:
+                    raise bad_request("the SHA-256 of the URL's file (64 hex digits)", "sha256")
+                made = await sources.take_url(
+                    wanted.url, wanted.name, sha256=wanted.sha256, piece_size=wanted.pieceSize
+                )
+        except SourceError as exc:
             raise bad_request(exc) from None
         except FetchRefused as exc:  # no room within the disk budget
             raise web.HTTPInsufficientStorage(text=f"{exc}\n") from None

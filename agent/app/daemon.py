@@ -172,7 +172,10 @@ class Agent:
             budget=config.artifacts.max_bytes,
             max_rate=config.artifacts.max_rate,
         )
-        weights = StoreWeights(artifacts, fetches)
+        ca_file = config.artifacts.ca_file
+        weights = StoreWeights(
+            artifacts, fetches, ca_file=config.home / ca_file if ca_file else None
+        )
         engines, control = self._engine_parts(deployments, here, record_changed, weights)
         # Never evicted: what replicas here load, and the warm set.
         fetches.pinned = lambda: control.weights_in_use() | {a.digest for a in weights.warm()}
@@ -286,7 +289,7 @@ class Agent:
                 routes=[
                     *usage_routes(usage),
                     *plane_routes(link),
-                    *artifact_routes(artifacts, fetches, members.records),
+                    *artifact_routes(weights, members.records),
                 ],
                 ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
             ),

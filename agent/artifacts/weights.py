@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.artifacts.fetches import RETRY_S, Fetches, FetchRefused
+from agent.artifacts.sources import Sources
 from agent.cluster.artifacts import Artifacts
 from agent.engines.weights import WeightsState
 from facts.artifacts import Artifact, Manifest
@@ -37,11 +38,21 @@ def model_path(folder: Path, manifest: Manifest) -> Path:
 class StoreWeights:
     """The artifact facts, this member's store and its fetches, together."""
 
-    def __init__(self, artifacts: Artifacts, fetches: Fetches) -> None:
+    def __init__(
+        self, artifacts: Artifacts, fetches: Fetches, *, ca_file: Path | None = None
+    ) -> None:
         self.artifacts = artifacts
         self.fetches = fetches
-        # The plane's warm set for this cluster, by digest (`DesiredState.warm`).
+        self.sources = Sources(artifacts, fetches, ca_file=ca_file)  # paths, https:// URLs
+        # The plane's warm set for this cluster, by digest (`DesiredState.warm`), and each
+        # one's plane id and locations (where one the cluster does not know is taken from).
         self.plane_warm: frozenset[str] = frozenset()
+        self._plane_entries: list[tuple[str, str, list[str]]] = []
+
+    def set_plane_warm(self, entries: Iterable[tuple[str, str, list[str]]]) -> None:
+        """The plane's warm set: (plane artifact id, digest, locations) each."""
+        self._plane_entries = [e for e in entries if e[1]]
+        self.plane_warm = frozenset(digest for _, digest, _ in self._plane_entries)
         self._said: dict[str, bool] = {}  # digest -> why it is not resident was logged
 
     def warm(self) -> list[Artifact]:
@@ -63,8 +74,12 @@ class StoreWeights:
 
     async def keep_warm(self, interval_s: float = WARM_S) -> None:
         """Until cancelled: every member fetches each artifact of the warm set it lacks, in
-        the background (a failed fetch is tried again after `RETRY_S`)."""
+        the background (a failed fetch is tried again after `RETRY_S`); one the plane
+        declares that the cluster does not know is taken from a location this member
+        reaches (`Sources.plane_warm`)."""
         while True:
+            for artifact_id, digest, locations in self._plane_entries:
+                await self.sources.plane_warm(artifact_id, digest, locations)
             said: dict[str, bool] = {}
             for artifact in self.warm():
                 state = await self.need(artifact.digest)

@@ -28,7 +28,10 @@ def add_commands(commands: Any) -> None:
     )
     sub = artifact.add_subparsers(dest="artifact_command", metavar="SUBCOMMAND", required=True)
     add = sub.add_parser("add", help="hash local files (a file or a folder) into an artifact")
-    add.add_argument("path", type=Path, help="a file or a folder of files on this machine")
+    add.add_argument(
+        "path", help="a file or a folder of files on this machine, or an https:// URL of a file"
+    )
+    add.add_argument("--sha256", default="", help="with a URL: the file's SHA-256 (required)")
     add.add_argument("--name", help="the name deployments use (default: the file's or folder's)")
     add.add_argument(
         "--piece-size",
@@ -59,8 +62,15 @@ def add_commands(commands: Any) -> None:
 
 
 def _add(args: argparse.Namespace) -> int:
-    source = args.path.resolve()
-    body: dict[str, Any] = {"path": str(source), "name": args.name or source.name}
+    body: dict[str, Any]
+    if "://" in args.path:  # a URL: the agent downloads it, and checks its SHA-256
+        if not args.sha256:
+            raise CliError("a URL needs --sha256: the file's SHA-256, to check what comes")
+        last = urllib.parse.urlsplit(args.path).path.rsplit("/", 1)[-1]
+        body = {"url": args.path, "sha256": args.sha256.lower(), "name": args.name or last}
+    else:
+        source = Path(args.path).resolve()
+        body = {"path": str(source), "name": args.name or source.name}
     if args.piece_size:
         body["pieceSize"] = args.piece_size
     made = cli_http.request(

@@ -200,7 +200,7 @@ class CacheReports(_WholeSet):
         """Keep the cluster's declared warm set."""
         self._warm = list(state.warm)
         if self._weights is not None:
-            self._weights.plane_warm = frozenset(a.digest for a in self._warm if a.digest)
+            self._weights.set_plane_warm((a.artifact, a.digest, a.locations) for a in self._warm)
 
     def report(self, artifact: WarmArtifact, record: NodeRecord) -> CacheReport:
         """Where `artifact`'s weights stand on this node: from the artifact store (pieces

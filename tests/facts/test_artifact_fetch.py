@@ -111,3 +111,28 @@ def test_a_bitmap_says_exactly_which_pieces_are_held() -> None:
     for bad in ("***", to_bitmap({1}, 9)):  # not base64; a bitmap of another size
         with pytest.raises(ValueError, match="bitmap"):
             from_bitmap(bad, 17)
+
+
+def test_a_busy_source_rests_while_the_others_are_asked() -> None:
+    fetch = Fetch(count=4, per_source=1, in_flight=4, seed=3)
+    fetch.source_holds("holder", range(4))
+    fetch.source_holds("peer", [1, 2])
+    asked = dict(fetch.next())
+    on_holder = next(p for p, s in asked.items() if s == "holder")
+    fetch.busy(on_holder, "holder")  # its link is booked
+    assert fetch.resting
+    again = fetch.next()
+    assert all(s != "holder" for _, s in again)  # it rests: nothing more is asked of it
+    assert fetch.avoided("holder") is False  # busy is no strike
+    fetch.wake("holder")
+    assert not fetch.resting
+    assert [s for _, s in fetch.next()] == ["holder"]  # asked again once it wakes
+
+
+def test_fetchers_seeded_apart_ask_for_different_pieces_first() -> None:
+    firsts = set()
+    for seed in range(8):
+        fetch = Fetch(count=64, per_source=1, in_flight=1, seed=seed)
+        fetch.source_holds("holder", range(64))
+        firsts.add(fetch.next()[0][0])
+    assert len(firsts) > 4  # not all on piece 0: receivers soon have pieces to trade

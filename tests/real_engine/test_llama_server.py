@@ -304,3 +304,41 @@ async def test_a_corrupt_model_fails_with_the_servers_log_and_the_agent_serves_o
             model="tiny", messages=[{"role": "user", "content": "still here"}], max_tokens=4
         )
     assert answer.choices[0].message.content is not None
+
+
+async def test_the_tiny_model_as_an_artifact_added_on_a_is_served_by_a_replica_on_b(
+    pair: list[Node], tiny_model: Path
+) -> None:
+    """Issue 28: the weights move themselves. The GGUF is added as an artifact on a only;
+    the deployment is kept on b, which fetches it from a, and the real server on b loads the
+    assembled copy (a single-file artifact: its file is `{model}`)."""
+    a, b = pair
+    code, out, err = await a.cli("artifact", "add", str(tiny_model), "--name", "tiny-gguf")
+    assert code == 0, err
+    digest = out.split()[2]
+    code, out, err = await a.cli(
+        "deploy", "tiny-art", "--engine", "llamacpp", "--artifact", "tiny-gguf", "--gpus", "0",
+        "--node", "b", "--", *ENGINE_ARGS,
+    )  # fmt: skip
+    assert code == 0, err + out
+
+    async def ready() -> bool:
+        seen = await replicas(b, "tiny-art")
+        return bool(seen) and seen[0]["state"] == "ready"
+
+    await eventually(ready, "the artifact's replica on b is ready", within_s=120)
+    copy = b.home / "artifacts" / "ready" / digest.removeprefix("sha256:") / tiny_model.name
+    assert same_bytes(copy, tiny_model)  # fetched from a, byte for byte
+    rid = (await the_replica(b, "tiny-art"))["id"]
+    log = engine_log(b.home, rid)
+    assert str(copy) in log  # the server was given the assembled copy
+    assert "model loaded" in log
+    async with client(a) as api:  # served through a, by b's server
+        answer = await api.completions.create(model="tiny-art", prompt="hello", max_tokens=4)
+    assert answer.choices[0].text is not None
+    code, out, err = await a.cli("undeploy", "tiny-art")
+    assert code == 0, err
+
+
+def same_bytes(one: Path, other: Path) -> bool:
+    return one.read_bytes() == other.read_bytes()

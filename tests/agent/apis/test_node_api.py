@@ -176,6 +176,19 @@ async def test_an_unpinned_caller_is_refused_and_changes_nothing(rig: Rig) -> No
             await refused.cordon(rig.a_id, True)
         await control.cordon(rig.a_id, False)  # the control: a pinned member gets through
         assert rig.cordons == [False]
+        # A removed (unpinned) member can neither fetch artifacts nor learn what is held.
+        nothing = "sha256:" + "0" * 64
+        for ask in (
+            refused.artifact_manifest(rig.a_id, nothing),
+            refused.artifact_held(rig.a_id, nothing, 8),
+            refused.artifact_piece(rig.a_id, nothing, 0),
+        ):
+            with pytest.raises(MemberRefused) as caught:
+                await ask
+            assert caught.value.status == 403
+        with pytest.raises(MemberRefused) as caught:  # the control: pinned, it is only absent
+            await control.artifact_piece(rig.a_id, nothing, 0)
+        assert caught.value.status == 404
         assert [sender for sender, _ in rig.pushes] == []
     finally:
         await refused.aclose()

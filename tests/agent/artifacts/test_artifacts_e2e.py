@@ -219,3 +219,29 @@ async def test_an_artifact_made_warm_is_fetched_by_every_member_unasked(
     assert any("warm-w" in line and " yes " in line for line in out.splitlines())
     code, _, err = await a.cli("artifact", "warm", "--off", "warm-w")
     assert code == 0, err
+
+
+async def test_bad_artifact_requests_get_clear_errors_and_change_nothing(
+    trio: list[Node], tmp_path: Path
+) -> None:
+    a = trio[0]
+    before = await a.get("/v1/artifacts")
+    url = "https://mirror.invalid/m/w.gguf?sig=secret"
+    for body, status, says in (
+        ({"name": "x"}, 400, "one of them"),
+        ({"name": "x", "path": "/tmp", "url": url}, 400, "one of them"),
+        ({"name": "x", "path": "relative/w"}, 400, "an absolute path"),
+        ({"name": "x", "url": url}, 400, "sha256"),
+        ({"name": "x", "url": url, "sha256": "xyz"}, 400, "sha256"),
+        ({"name": "x", "url": url.replace("https", "http"), "sha256": "0" * 64}, 400, "https"),
+        ({"name": "x", "path": str(tmp_path / "none")}, 400, "no such file"),
+        ({"name": "x", "path": "/tmp", "extra": 1}, 400, "extra"),
+        ("a string", 400, "object"),
+    ):
+        status_got, text = await post(a, "/v1/artifacts", body)
+        assert (status_got, says in text) == (status, True), (body, text)
+        assert "secret" not in text
+    code, _, err = await a.cli("artifact", "add", url)  # the CLI asks for the hash first
+    assert code != 0
+    assert "--sha256" in err
+    assert await a.get("/v1/artifacts") == before

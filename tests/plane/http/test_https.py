@@ -6,8 +6,6 @@ verifying it with the `[plane] ca` file: a certificate from another CA fails the
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import re
 import signal
@@ -18,10 +16,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.config import PlaneSettings, load_config
 from agent.engines.gpus import simulate
@@ -29,73 +23,13 @@ from agent.plane_link.sync import PlaneSync
 from broker.jobs import JobsStore, JobsWriter
 from certs import new_node_id
 from plane.db.devserver import free_port
+from tests.fixtures.https_certs import make_ca, make_server_cert
 from tests.fixtures.records import node_record, workload
 
 from ..plane_client import ADMIN, ClusterCa
 from .test_plane_sync import Steps
 
 ENV = {**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN}
-
-
-def _pem(path: Path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
-
-
-def make_ca(directory: Path, name: str) -> tuple[str, x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A self-signed CA: (its PEM file, certificate, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return _pem(directory / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM)), cert, key
-
-
-def make_server_cert(
-    directory: Path, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
-) -> tuple[str, str]:
-    """A certificate for 127.0.0.1 signed by `ca`: (cert file, key file)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "plane")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    cert_file = _pem(directory / "plane.pem", cert.public_bytes(serialization.Encoding.PEM))
-    return cert_file, _pem(directory / "plane-key.pem", key_pem)
 
 
 async def serve(*args: str) -> asyncio.subprocess.Process:
