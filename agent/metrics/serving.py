@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REPLICA_STATES", "ServingMetrics", "serving_metrics"]
 
-REPLICA_STATES: Final = ("starting", "ready", "failed", "stopping")
+REPLICA_STATES: Final = ("fetching", "starting", "ready", "failed", "stopping")
 
 
 class ServingMetrics(Collector):

@@ -340,8 +340,8 @@ def add_command(commands: Any) -> None:
     parser.add_argument(
         "--weights",
         default="",
-        help="what a real engine would load: an absolute path must exist (a missing model "
-        "fails the start, as it does a real engine's); anything else is a model id",
+        help="what a real engine would load (a path or a model id): said in its first line, "
+        "with whether such a path exists; the mock loads nothing",
     )
     parser.add_argument("--tokens-per-s", type=float, default=0.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
@@ -361,6 +361,14 @@ def add_command(commands: Any) -> None:
     parser.set_defaults(run=_run)
 
 
+def _weights_said(weights: str) -> str:
+    """What the first line says of `--weights`: the path, and whether it exists."""
+    if not weights:
+        return ""
+    there = os.path.exists(weights) if weights.startswith("/") else None
+    return f" (weights: {weights}{ {True: '', False: ', absent', None: ', a model id'}[there] })"
+
+
 def _run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.fail_rate <= 1.0:
         print("nvpair: --fail-rate is between 0 and 1", file=sys.stderr)
@@ -371,9 +379,6 @@ def _run(args: argparse.Namespace) -> int:
     if not 400 <= args.fail_status <= 599:
         print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
         return 2
-    if args.weights.startswith("/") and not os.path.exists(args.weights):
-        print(f"mock engine: no model at {args.weights}", file=sys.stderr)
-        return 1
 
     async def serve() -> None:
         engine = MockEngine(
@@ -390,7 +395,7 @@ def _run(args: argparse.Namespace) -> int:
             flavour=args.flavour,
         )
         await engine.start()
-        loads = f" (weights: {args.weights})" if args.weights else ""
+        loads = _weights_said(args.weights)
         print(f"mock engine serving {engine.models} on {engine.url}{loads}", flush=True)
         try:
             await asyncio.Event().wait()

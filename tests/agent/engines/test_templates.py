@@ -59,7 +59,7 @@ def test_sglang_llamacpp_and_mock_command_lines() -> None:
     mock, _ = render(BUILTIN_TEMPLATES["mock"], _spec(extra_args=("--latency-ms", "5")))
     assert mock == [
         sys.executable, "-m", "agent", "mock-engine", "--model", "llama",
-        "--port", "18005", "--latency-ms", "5",
+        "--weights", "/models/llama-8b", "--port", "18005", "--latency-ms", "5",
     ]  # fmt: skip
     # The mock's /health answers without its API key, as the real engines' do.
     assert [BUILTIN_TEMPLATES[k].ready_path for k in ("sglang", "llamacpp", "mock")] == [
