@@ -29,7 +29,7 @@ import hashlib
 from typing import Annotated, Final, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from facts.signed_set import FactKind, SignedSet
 
@@ -82,13 +82,20 @@ class Deployment(Struct, kw_only=True, frozen=True):
     engineKey: Annotated[str, Meta(max_length=1024, pattern=r"^(generate|file:[^\x00]+)?$")] = ""
     # The weights it loads, by digest (facts.artifacts): the node that runs a replica
     # fetches them from the members that hold them, and the engine loads the assembled copy.
-    artifact: Annotated[str, Meta(pattern=r"^(sha256:[0-9a-f]{64})?$")] = ""
+    # Absent, not empty, when there are none: a member of 0.1.0 refuses a deployment with a
+    # field it does not know, and deployments without weights must stay readable to it.
+    artifact: Annotated[str, Meta(pattern=r"^sha256:[0-9a-f]{64}$")] | UnsetType = UNSET
     deleted: bool = False
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
     by: Annotated[str, Meta(max_length=256)] = ""  # the member that made this version
     byCert: Annotated[str, Meta(max_length=8192)] = ""
     signature: Annotated[str, Meta(max_length=256)] = ""
+
+    @property
+    def weights(self) -> str:
+        """The digest of the artifact it loads, or ""."""
+        return self.artifact if isinstance(self.artifact, str) else ""
 
 
 def _says(d: Deployment) -> str:
@@ -134,6 +141,6 @@ def spec_digest(deployment: Deployment) -> str:
     )
     if deployment.engineKey:  # appended only when set: digests made before it stay the same
         spec = (*spec, deployment.engineKey)
-    if deployment.artifact:  # likewise
-        spec = (*spec, "artifact", deployment.artifact)
+    if deployment.weights:  # likewise
+        spec = (*spec, "artifact", deployment.weights)
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]

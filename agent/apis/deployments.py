@@ -177,8 +177,8 @@ def deployment_routes(
         unplaced = [why for dep, why in control.last_plan.unplaced if dep == name]
         found = deployments.get(name)
         weights: dict[str, Any] | None = None
-        if found is not None and found.artifact:
-            weights = {"artifact": found.artifact, "members": where(found.artifact, held)}
+        if found is not None and found.weights:
+            weights = {"artifact": found.weights, "members": where(found.weights, held)}
             for row in rows:
                 row["weights"] = weights["members"].get(row["node"], "absent")
         return json_answer(

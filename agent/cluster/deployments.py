@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
+from msgspec import UNSET
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
 from facts.deployments import Constraints, Deployment, DeploymentSet
@@ -84,7 +85,7 @@ class Deployments(SignedFacts[Deployment]):
                 authority=request.authority,  # type: ignore[arg-type]  # checked just below
                 url=request.url,
                 engineKey=request.engineKey,
-                artifact=request.artifact,
+                artifact=request.artifact or UNSET,
             )
             fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
         except msgspec.ValidationError as exc:

@@ -33,7 +33,7 @@ def want_of(d: Deployment) -> Want:
         device_class=c.deviceClass,
         one_domain=c.oneDomain,
         min_memory=c.minMemory,
-        artifact=d.artifact,
+        artifact=d.weights,
     )
 
 

@@ -270,11 +270,11 @@ class ReplicaControl:
             devices=list(devices),
             createdAt=int(time.time() * 1000),
             apiKey=key,
-            artifact=deployment.artifact,
+            artifact=deployment.weights,
         )
         self.allocations[allocation.replica] = allocation
         self._save()  # written down before the engine starts: never an engine we cannot name
-        if deployment.artifact:
+        if deployment.weights:
             log.info(
                 "replica %s of %s on %d GPU(s): fetching its weights first",
                 allocation.replica,
