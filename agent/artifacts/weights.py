@@ -133,9 +133,13 @@ class StoreWeights:
 
 def where(digest: str, records: Iterable[NodeRecord]) -> dict[str, str]:
     """Per member (by name), whether it holds `digest`: `resident`, `fetching 40%` (pieces
-    verified) or `absent`, as the members' records say."""
+    verified) or `absent`, as the members' records say -- `unknown` for a record that says
+    nothing of artifacts (the feature is off: a member of 0.1.0 in the cluster)."""
     found: dict[str, str] = {}
     for record in records:
+        if not isinstance(record.artifacts, list):
+            found[record.name] = "unknown"
+            continue
         state = _ABSENT
         for holding in record.artifacts if isinstance(record.artifacts, list) else []:
             if holding.digest != digest:
