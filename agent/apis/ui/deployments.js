@@ -1,8 +1,10 @@
 // The Deployments view: /v1/deployments and /v1/replicas, polled. Scale and undeploy call
 // the same API as `nvpair scale` / `nvpair undeploy`; the API's refusal is shown as it says.
+// Below them, the cluster's artifacts (/v1/artifacts): here and on each member, a fetch's
+// progress as it goes.
 
 import { getJSON, postJSON } from './api.js';
-import { h, fmtTime, shortId } from './dom.js';
+import { h, fill, fmtBytes, fmtTime, shortId } from './dom.js';
 import { shared, showError, Poller } from './shared.js';
 
 const POLL_MS = 3000;
@@ -44,6 +46,41 @@ async function refresh() {
     }
   }
   document.getElementById('deployments-empty').hidden = declared.length > 0;
+  await refreshArtifacts();
+}
+
+async function refreshArtifacts() {
+  const error = document.getElementById('artifacts-error');
+  let artifacts;
+  try {
+    artifacts = await getJSON('/v1/artifacts');
+    showError(error, '');
+  } catch (exc) {
+    showError(error, `Artifacts: ${exc.message}`);
+    return;
+  }
+  fill(document.querySelector('#artifacts tbody'), ...artifacts.map(artifactRow));
+  document.getElementById('artifacts-empty').hidden = artifacts.length > 0;
+}
+
+function artifactRow(a) {
+  const members = Object.entries(a.members || {}).sort(([x], [y]) => x.localeCompare(y));
+  return h('tr', { class: 'artifact', 'data-name': a.name, 'data-here': a.here },
+    h('td', {}, a.name),
+    h('td', { title: a.digest }, a.digest.slice(0, 19)),
+    h('td', {}, fmtBytes(a.size)),
+    h('td', {}, a.warm ? 'warm' : ''),
+    h('td', { class: 'here' }, h('span', { class: 'badge', 'data-state': a.here }, hereText(a))),
+    h('td', { class: 'members' }, members.map(([name, state]) => `${name}: ${state}`).join(' · ')));
+}
+
+function hereText(a) {
+  if (a.here === 'fetching') {
+    const share = a.pieceCount ? Math.floor((100 * (a.held || 0)) / a.pieceCount) : 0;
+    return `fetching ${share}% (${a.held || 0}/${a.pieceCount} pieces)`;
+  }
+  if (a.here === 'failed') return `failed: ${a.why || ''}`;
+  return a.here;
 }
 
 function newCard(name) {

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -288,6 +290,26 @@ async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list
     await stuck.locator("button.undeploy-confirm").click()
     await expect(stuck).to_have_count(0, timeout=EXPECT_MS)
     assert "stuck" not in [d["name"] for d in await trio[0].get("/v1/deployments")]
+
+
+async def test_artifacts_and_where_they_are_show_without_a_reload(
+    ui: UiPage, trio: list[Node], tmp_path: Path
+) -> None:
+    _, b, _ = trio
+    weights = tmp_path / "page-weights.bin"
+    weights.write_bytes(os.urandom(256 * 1024))
+    code, out, err = await b.cli("artifact", "add", str(weights), "--name", "page-w")
+    assert code == 0, err
+    digest = out.split()[2]
+    await ui.show("deployments")
+    row = ui.page.locator('.artifact[data-name="page-w"]')
+    await expect(row).to_have_attribute("data-here", "absent", timeout=EXPECT_MS)  # not on a
+    await expect(row).to_contain_text(digest[:19])
+    await expect(row.locator(".members")).to_contain_text("b: resident", timeout=EXPECT_MS)
+    code, _, err = await trio[0].cli("artifact", "fetch", "page-w", "--wait")
+    assert code == 0, err
+    await expect(row).to_have_attribute("data-here", "resident", timeout=EXPECT_MS)
+    await expect(row.locator(".members")).to_contain_text("a: resident", timeout=EXPECT_MS)
 
 
 async def test_a_post_from_another_origin_is_refused(ui: UiPage, trio: list[Node]) -> None:
