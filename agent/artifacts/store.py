@@ -282,13 +282,18 @@ class ArtifactStore:
         ready = self.root / "ready" / _hex(digest)
         return ready if ready.is_dir() else None
 
-    def assemble(self, digest: str) -> Path:
-        """Make the artifact resident once every piece is held: its files (written in
-        place, empty ones created) renamed into `ready/` in one step; its folder."""
+    def _to_make_resident(self, digest: str) -> tuple[Manifest, Path | None]:
+        """The manifest of an artifact about to be made resident, and its folder when it
+        already is; StoreError without the manifest."""
         manifest = self.manifest(digest)
         if manifest is None:
             raise StoreError(f"no manifest of {digest[:19]} here")
-        done = self.resident(digest)
+        return manifest, self.resident(digest)
+
+    def assemble(self, digest: str) -> Path:
+        """Make the artifact resident once every piece is held: its files (written in
+        place, empty ones created) renamed into `ready/` in one step; its folder."""
+        manifest, done = self._to_make_resident(digest)
         if done is not None:
             return done
         missing = set(range(manifest.piece_count)) - self.held(digest)
@@ -318,10 +323,7 @@ class ArtifactStore:
         """Make `digest` resident from local files at `source` (a file or a folder laid out
         as its manifest says), each piece checked against the manifest as it is read and
         written once, into `ready/.<hex>.partial/`, renamed into place when all match."""
-        manifest = self.manifest(digest)
-        if manifest is None:
-            raise StoreError(f"no manifest of {digest[:19]} here")
-        done = self.resident(digest)
+        manifest, done = self._to_make_resident(digest)
         if done is not None:
             return done
         hexed = _hex(digest)

@@ -179,13 +179,11 @@ def test_the_store_is_the_owners_alone_whatever_the_umask(tmp_path: Path) -> Non
         assert mode == 0o700, (folder, oct(mode))
 
 
-def test_the_budget_drops_the_least_recently_used_and_never_a_kept_one(
-    snapshot: Path, tmp_path: Path
-) -> None:
-    store = ArtifactStore(tmp_path / "store")
+def resident_in_turn(store: ArtifactStore, root: Path, count: int) -> list[str]:
+    """`count` resident artifacts of one piece each, last used in that order; digests."""
     digests = []
-    for n in range(3):  # three artifacts, used in turn
-        folder = tmp_path / f"m{n}"
+    for n in range(count):
+        folder = root / f"m{n}"
         folder.mkdir()
         (folder / "w.bin").write_bytes(os.urandom(PIECE))
         manifest = describe_files(folder, PIECE)
@@ -194,6 +192,14 @@ def test_the_budget_drops_the_least_recently_used_and_never_a_kept_one(
         store.import_files(folder, digest)
         os.utime(store.root / "ready" / digest[7:], (1000 + n, 1000 + n))
         digests.append(digest)
+    return digests
+
+
+def test_the_budget_drops_the_least_recently_used_and_never_a_kept_one(
+    snapshot: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    digests = resident_in_turn(store, tmp_path, 3)  # three artifacts, used in turn
     store.touch(digests[0])  # the oldest is used again: now the newest
     assert store.make_room(PIECE, budget=3 * PIECE, keep=set()) == [digests[1]]
     assert store.resident(digests[1]) is None
@@ -236,17 +242,7 @@ def test_a_short_write_on_a_full_disk_is_an_error_and_the_piece_is_not_held(
 
 async def test_eviction_never_drops_what_a_replica_uses(snapshot: Path, tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
-    digests = []
-    for n in range(2):
-        folder = tmp_path / f"w{n}"
-        folder.mkdir()
-        (folder / "w.bin").write_bytes(os.urandom(PIECE))
-        manifest = describe_files(folder, PIECE)
-        digest = manifest_digest(manifest)
-        store.put_manifest(digest, msgspec.json.encode(manifest))
-        store.import_files(folder, digest)
-        os.utime(store.root / "ready" / digest[7:], (1000 + n, 1000 + n))
-        digests.append(digest)
+    digests = resident_in_turn(store, tmp_path, 2)
     fetches = Fetches(store, list, cast(Sources, None), _no_spawn, budget=2 * PIECE)
     fetches.pinned = lambda: {digests[0]}  # the older one is a replica's
     assert fetches.make_room(PIECE) == [digests[1]]  # the newer, unpinned one goes
