@@ -14,6 +14,12 @@ for a prompt marker in nvpair's output must not find it planted by the engine --
 does, and `GET /metrics` reports that real load under vLLM's own names
 (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, one
 series per `model_name`), so the agent's load scraper is tested against the real format.
+
+`--prefix-cache-blocks N` gives it a prefix cache, modelled (`agent.mock.prefix_cache`):
+a prompt's words in blocks of `--block-units`, an LRU of N chained block hashes; the time
+to first token is `--ttft-base-ms` plus `--prefill-ms-per-unit` for every word not cached;
+`usage.prompt_tokens_details.cached_tokens` says what was reused, and `/metrics` has vLLM's
+`vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (in words).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from prometheus_client import (
 )
 
 from agent.mock.flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
+from agent.mock.prefix_cache import PrefixCache
 from agent.mock.routes import add_routes
 from netkit.sites import start_runner
 from workload_manager import VERSION
@@ -68,6 +75,10 @@ class MockEngine:
         seed: int | None = None,
         api_key: str = "",  # agent/mock/flavours.py: 401 without it
         flavour: str = "openai",
+        prefix_cache_blocks: int = 0,  # agent/mock/prefix_cache.py; 0: no cache
+        block_units: int = 16,
+        ttft_base_ms: float = 0.0,  # before the first token, always
+        prefill_ms_per_unit: float = 0.0,  # and this per prompt unit not cached
     ) -> None:
         self.models = [m for m in model.split(",") if m]
         self.host = host
@@ -83,6 +94,11 @@ class MockEngine:
         self.in_flight = 0
         self.max_concurrency = max_concurrency
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+        self.cache = PrefixCache(prefix_cache_blocks, block_units)
+        self.ttft_base_s = ttft_base_ms / 1000
+        self.prefill_s_per_unit = prefill_ms_per_unit / 1000
+        self.prefix_queries = dict.fromkeys(self.models, 0)  # model -> prompt units looked up
+        self.prefix_hits = dict.fromkeys(self.models, 0)  # model -> of those, cached
         self.running = dict.fromkeys(self.models, 0)  # model -> requests holding a slot
         self.waiting = dict.fromkeys(self.models, 0)  # model -> requests queued for one
         app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=middlewares(api_key))
@@ -149,6 +165,18 @@ class MockEngine:
             labels,
             registry=registry,
         )
+        queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            registry=registry,
+        )
+        hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels,
+            registry=registry,
+        )
         done = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -161,6 +189,8 @@ class MockEngine:
             running.labels(model).set(self.running[model])
             waiting.labels(model).set(self.waiting[model])
             kv.labels(model).set(usage)
+            queries.labels(model).inc(self.prefix_queries[model])
+            hits.labels(model).inc(self.prefix_hits[model])
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -217,12 +247,14 @@ class MockEngine:
             return self._failure(json.dumps(body))
         words = [f"tok{i}" for i in range(max(1, min(tokens, 4096)))]
         created = int(time.time())
-        prompt = _prompt_tokens(body)
+        units = _prompt_units(body)
+        prompt = max(1, len(units))
+        cached = await self._prefill(model, units)
         if body.get("stream"):
             options = body.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
             return await self._stream(
-                request, model, words, created, chat=chat, usage=prompt if usage else None
+                request, model, words, created, chat=chat, usage=(prompt, cached) if usage else None
             )
         await self._pace(len(words))
         text = " ".join(words)
@@ -242,9 +274,26 @@ class MockEngine:
                 "created": created,
                 "model": model,
                 "choices": [choice],
-                "usage": _usage(prompt, len(words)),
+                "usage": self._usage(prompt, len(words), cached),
             }
         )
+
+    async def _prefill(self, model: str, units: list[str]) -> int:
+        """The prompt's prefill, modelled: its cached units (0 without a cache), after
+        `ttft_base_ms` and `prefill_ms_per_unit` for each unit not cached."""
+        cached = self.cache.admit(units) if self.cache.capacity else 0
+        self.prefix_queries[model] += len(units)
+        self.prefix_hits[model] += cached
+        delay = self.ttft_base_s + self.prefill_s_per_unit * (len(units) - cached)
+        if delay > 0:
+            await asyncio.sleep(delay)  # the modelled prefill, not a synchronisation
+        return cached
+
+    def _usage(self, prompt: int, completion: int, cached: int) -> dict[str, Any]:
+        usage: dict[str, Any] = _usage(prompt, completion)
+        if self.cache.capacity:  # as vLLM and OpenAI report what was reused
+            usage["prompt_tokens_details"] = {"cached_tokens": min(cached, prompt)}
+        return usage
 
     def _failure(self, request_text: str) -> web.Response:
         if not self.echo_errors:
@@ -264,7 +313,8 @@ class MockEngine:
         created: int,
         *,
         chat: bool,
-        usage: int | None = None,  # the prompt's tokens: send the usage chunk (include_usage)
+        # (the prompt's tokens, of them cached): send the usage chunk (include_usage)
+        usage: tuple[int, int] | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -300,21 +350,22 @@ class MockEngine:
         }
         await response.write(f"data: {json.dumps(last)}\n\n".encode())
         if usage is not None:  # vLLM's: a last chunk with no choices and the usage
-            tail = {**last, "choices": [], "usage": _usage(usage, len(words))}
+            tail = {**last, "choices": [], "usage": self._usage(usage[0], len(words), usage[1])}
             await response.write(f"data: {json.dumps(tail)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
 
-def _prompt_tokens(body: dict[str, Any]) -> int:
-    """The prompt's "tokens": its words (at least 1), so tests can tell prompts apart."""
+def _prompt_units(body: dict[str, Any]) -> list[str]:
+    """The prompt's "tokens": its words, the messages' in order (so a conversation's next
+    turn begins with the last one's), so tests can tell prompts apart."""
     messages = body.get("messages")
     if isinstance(messages, list):
         text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     else:
         text = str(body.get("prompt", ""))
-    return max(1, len(text.split()))
+    return text.split()
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -344,6 +395,22 @@ def add_command(commands: Any) -> None:
         "with whether such a path exists; the mock loads nothing",
     )
     parser.add_argument("--tokens-per-s", type=float, default=0.0)
+    parser.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=0,
+        help="a modelled prefix cache of this many blocks (0: none)",
+    )
+    parser.add_argument("--block-units", type=int, default=16, help="prompt words per block")
+    parser.add_argument(
+        "--ttft-base-ms", type=float, default=0.0, help="time to first token, always"
+    )
+    parser.add_argument(
+        "--prefill-ms-per-unit",
+        type=float,
+        default=0.0,
+        help="and this much more per prompt word not cached",
+    )
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument(
@@ -379,6 +446,9 @@ def _run(args: argparse.Namespace) -> int:
     if not 400 <= args.fail_status <= 599:
         print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
         return 2
+    if args.prefix_cache_blocks < 0 or args.block_units < 1:
+        print("nvpair: --prefix-cache-blocks >= 0 and --block-units >= 1", file=sys.stderr)
+        return 2
 
     async def serve() -> None:
         engine = MockEngine(
@@ -393,6 +463,10 @@ def _run(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             api_key=args.api_key,
             flavour=args.flavour,
+            prefix_cache_blocks=args.prefix_cache_blocks,
+            block_units=args.block_units,
+            ttft_base_ms=args.ttft_base_ms,
+            prefill_ms_per_unit=args.prefill_ms_per_unit,
         )
         await engine.start()
         loads = _weights_said(args.weights)
