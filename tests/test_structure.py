@@ -173,6 +173,7 @@ PURE_CORES = (
     "scheduler.place",
     "scheduler.replicas",
     "scheduler.reconcile",
+    "scheduler.prefix",
     "plane.placement.decide",
     "agent.serving.wait_line",
     "agent.serving.lifecycle",
