@@ -81,6 +81,12 @@ class Engines:
             probed = engine_kinds.Probed(up=False)
         self._note_refusal(spec, probed.refused)
         models, up = probed.models, probed.up
+        if not up and not models and not probed.refused:
+            # A probe that failed (a timeout on a busy machine, an engine restarting) says
+            # nothing of what it serves: its models stay listed, down -- a request finds
+            # the engine down (503, try again) rather than no such model (404).
+            before = next((e for e in self.current if e.name == spec.name), None)
+            models = list(before.models) if before is not None else []
         self.loaded[spec.name] = probed.loaded[:MAX_MODELS]
         return Engine(
             name=spec.name, kind=spec.kind, url=spec.url, models=models[:MAX_MODELS], up=up

@@ -185,3 +185,32 @@ async def test_an_ollama_is_up_by_its_version_and_says_what_it_holds_loaded() ->
         await engines.aclose()
         await ollama.aclose()
         await plain.aclose()
+
+
+async def test_an_engine_whose_probe_fails_stays_listed_down_not_unknown() -> None:
+    """A probe that fails (the engine restarting, a timeout on a busy machine) keeps what
+    the engine serves, marked down: its requests get 503 (try again), not 404 (no such
+    model). One that answers again is up again; one never seen up lists nothing."""
+    engine = MockEngine(model="m")
+    await engine.start()
+    engines = Engines([("e", "vllm", engine.url)])
+    try:
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], True)]
+        await engine.aclose()  # it goes away
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], False)]
+        assert engines.url_for("m") is None  # no work goes to it meanwhile
+        engine = MockEngine(model="m", port=int(engine.url.rsplit(":", 1)[1]))
+        await engine.start()
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], True)]
+    finally:
+        await engines.aclose()
+        await engine.aclose()
+    never = Engines([("x", "vllm", "http://127.0.0.1:9")])  # nothing listens there
+    try:
+        await never.probe()
+        assert [(e.models, e.up) for e in never.current] == [([], False)]
+    finally:
+        await never.aclose()

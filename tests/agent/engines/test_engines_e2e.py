@@ -123,7 +123,11 @@ async def test_a_keyed_engine_serves_through_every_member_with_the_request_id(
     pair: Pair,
 ) -> None:
     a, b = pair.a, pair.b
-    await eventually(lambda: _serves(pair, b, {"keyed", "llama3.2:1b"}), "b sees a's engines")
+    for node in (a, b):  # each member routes from its own view: each must list them
+        await eventually(
+            lambda n=node: _serves(pair, n, {"keyed", "llama3.2:1b"}),
+            f"{node.name} lists a's engines",
+        )
     # Listed is not yet routable: b places work on a only once it holds a reachable (a
     # member that just joined lists a's engines from a's record before its first contact).
     await eventually(lambda: _reaches(b, "a"), "b holds a reachable")
