@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -104,9 +105,20 @@ async def fetch_all(nodes: list[Node]) -> float:
 
     await until(every, "the fetches")
     took = time.perf_counter() - began
-    for node in nodes:
-        await call(node, "DELETE", f"/v1/artifacts/{NAME}/here")
+    for node in nodes:  # once its fetch has ended (resident a moment before it does)
+        await until(_dropped_by(node), f"{node.name} to drop its copy")
     return took
+
+
+def _dropped_by(node: Node) -> Callable[[], Awaitable[bool]]:
+    async def dropped() -> bool:
+        async with (
+            aiohttp.ClientSession(headers=node.owner) as session,
+            session.delete(node.api + f"/v1/artifacts/{NAME}/here") as response,
+        ):
+            return response.status == 200
+
+    return dropped
 
 
 async def raw_stream(holder: Node, reader: Node, digest: str, pieces: int) -> float:
@@ -155,7 +167,9 @@ def homes(root: Path, names: str, rate: int) -> list[Node]:
 
 
 async def one_fetch(root: Path, weights: Path, size: int, rounds: int) -> None:
-    async for a, b in start_cluster(homes(root / "one", "ab", 0)):
+    cluster = start_cluster(homes(root / "one", "ab", 0))
+    a, b = await cluster.__anext__()
+    try:
         found = await added(a, [b], weights)
         base: list[float] = []
         subject: list[float] = []
@@ -169,10 +183,15 @@ async def one_fetch(root: Path, weights: Path, size: int, rounds: int) -> None:
                 side.append(size / took / MB)
         print("(a) one member fetching from one holder vs a raw mTLS stream")
         report(base, subject, unit="MB/s", label="(a)")
+    finally:
+        with contextlib.suppress(StopAsyncIteration):  # its end: the agents stopped
+            await cluster.__anext__()
 
 
 async def swarm(root: Path, weights: Path, size: int, rounds: int, link: int) -> None:
-    async for nodes in start_cluster(homes(root / "swarm", "abcde", link)):
+    cluster = start_cluster(homes(root / "swarm", "abcde", link))
+    nodes = await cluster.__anext__()
+    try:
         holder, fetchers = nodes[0], nodes[1:]
         await added(holder, fetchers, weights)
         t1: list[float] = []
@@ -190,6 +209,9 @@ async def swarm(root: Path, weights: Path, size: int, rounds: int, link: int) ->
         swarm_ratio = statistics.median(b / a for a, b in zip(t1, t4, strict=True))
         print(f"(b) swarm ratio t4/t1: {swarm_ratio:.2f} (goal: at most 1.5; one source: 4)")
         report([1000 / t for t in t1], [1000 / t for t in t4], unit="fetches/ks", label="(b)")
+    finally:
+        with contextlib.suppress(StopAsyncIteration):
+            await cluster.__anext__()
 
 
 def sha256_rate(weights: Path, size: int) -> float:
