@@ -135,9 +135,17 @@ class ArtifactsTable(Struct, forbid_unknown_fields=True, frozen=True):
     ca_file: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
 
 
+class RoutingTable(Struct, forbid_unknown_fields=True, frozen=True):
+    """`[routing]`: how this member's facade picks among a deployment's replicas
+    (docs/inference.md); `nvpair routing --policy` changes it until the agent restarts."""
+
+    policy: Literal["prefix", "load", "round-robin"] = "prefix"
+
+
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
     agent: _AgentTable = _AgentTable()
     artifacts: ArtifactsTable = ArtifactsTable()
+    routing: RoutingTable = RoutingTable()
     plane: PlaneSettings | None = None
     engines: EnginesTable = EnginesTable()
     templates: Annotated[dict[str, dict[str, Any]], Meta(max_length=256)] = {}
@@ -175,6 +183,7 @@ class AgentConfig:
     launch: LaunchSettings = dataclasses.field(default_factory=LaunchSettings)  # docs/engines.md
     # [artifacts]: where the store is and its disk budget (docs/artifacts.md)
     artifacts: ArtifactsTable = dataclasses.field(default_factory=ArtifactsTable)
+    routing: RoutingTable = dataclasses.field(default_factory=RoutingTable)  # [routing]
 
     @property
     def artifacts_path(self) -> Path:
@@ -289,6 +298,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         plane=plane,
         launch=_launch_settings(path, parsed),
         artifacts=parsed.artifacts,
+        routing=parsed.routing,
     )
 
 

@@ -6,9 +6,10 @@ request is reduced to its **anchor**: a keyed hash of the part of its prompt tha
 later turn of the same conversation repeats -- for chat, the messages up to and including
 the first user message (the system prompt, tools and the question that started it); for
 a plain completion, its first `ANCHOR_WORDS` words -- or, when the client names one, its
-session key (`prompt_cache_key`, `X-Session-Id`). The hash is keyed with a cluster secret
-(`anchor_key`), so even where an anchor is kept it says nothing of the text to anyone
-outside; prompts never leave the member except to the engine.
+session key (`prompt_cache_key`, `X-Session-Id`). An anchor never leaves the member that
+computed it -- nothing about a request crosses to the others to route it -- and it is keyed
+with a value every member derives alike (`anchor_key`), so one cluster's anchors say
+nothing about another's and no table of plain hashes of common prompts applies.
 
 The replicas that can take the request (`scheduler.replicas.rank_replicas`) are put in
 **rendezvous order** for the anchor (highest random weight: each replica's weight is a hash
@@ -64,8 +65,8 @@ class Choice:
 
 
 def anchor_key(cluster_ca_der: bytes) -> bytes:
-    """The key anchors are hashed with: every member holds the cluster CA's certificate, a
-    client does not (it is never served to one)."""
+    """The key anchors are hashed with: every member holds the cluster CA's certificate, so
+    every member computes the same anchor for the same prompt."""
     return hashlib.sha256(b"nvpair prefix routing\x00" + cluster_ca_der).digest()
 
 
@@ -76,8 +77,14 @@ def anchor_of(body: Mapping[str, Any], key: bytes, *, session: str = "") -> tupl
     if isinstance(named, str) and named:
         return _keyed(key, b"session\x00" + named.encode("utf-8", "replace")[:1024]), True
     messages = body.get("messages")
+    given = body.get("input")  # the Responses API: `instructions`, then `input`
+    if messages is None and isinstance(given, list):
+        messages = given
     if isinstance(messages, list):
         parts: list[bytes] = []
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            parts.append(b"instructions\x00" + _text(instructions) + b"\x01")
         for message in messages:
             if not isinstance(message, Mapping):
                 break
@@ -87,7 +94,7 @@ def anchor_of(body: Mapping[str, Any], key: bytes, *, session: str = "") -> tupl
                 break
         anchor = b"".join(parts)[:MAX_ANCHOR_BYTES]
         return (_keyed(key, b"chat\x00" + anchor), False) if anchor else (b"", False)
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", given)
     if isinstance(prompt, str) and prompt:
         words = " ".join(prompt[:MAX_ANCHOR_BYTES].split()[:ANCHOR_WORDS])
         return _keyed(key, b"text\x00" + words.encode("utf-8", "replace")), False

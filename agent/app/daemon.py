@@ -31,12 +31,15 @@ import time
 from collections.abc import Awaitable
 from typing import Any, Final
 
+from cryptography.hazmat.primitives.serialization import Encoding
+
 from agent.apis.artifacts import artifact_routes
 from agent.apis.deployments import DeployPorts
 from agent.apis.local import LocalApi, LocalPorts
 from agent.apis.local_guard import issue_token
 from agent.apis.node import NodeApi
 from agent.apis.page import UiPorts
+from agent.apis.routing import routing_routes
 from agent.apis.usage import usage_routes
 from agent.app.upkeep import LoadPoller, Pruner, gpu_reader
 from agent.artifacts.fetches import Fetches
@@ -79,6 +82,7 @@ from facts import wire
 from facts.kept import Kept
 from facts.record_signing import sign_record, sign_removal, sign_speaks, sign_statement
 from facts.wire import Speaks
+from scheduler.prefix import anchor_key
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
 
 __all__ = ["Agent"]
@@ -203,6 +207,7 @@ class Agent:
         view, facade = self._serving(
             bind, members, engines, control, deployments, api_keys, client, usage, load
         )
+        facade.anchor_key = anchor_key(identity.ca.public_bytes(Encoding.DER))
         self.facade = facade
         loads_moved.follow(facade.waits.poke)
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
@@ -290,6 +295,7 @@ class Agent:
                     *usage_routes(usage),
                     *plane_routes(link),
                     *artifact_routes(weights, members.records),
+                    *routing_routes(facade),
                 ],
                 ui=UiPorts.following(store, usage.store),  # the web page's feed and usage
             ),
@@ -467,6 +473,7 @@ class Agent:
             queue_limit=config.queue_limit,
             wait=config.wait,
             on_usage=usage.record,
+            policy=config.routing.policy,
         )
         return view, facade
 

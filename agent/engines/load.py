@@ -55,6 +55,10 @@ class Dialect:
     running: str
     waiting: str
     kv_usage: tuple[str, ...]  # first one present wins (vLLM renamed its gauge)
+    # Prompt units looked up in the prefix cache and found there, counters since the
+    # engine started ("": the engine does not count them).
+    cache_queries: str = ""
+    cache_hits: str = ""
 
 
 DIALECTS: Final = {
@@ -62,6 +66,8 @@ DIALECTS: Final = {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
     ),
     "sglang": Dialect("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",)),
     # Current llama-server builds no longer export the KV ratio; older ones did.
@@ -72,19 +78,25 @@ DIALECTS: Final = {
     ),
 }
 _WANTED: Final = frozenset(
-    name for d in DIALECTS.values() for name in (d.running, d.waiting, *d.kv_usage)
+    name
+    for d in DIALECTS.values()
+    for name in (d.running, d.waiting, *d.kv_usage, d.cache_queries, d.cache_hits)
+    if name
 )
 
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
     """Requests running and waiting in one engine, its KV-cache share (0-1, None when the
-    engine does not say), and when it was read (epoch ms)."""
+    engine does not say), and when it was read (epoch ms); and its prefix-cache counters
+    (prompt units looked up, and found), None when it does not count them."""
 
     running: float
     waiting: float
     kv_usage: float | None
     at_ms: int
+    cache_queries: float | None = None
+    cache_hits: float | None = None
 
 
 def parse_engine_load(text: str | bytes, *, at_ms: int) -> EngineLoad:
@@ -105,8 +117,14 @@ def parse_engine_load(text: str | bytes, *, at_ms: int) -> EngineLoad:
                 waiting=sum(values.get(dialect.waiting, [])),
                 kv_usage=min(1.0, max(kv)) if kv else None,
                 at_ms=at_ms,
+                cache_queries=_summed(values, dialect.cache_queries),
+                cache_hits=_summed(values, dialect.cache_hits),
             )
     raise EngineMetricsError("no load metrics (expected one of " + ", ".join(sorted(_WANTED)) + ")")
+
+
+def _summed(values: dict[str, list[float]], name: str) -> float | None:
+    return sum(values[name]) if name in values else None
 
 
 def _wanted_samples(text: str) -> dict[str, list[float]]:
@@ -176,8 +194,14 @@ class LoadScraper:
         timeout_s: float = SCRAPE_TIMEOUT_S,
         clock_ms: Callable[[], int] = _epoch_ms,
         auth: EngineAuth | None = None,
+        label_of: Callable[[str], str] = str,
     ) -> None:
         self._auth = auth or EngineAuth()
+        # Prefix-cache counters summed by label (a replica's deployment): what each engine
+        # counted since the last read, an engine that restarted counting from zero.
+        self._label_of = label_of
+        self._cache_seen: dict[str, tuple[float, float]] = {}  # replica -> last (q, h)
+        self.cache_totals: dict[str, list[float]] = {}  # label -> [queries, hits]
         self._targets = targets
         self._timeout_s = timeout_s
         self._clock_ms = clock_ms
@@ -222,6 +246,8 @@ class LoadScraper:
             del self._loads[gone]
         for gone in self.failures.keys() - targets.keys():
             del self.failures[gone]
+        for gone in self._cache_seen.keys() - targets.keys():
+            del self._cache_seen[gone]
         await asyncio.gather(*(self._scrape_one(rid, url) for rid, url in targets.items()))
 
     async def _scrape_one(self, replica_id: str, url: str) -> None:
@@ -239,6 +265,22 @@ class LoadScraper:
                 return
         self._loads[replica_id] = load
         self.failures.pop(replica_id, None)
+        if load.cache_queries is not None and load.cache_hits is not None:
+            self._count_cache(replica_id, load.cache_queries, load.cache_hits)
+
+    def _count_cache(self, replica_id: str, queries: float, hits: float) -> None:
+        last_q, last_h = self._cache_seen.get(replica_id, (0.0, 0.0))
+        self._cache_seen[replica_id] = (queries, hits)
+        if queries < last_q or hits < last_h:  # the engine restarted: its count from zero
+            last_q = last_h = 0.0
+        label = self._label_of(replica_id)
+        totals = self.cache_totals.get(label)
+        if totals is None:
+            if len(self.cache_totals) >= MAX_TARGETS:
+                return
+            totals = self.cache_totals[label] = [0.0, 0.0]
+        totals[0] += queries - last_q
+        totals[1] += min(hits - last_h, queries - last_q)
 
     async def _fetch(self, url: str) -> bytes:
         assert self._session is not None

@@ -106,7 +106,7 @@ class ReplicaControl:
         self.path = home / ALLOCATIONS_FILE
         self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
         # The engines' own load, read from every replica that runs here (`run()` it).
-        self.scraper = LoadScraper(self.urls, auth=auth)
+        self.scraper = LoadScraper(self.urls, auth=auth, label_of=self._deployment_of)
         self.self_id = self_id
         self.supervisor = supervisor
         self._deployments = deployments
@@ -453,6 +453,10 @@ class ReplicaControl:
         if status is None or status.state is not ReplicaState.READY:
             return self.observed.url_of(replica_id)
         return status.url
+
+    def _deployment_of(self, replica_id: str) -> str:
+        allocation = self.allocations.get(replica_id)
+        return allocation.deployment if allocation is not None else "other"
 
     def urls(self) -> dict[str, str]:
         """Replica id -> url of every replica that runs here, for the load scraper."""

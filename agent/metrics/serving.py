@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -42,7 +42,11 @@ class ServingMetrics(Collector):
         replicas: Callable[[], Iterable[Replica]],
         deployments: Callable[[], Iterable[Deployment]],
         models: Callable[[], Iterable[str]] = tuple,
+        decisions: Callable[[], Mapping[tuple[str, str], int]] = dict,
+        cache: Callable[[], Mapping[str, list[float]]] = dict,
     ) -> None:
+        self._decisions = decisions  # (model, reason) -> requests this facade sent
+        self._cache = cache  # deployment -> [prompt units looked up, found] by its engines here
         self._models = models  # the engines' models the cluster knows (not deployments)
         self._waiting = waiting  # model -> requests in this member's wait line
         self._in_flight = in_flight  # node id -> requests running there through this facade
@@ -102,6 +106,51 @@ class ServingMetrics(Collector):
         for name, deployment in sorted(live.items()):
             desired.add_metric([name], deployment.replicas)
         yield desired
+        yield from self._routing(known)
+
+    def _routing(self, known: set[str]) -> Iterator[Metric]:
+        decided = CounterMetricFamily(
+            "nvpair_routing_decisions",
+            "Requests this member's facade sent, by model and why that replica or node:"
+            " prefix (its prompt's replica), session (its session's), load, failover",
+            labels=["model", "reason"],
+        )
+        summed: dict[tuple[str, str], int] = {}
+        for (model, reason), count in self._decisions().items():
+            key = (bounded(model, known), reason)
+            summed[key] = summed.get(key, 0) + count
+        for (model, reason), count in sorted(summed.items()):
+            decided.add_metric([model, reason], count)
+        yield decided
+        looked = CounterMetricFamily(
+            "nvpair_prefix_cache_prompt_units",
+            "Prompt units the engines of this node's replicas looked up in their prefix"
+            " cache, by deployment (from the engines' own counters)",
+            labels=["model"],
+        )
+        found = CounterMetricFamily(
+            "nvpair_prefix_cache_hit_units",
+            "Prompt units the engines of this node's replicas found in their prefix cache",
+            labels=["model"],
+        )
+        share = GaugeMetricFamily(
+            "nvpair_prefix_cache_hit_share",
+            "Share of the prompt units found in the prefix cache since the agent started,"
+            " by deployment, for this node's replicas",
+            labels=["model"],
+        )
+        tallies: dict[str, list[float]] = {}
+        for name, (queries, hits) in self._cache().items():
+            tally = tallies.setdefault(bounded(name, known), [0.0, 0.0])
+            tally[0] += queries
+            tally[1] += hits
+        for name, (queries, hits) in sorted(tallies.items()):
+            looked.add_metric([name], queries)
+            found.add_metric([name], hits)
+            share.add_metric([name], hits / queries if queries else 0.0)
+        yield looked
+        yield found
+        yield share
 
 
 def _summed(counts: Mapping[str, int], known: Container[str]) -> dict[str, int]:
@@ -123,4 +172,6 @@ def serving_metrics(
         replicas=control.replicas,
         deployments=deployments.live,
         models=lambda: view.current()[0].models(),
+        decisions=lambda: facade.decisions,
+        cache=lambda: control.scraper.cache_totals,
     )

@@ -37,14 +37,32 @@ from agent.serving.jobs import JobBook
 from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
 from agent.serving.openai_errors import json_answer, openai_error, openai_errors
-from agent.serving.openai_routes import ROUTES, BadBody, model_object, model_of, read_body
+from agent.serving.openai_routes import (
+    ROUTES,
+    BadBody,
+    form_model,
+    json_request,
+    model_object,
+    model_of,
+    read_body,
+)
 from agent.serving.relay import METER, for_exception, refused, relay
-from agent.serving.routing import FAILOVER_STATUSES, Target, choose, served_models
+from agent.serving.routing import (
+    FAILOVER_STATUSES,
+    NO_ANCHOR,
+    Anchor,
+    Policy,
+    Target,
+    choose,
+    explain,
+    served_models,
+)
 from agent.serving.usage import Meter, ask_for_usage
 from agent.serving.view import SchedulingView
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 from netkit.sites import start_runner
 from scheduler import Cluster, Load, Refusal
+from scheduler.prefix import anchor_of
 from scheduler.replicas import ReplicaView
 from workload_manager.workload import Workload
 
@@ -53,6 +71,8 @@ __all__ = ["Facade", "facade_address", "openai_error"]
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
+MAX_TALLIES: Final = 4096  # (model, reason) pairs and round-robin turns kept
+SESSION_HEADER: Final = "X-Session-Id"  # names a conversation, as `prompt_cache_key` does
 
 
 def facade_address(
@@ -90,7 +110,12 @@ class Facade:
         key_check: KeyCheck | None = None,
         wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
         on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
+        policy: Policy = "prefix",
     ) -> None:
+        self.anchor_key = b""  # scheduler.prefix.anchor_key of the cluster's CA (the daemon's)
+        self.policy: Policy = policy  # how a deployment's replica is chosen (`routing`)
+        self.decisions: dict[tuple[str, str], int] = {}  # (model, reason) -> requests sent
+        self._turns: dict[str, int] = {}  # model -> requests placed (round-robin)
         self._on_usage = on_usage  # each finished job's usage and times (`usage_book`)
         self.node_id = node_id
         self._view = view
@@ -179,14 +204,14 @@ class Facade:
         read = await self._read(request, path)
         if isinstance(read, web.Response):
             return read
-        raw, model = read
+        raw, model, anchor = read
         if (denied := self.keys.admit(requester, model)) is not None:
             return denied  # a model the key may not use, or over the key's limits: no job
         routed = await self._endpoint.route(request, path, raw, model)  # an endpoint's name?
         if isinstance(routed, web.StreamResponse):
             return routed  # served by another cluster, or refused
         raw, model = routed
-        entered = self.waits.enter(model, lambda: self._place(model))
+        entered = self.waits.enter(model, lambda: self._place(model, anchor))
         if isinstance(entered, Refusal):
             return refused(entered, model)
         kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
@@ -197,11 +222,12 @@ class Facade:
         jobs.emit(job)  # workload:submitted
         ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
         try:
-            targets = await self.waits.wait(entered, lambda: self._place(model))
+            targets = await self.waits.wait(entered, lambda: self._place(model, anchor))
             if isinstance(targets, Refusal):  # waited too long, or the model went
                 ended, ending = gave_up(targets, model, self.waits.line.timeout_s)
                 return ended
             for attempt, target in enumerate(targets):
+                self._decided(model, "failover" if attempt else target.reason)
                 if attempt:
                     self.failovers += 1
                     log.warning("failing over to %s", target.replica or target.node_id)
@@ -227,21 +253,36 @@ class Facade:
                 self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
             jobs.emit(job)  # workload:completed, or workload:errored
 
-    async def _read(self, request: web.Request, path: str) -> tuple[bytes, str] | web.Response:
-        """The body and the model it names (read as the route says), or the error the
-        client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
+    async def _read(
+        self, request: web.Request, path: str
+    ) -> tuple[bytes, str, Anchor] | web.Response:
+        """The body, the model it names (read as the route says) and what it is routed by;
+        or the error the client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
         route = ROUTES[path]
         raw = await read_body(request, route.limit)
         if raw is None:
             message = f"the body is over {route.limit} bytes"
             return openai_error(413, message, "invalid_request_error", "request_too_large")
         try:
-            return raw, model_of(route, request.headers.get("Content-Type", ""), raw)
+            if route.form:
+                return raw, form_model(request.headers.get("Content-Type", ""), raw), NO_ANCHOR
+            model, body = json_request(raw)  # decoded once: the model and the anchor
         except BadBody as exc:
             return openai_error(400, str(exc), "invalid_request_error")
+        if not route.prompted or self.policy != "prefix":
+            return raw, model, NO_ANCHOR
+        digest, session = anchor_of(
+            body, self.anchor_key, session=request.headers.get(SESSION_HEADER, "")
+        )
+        return raw, model, Anchor(digest, session)
 
-    def _place(self, model: str) -> list[Target] | Refusal:
+    def _place(self, model: str, anchor: Anchor = NO_ANCHOR) -> list[Target] | Refusal:
         """Where the request runs (best first, for one failover), or why nowhere."""
+        turn = 0
+        if self.policy == "round-robin":
+            if len(self._turns) >= MAX_TALLIES and model not in self._turns:
+                self._turns.clear()
+            turn = self._turns[model] = self._turns.get(model, -1) + 1
         return choose(
             model,
             replicas=self._replicas(),
@@ -250,7 +291,30 @@ class Facade:
             origin=self.node_id,
             kind_on=self._view.engine_kind_for,
             pending_then=self.pending.then,
+            anchor=anchor,
+            policy=self.policy,
+            turn=turn,
         )
+
+    def explain(self, model: str, body: Mapping[str, Any], session: str = "") -> dict[str, Any]:
+        """How a request `body` for `model` would be routed now (`routing.explain`)."""
+        digest, named = anchor_of(body, self.anchor_key, session=session)
+        return explain(
+            model,
+            replicas=self._replicas(),
+            pending=self.pending,
+            anchor=Anchor(digest, named),
+            policy=self.policy,
+            pending_then=self.pending.then,
+        )
+
+    def _decided(self, model: str, reason: str) -> None:
+        # Routing decisions by reason, for `nvpair_routing_decisions_total` (labels bounded
+        # again there: a model the cluster no longer knows counts as `other`).
+        tally = (model, reason)
+        if tally not in self.decisions and len(self.decisions) >= MAX_TALLIES:
+            return
+        self.decisions[tally] = self.decisions.get(tally, 0) + 1
 
     def _nodes(self) -> tuple[Cluster, Load]:
         cluster, load = self._view.current()

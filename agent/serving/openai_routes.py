@@ -29,6 +29,7 @@ __all__ = [
     "Route",
     "form_model",
     "json_model",
+    "json_request",
     "model_object",
     "model_of",
     "read_body",
@@ -45,11 +46,14 @@ _JSON: Final = "application/json"
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A POST route: the model is a JSON body's `model` or (`form`) a form field."""
+    """A POST route: the model is a JSON body's `model` or (`form`) a form field;
+    `prompted`: its requests carry a prompt an engine's prefix cache can reuse (routed by
+    their anchor, `scheduler.prefix`)."""
 
     path: str
     form: bool = False
     limit: int = JSON_MAX_BODY
+    prompted: bool = False
 
     def engine_content_type(self, sent: str) -> str:
         """The Content-Type the engine gets: a form's own (its boundary frames the body);
@@ -63,8 +67,8 @@ def _routes(*routes: Route) -> dict[str, Route]:
 
 
 ROUTES: Final = _routes(
-    Route("/v1/chat/completions"),
-    Route("/v1/completions"),
+    Route("/v1/chat/completions", prompted=True),
+    Route("/v1/completions", prompted=True),
     Route("/v1/embeddings"),
     # Rerank as vLLM serves it, under each path a client family uses: Jina and vLLM's own
     # clients /v1/rerank, Cohere's v2 client /v2/rerank, Cohere's v1 client /rerank. The
@@ -77,7 +81,7 @@ ROUTES: Final = _routes(
     Route("/v1/audio/translations", form=True, limit=AUDIO_MAX_BODY),
     Route("/v1/audio/speech"),
     Route("/v1/images/generations"),
-    Route("/v1/responses"),
+    Route("/v1/responses", prompted=True),
 )
 
 
@@ -108,13 +112,19 @@ _whole: Final = msgspec.json.Decoder(dict[str, Any])
 
 def json_model(body: bytes) -> str:
     """The `model` string of a JSON object (the last one, as Python's json reads it)."""
+    return json_request(body)[0]
+
+
+def json_request(body: bytes) -> tuple[str, dict[str, Any]]:
+    """The `model` string of a JSON object and the whole object, decoded once."""
     try:
-        model = decode_json(_whole, body).get("model")
+        whole = decode_json(_whole, body)
     except BadJson:
         raise BadBody("the body must be JSON with a model") from None
+    model = whole.get("model")
     if not isinstance(model, str) or not model:
         raise BadBody("the body must be JSON with a model")
-    return model
+    return model, whole
 
 
 def model_of(route: Route, content_type: str, body: bytes) -> str:

@@ -8,24 +8,57 @@ counts between two load reports). A model only served by engines given with `--e
 routed per node (`rank`), as before. Either way the answer is up to two `Target`s: a request
 whose first target refuses the connection or fails before any byte reached the client is
 sent once to the second.
+
+Among a deployment's replicas the policy decides (`POLICIES`; the member's `[routing]
+policy`, changed at run time with `nvpair routing`): `prefix` (the default) sends a request
+to its anchor's replica within the load bound (`scheduler.prefix`: the turns of one
+conversation, and requests sharing a system prompt, reach the replica whose prefix cache
+holds them, from whichever member they enter), its second target the next within the bound
+in the anchor's order; `load` is the load ranking alone; `round-robin` takes the ready
+replicas in turn, load unseen (a baseline for `bench/prefix_routing.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Literal
 
 import msgspec
 
 from facts.deployments import Deployment
 from facts.records import NodeRecord
-from scheduler import Cluster, Load, Refusal, Request, rank
+from scheduler import Cluster, Load, Refusal, Request, prefix, rank
 from scheduler.replicas import ReplicaView, ReportedLoad, rank_replicas
 
-__all__ = ["FAILOVER_STATUSES", "Target", "choose", "replica_views", "served_models", "sse_error"]
+__all__ = [
+    "FAILOVER_STATUSES",
+    "NO_ANCHOR",
+    "POLICIES",
+    "Anchor",
+    "Target",
+    "choose",
+    "explain",
+    "replica_views",
+    "served_models",
+    "sse_error",
+]
 
 FAILOVER_STATUSES: Final = frozenset({502, 503})  # a target that could not take it at all
+POLICIES: Final = ("prefix", "load", "round-robin")
+Policy = Literal["prefix", "load", "round-robin"]
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """What a request is routed by under the `prefix` policy (`scheduler.prefix.anchor_of`):
+    a keyed hash, never the text; `session` when a client named the conversation."""
+
+    digest: bytes = b""
+    session: bool = False
+
+
+NO_ANCHOR: Final = Anchor()  # a request routed on load alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +68,7 @@ class Target:
     node_id: str
     replica: str = ""  # "" : the node's engines (`--engine`)
     kind: str = "unknown"  # the engine kind, for the job record
+    reason: str = "load"  # why it was chosen: prefix, session, load (a failover: the second)
 
 
 def replica_views(
@@ -79,14 +113,21 @@ def choose(
     origin: str,
     kind_on: Callable[[str, str], str],
     pending_then: Callable[[str, float], int] | None = None,
+    anchor: Anchor = NO_ANCHOR,
+    policy: Policy = "prefix",
+    turn: int = 0,
 ) -> list[Target] | Refusal:
-    """Up to two targets, best first; or why no member can take the request."""
+    """Up to two targets, best first; or why no member can take the request. `turn` is
+    the model's request count, for `round-robin`."""
     if any(r.model == model for r in replicas):
         ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
         if not ranking.ranked:
             return ranking.refusal() or Refusal.REPLICA_NOT_READY
         kinds = {r.replica_id: r.kind for r in replicas}
-        return [Target(node, rid, kinds.get(rid, "unknown")) for rid, node, _ in ranking.ranked[:2]]
+        return [
+            Target(node, rid, kinds.get(rid, "unknown"), reason)
+            for rid, node, reason in _replicas_in_order(ranking.ranked, anchor, policy, turn)
+        ]
     cluster, load = nodes()
     if (None, model) not in cluster.served:  # served by some engine (of any kind)
         return Refusal.MODEL_NOT_SERVED
@@ -95,6 +136,78 @@ def choose(
     if not top:
         return ranked.refusal() or Refusal.MODEL_NOT_SERVED
     return [Target(node, "", kind_on(node, model)) for node, _ in top]
+
+
+def _replicas_in_order(
+    ranked: list[tuple[str, str, float]], anchor: Anchor, policy: Policy, turn: int
+) -> list[tuple[str, str, str]]:
+    """The first two replicas (id, node, reason) of `ranked` (best by load first) as the
+    policy orders them."""
+    if policy == "round-robin":
+        by_id = sorted(ranked)
+        first = by_id[turn % len(by_id)]
+        second = [r for r in ranked if r[0] != first[0]][:1]
+        return [(first[0], first[1], "load")] + [(r, n, "load") for r, n, _ in second]
+    if policy == "prefix" and anchor.digest:
+        work = {r: -score for r, _, score in ranked}  # the load score's work, KV included
+        chosen: list[tuple[str, str, str]] = []
+        left = list(ranked)
+        while left and len(chosen) < 2:
+            choice = prefix.choose(anchor.digest, left, work, session=anchor.session)
+            if choice is None:
+                break
+            chosen.append((choice.replica_id, choice.node_id, choice.reason))
+            left = [r for r in left if r[0] != choice.replica_id]
+        return chosen
+    return [(r, n, "load") for r, n, _ in ranked[:2]]
+
+
+def explain(
+    model: str,
+    *,
+    replicas: list[ReplicaView],
+    pending: Mapping[str, int],
+    anchor: Anchor,
+    policy: Policy,
+    pending_then: Callable[[str, float], int] | None = None,
+) -> dict[str, Any]:
+    """What `choose` sees for a request of a deployment's `model` and what it chooses:
+    each replica's place in the anchor's order, work, load score, whether it is within the
+    bound, or why it cannot take the request (`nvpair explain MODEL --prompt-file`)."""
+    ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
+    ranked = ranking.ranked
+    order = prefix.rendezvous(anchor.digest, [r for r, _, _ in ranked]) if anchor.digest else []
+    work = {r: -score for r, _, score in ranked}
+    limit = prefix.BOUND * (sum(max(0.0, w) for w in work.values()) + 1) / max(1, len(ranked))
+    chosen = _replicas_in_order(ranked, anchor, policy, 0) if ranked else []
+    rows: list[dict[str, Any]] = [
+        {
+            "replicaId": rid,
+            "nodeId": node,
+            "loadScore": round(score, 3),
+            "work": round(max(0.0, work[rid]), 3),
+            "order": order.index(rid) if rid in order else None,
+            "withinBound": max(0.0, work[rid]) + 1 <= limit,
+        }
+        for rid, node, score in ranked
+    ]
+    rows.sort(key=lambda row: (row["order"] is None, row["order"] or 0, row["replicaId"]))
+    refused = [{"replicaId": rid, "reason": reason.value} for rid, reason in ranking.refused]
+    return {
+        "model": model,
+        "policy": policy,
+        "anchor": anchor.digest[:6].hex() if anchor.digest else None,
+        "session": anchor.session,
+        "bound": round(limit, 3),
+        "replicas": rows,
+        "refused": [r for r in refused if r["reason"] != Refusal.MODEL_NOT_SERVED.value],
+        "choice": (
+            {"replicaId": chosen[0][0], "nodeId": chosen[0][1], "reason": chosen[0][2]}
+            if chosen
+            else None
+        ),
+        "then": ({"replicaId": chosen[1][0], "nodeId": chosen[1][1]} if len(chosen) > 1 else None),
+    }
 
 
 def served_models(

@@ -38,7 +38,13 @@ def test_a_conversations_turns_share_their_anchor_and_others_do_not() -> None:
     text_a, _ = anchor_of({"prompt": "word " * 300 + "tail one"}, KEY)
     text_b, _ = anchor_of({"prompt": "word " * 300 + "tail two"}, KEY)
     assert text_a == text_b  # the same first 256 words
-    assert anchor_of({"input": "embed me"}, KEY) == (b"", False)  # nothing to anchor on
+    assert anchor_of({"model": "m", "n": 2}, KEY) == (b"", False)  # nothing to anchor on
+    # The Responses API: `instructions`, then `input` items, as chat's messages.
+    asked = [{"role": "user", "content": [{"type": "input_text", "text": "q"}]}]
+    answered = [*asked, {"role": "assistant", "content": "a"}, {"role": "user", "content": "r"}]
+    one, _ = anchor_of({"instructions": "be brief", "input": asked}, KEY)
+    assert one == anchor_of({"instructions": "be brief", "input": answered}, KEY)[0]
+    assert one != anchor_of({"instructions": "be long", "input": asked}, KEY)[0]
 
 
 replica_ids = st.lists(
