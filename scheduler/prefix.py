@@ -14,8 +14,10 @@ nothing about another's and no table of plain hashes of common prompts applies.
 The replicas that can take the request (`scheduler.replicas.rank_replicas`) are put in
 **rendezvous order** for the anchor (highest random weight: each replica's weight is a hash
 of the anchor and its id), and the first whose work is within the **bound** wins: a replica
-may take a request while its work plus this one stays at most `BOUND` times the mean work
-plus one (consistent hashing with bounded loads). So the turns of a conversation -- and
+may take a request while its work plus this one stays within `BOUND` times the mean work
+counting this one, rounded up (`limit`: consistent hashing with bounded loads, as Mirrokni,
+Thorup and Zadimoghaddam bound each bin by the ceiling of c times the average), and never
+under `MIN_LIMIT` requests. So the turns of a conversation -- and
 every request with the same anchor -- go to one replica, whose cache holds their prefix,
 from whichever member they enter; a replica that goes moves only its own anchors (each to
 its next in order), and a flood of one anchor spills to the next replicas in its order
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -39,14 +42,20 @@ from typing import Any, Final, Literal
 __all__ = [
     "ANCHOR_WORDS",
     "BOUND",
+    "MIN_LIMIT",
     "Choice",
     "anchor_key",
     "anchor_of",
     "choose",
+    "limit",
     "rendezvous",
 ]
 
 BOUND: Final = 1.25  # a replica takes an anchor's request while under 1.25 x (mean work + 1)
+# ... or while it has fewer than this: an engine batches a few requests at little cost, and
+# a load report a second old may still count one that has finished -- under light load the
+# cache wins.
+MIN_LIMIT: Final = 3
 ANCHOR_WORDS: Final = 256  # a completion's anchor: its first words
 MAX_ANCHOR_BYTES: Final = 1 << 20  # what is hashed of a prompt at most
 
@@ -125,6 +134,13 @@ def rendezvous(anchor: bytes, replica_ids: Sequence[str]) -> list[str]:
     return sorted(replica_ids, key=lambda r: (weight(r), r), reverse=True)
 
 
+def limit(total_work: float, replicas: int, bound: float = BOUND) -> int:
+    """The most work a replica may have with the request on it: `bound` x the mean work
+    counting the request, rounded up, and never under `MIN_LIMIT`."""
+    mean = (max(0.0, total_work) + 1) / max(1, replicas)
+    return max(MIN_LIMIT, math.ceil(bound * mean - 1e-9))
+
+
 def choose(
     anchor: bytes,
     ranked: Sequence[tuple[str, str, float]],
@@ -141,10 +157,10 @@ def choose(
         return None
     if anchor:
         total = sum(max(0.0, work.get(r, 0.0)) for r, _, _ in ranked)
-        limit = bound * (total + 1) / len(ranked)
+        most = limit(total, len(ranked), bound)
         nodes = {r: n for r, n, _ in ranked}
         for place, replica_id in enumerate(rendezvous(anchor, list(nodes))):
-            if max(0.0, work.get(replica_id, 0.0)) + 1 <= limit:
+            if max(0.0, work.get(replica_id, 0.0)) + 1 <= most:
                 return Choice(
                     replica_id, nodes[replica_id], "session" if session else "prefix", place
                 )

@@ -29,6 +29,7 @@ lack of data, and is scored on its pending above that. Ties go to the lower repl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -96,6 +97,9 @@ class ReplicaRanking:
 
     ranked: list[tuple[str, str, float]]
     refused: list[tuple[str, Refusal]]
+    # Each ranked replica's requests per unit of capacity, as `in_use` counts them (ours
+    # now, and the others' in its fresh report): what `scheduler.prefix` bounds.
+    work: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def best(self) -> tuple[str, str] | None:
@@ -176,14 +180,15 @@ def rank_replicas(
     `pending_then(replica, age_ms)` is this member's pending there that long ago."""
     eligible: list[ReplicaView] = []
     refused: list[tuple[str, Refusal]] = []
+    requests: dict[str, float] = {}  # replica -> the requests on it, ours and the others'
     for replica in sorted(replicas, key=lambda r: r.replica_id):
         reason = refusal_of(replica, model, engine)
-        ours = pending_by_replica.get(replica.replica_id, 0)
-        limit = replica.max_in_flight
-        if reason is None and limit:
+        if reason is None:
+            ours = pending_by_replica.get(replica.replica_id, 0)
             age = replica.load_age_ms
             then = pending_then(replica.replica_id, age) if pending_then and age else None
-            if in_use(replica, ours, then, stale_ms) >= limit:
+            on_it = requests[replica.replica_id] = in_use(replica, ours, then, stale_ms)
+            if replica.max_in_flight and on_it >= replica.max_in_flight:
                 reason = Refusal.QUEUE_FULL
         if reason is None:
             eligible.append(replica)
@@ -193,10 +198,12 @@ def rank_replicas(
     known = [reported_work(f) / r.capacity for r, f in zip(eligible, fresh, strict=True) if f]
     unknown_work = sum(known) / len(known) if known else 0.0
     scored = []
+    work = {}
     for replica, load in zip(eligible, fresh, strict=True):
         pending = max(0, pending_by_replica.get(replica.replica_id, 0)) / replica.capacity
         reported = reported_work(load) / replica.capacity if load else unknown_work
+        work[replica.replica_id] = requests[replica.replica_id] / replica.capacity
         score = -(pending + reported) - kv_penalty(load)
         scored.append((replica.replica_id, replica.node_id, score))
     scored.sort(key=lambda s: (-s[2], s[0]))
-    return ReplicaRanking(ranked=scored, refused=refused)
+    return ReplicaRanking(ranked=scored, refused=refused, work=work)

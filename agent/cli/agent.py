@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from agent.cli import calls as cli_http
@@ -81,8 +82,25 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
     explain.add_argument("model", metavar="MODEL", nargs="?")
     explain.add_argument("--deployment", metavar="NAME", help="why (not) on each member")
     explain.add_argument("--node", metavar="NODE", help="with --deployment: only this member")
+    explain.add_argument(
+        "--prompt-file",
+        metavar="F",
+        help="where a request like this one goes, by its prompt: an OpenAI request body"
+        " (JSON: messages, prompt or input) or plain text (one user message)",
+    )
+    explain.add_argument("--session", metavar="KEY", default="", help="its X-Session-Id")
     explain.add_argument("--json", action="store_true")
     explain.set_defaults(run=_explain)
+
+    routing = commands.add_parser(
+        "routing", help="how this member picks a deployment's replica (prefix, load, round-robin)"
+    )
+    routing.add_argument(
+        "--policy",
+        choices=("prefix", "load", "round-robin"),
+        help="use this one until the agent restarts ([routing] policy in nvpair.toml)",
+    )
+    routing.set_defaults(run=_routing)
 
     jobs = commands.add_parser("jobs", help="the Jobs list, as this member sees it")
     jobs.add_argument("--state", choices=("queued", "running", "completed", "failed", "cancelled"))
@@ -357,6 +375,8 @@ def _explain(args: argparse.Namespace) -> int:
         return _explain_deployment(args.deployment, args.node or "", as_json=args.json)
     if not args.model:
         raise cli_http.CliError("explain needs a MODEL or --deployment NAME")
+    if args.prompt_file:
+        return _explain_prompt(args.model, args.prompt_file, args.session, as_json=args.json)
     model = urllib.parse.quote(args.model)
     result = _get("/v1/explain?model=" + model)
     replicas = _get("/v1/explain/replicas?model=" + model)
@@ -383,6 +403,71 @@ def _explain(args: argparse.Namespace) -> int:
     ]
     rows += [["-", entry["nodeId"], entry["reason"]] for entry in result["refused"]]
     print(cli_http.table(rows))
+    return 0
+
+
+def _explain_prompt(model: str, path: str, session: str, *, as_json: bool) -> int:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise cli_http.CliError(f"cannot read {path}: {exc}") from None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):  # plain text: the prompt of one user message
+        body = {"messages": [{"role": "user", "content": text}]}
+    sent = {"model": model, "request": body, "session": session}
+    result = cli_http.request(
+        cli_http.agent_url() + "/v1/routing/explain",
+        "POST",
+        sent,
+        headers=cli_http.agent_headers(),
+        who="the agent",
+    )
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    anchor = result["anchor"]
+    kind = "session key" if result["session"] else "prompt anchor"
+    print(f"policy {result['policy']}; " + (f"{kind} {anchor}" if anchor else "no anchor: by load"))
+    rows = [["ORDER", "REPLICA", "NODE", "WORK", "LOAD SCORE", "WITHIN BOUND"]]
+    rows += [
+        [
+            "-" if e["order"] is None else str(e["order"] + 1),
+            e["replicaId"],
+            e["nodeId"],
+            f"{e['work']:g}",
+            f"{e['loadScore']:.3f}",
+            "yes" if e["withinBound"] else "no",
+        ]
+        for e in result["replicas"]
+    ]
+    rows += [["-", e["replicaId"], "", "", e["reason"], ""] for e in result["refused"]]
+    print(cli_http.table(rows))
+    print(f"bound: work + 1 <= {result['bound']:g}")
+    choice = result["choice"]
+    if choice is None:
+        print("no replica can take it now")
+    else:
+        then = result["then"]
+        after = f"; if it fails, {then['replicaId']} on {then['nodeId']}" if then else ""
+        print(f"chosen: {choice['replicaId']} on {choice['nodeId']} ({choice['reason']}){after}")
+    return 0
+
+
+def _routing(args: argparse.Namespace) -> int:
+    if args.policy:
+        answer = cli_http.request(
+            cli_http.agent_url() + "/v1/routing",
+            "PUT",
+            {"policy": args.policy},
+            headers=cli_http.agent_headers(),
+            who="the agent",
+        )
+    else:
+        answer = _get("/v1/routing")
+    print(f"policy: {answer['policy']} (of {', '.join(answer['policies'])})")
     return 0
 
 

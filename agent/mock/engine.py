@@ -17,7 +17,8 @@ series per `model_name`), so the agent's load scraper is tested against the real
 
 `--prefix-cache-blocks N` gives it a prefix cache, modelled (`agent.mock.prefix_cache`):
 a prompt's words in blocks of `--block-units`, an LRU of N chained block hashes; the time
-to first token is `--ttft-base-ms` plus `--prefill-ms-per-unit` for every word not cached;
+to first token is `--ttft-base-ms` plus `--prefill-ms-per-unit` for every word not cached,
+the engine's prefills taking turns as one GPU's compute does (a busy engine queues them);
 `usage.prompt_tokens_details.cached_tokens` says what was reused, and `/metrics` has vLLM's
 `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (in words).
 """
@@ -94,6 +95,7 @@ class MockEngine:
         self.in_flight = 0
         self.max_concurrency = max_concurrency
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+        self._prefilling = asyncio.Lock()  # the uncached part of prompts, one at a time
         self.cache = PrefixCache(prefix_cache_blocks, block_units)
         self.ttft_base_s = ttft_base_ms / 1000
         self.prefill_s_per_unit = prefill_ms_per_unit / 1000
@@ -284,9 +286,12 @@ class MockEngine:
         cached = self.cache.admit(units) if self.cache.capacity else 0
         self.prefix_queries[model] += len(units)
         self.prefix_hits[model] += cached
-        delay = self.ttft_base_s + self.prefill_s_per_unit * (len(units) - cached)
-        if delay > 0:
-            await asyncio.sleep(delay)  # the modelled prefill, not a synchronisation
+        if self.ttft_base_s > 0:
+            await asyncio.sleep(self.ttft_base_s)  # the modelled first step
+        compute = self.prefill_s_per_unit * (len(units) - cached)
+        if compute > 0:
+            async with self._prefilling:  # one GPU: prefills take turns (a queue forms)
+                await asyncio.sleep(compute)  # the modelled prefill, not a synchronisation
         return cached
 
     def _usage(self, prompt: int, completion: int, cached: int) -> dict[str, Any]:

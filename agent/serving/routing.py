@@ -29,7 +29,7 @@ import msgspec
 from facts.deployments import Deployment
 from facts.records import NodeRecord
 from scheduler import Cluster, Load, Refusal, Request, prefix, rank
-from scheduler.replicas import ReplicaView, ReportedLoad, rank_replicas
+from scheduler.replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
 
 __all__ = [
     "FAILOVER_STATUSES",
@@ -126,7 +126,7 @@ def choose(
         kinds = {r.replica_id: r.kind for r in replicas}
         return [
             Target(node, rid, kinds.get(rid, "unknown"), reason)
-            for rid, node, reason in _replicas_in_order(ranking.ranked, anchor, policy, turn)
+            for rid, node, reason in _replicas_in_order(ranking, anchor, policy, turn)
         ]
     cluster, load = nodes()
     if (None, model) not in cluster.served:  # served by some engine (of any kind)
@@ -139,17 +139,18 @@ def choose(
 
 
 def _replicas_in_order(
-    ranked: list[tuple[str, str, float]], anchor: Anchor, policy: Policy, turn: int
+    ranking: ReplicaRanking, anchor: Anchor, policy: Policy, turn: int
 ) -> list[tuple[str, str, str]]:
-    """The first two replicas (id, node, reason) of `ranked` (best by load first) as the
-    policy orders them."""
+    """The first two replicas (id, node, reason) of the ranking as the policy orders
+    them."""
+    ranked = ranking.ranked
     if policy == "round-robin":
         by_id = sorted(ranked)
         first = by_id[turn % len(by_id)]
         second = [r for r in ranked if r[0] != first[0]][:1]
         return [(first[0], first[1], "load")] + [(r, n, "load") for r, n, _ in second]
     if policy == "prefix" and anchor.digest:
-        work = {r: -score for r, _, score in ranked}  # the load score's work, KV included
+        work = ranking.work
         chosen: list[tuple[str, str, str]] = []
         left = list(ranked)
         while left and len(chosen) < 2:
@@ -177,9 +178,9 @@ def explain(
     ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
     ranked = ranking.ranked
     order = prefix.rendezvous(anchor.digest, [r for r, _, _ in ranked]) if anchor.digest else []
-    work = {r: -score for r, _, score in ranked}
-    limit = prefix.BOUND * (sum(max(0.0, w) for w in work.values()) + 1) / max(1, len(ranked))
-    chosen = _replicas_in_order(ranked, anchor, policy, 0) if ranked else []
+    work = ranking.work
+    limit = prefix.limit(sum(max(0.0, w) for w in work.values()), len(ranked))
+    chosen = _replicas_in_order(ranking, anchor, policy, 0) if ranked else []
     rows: list[dict[str, Any]] = [
         {
             "replicaId": rid,
@@ -198,7 +199,7 @@ def explain(
         "policy": policy,
         "anchor": anchor.digest[:6].hex() if anchor.digest else None,
         "session": anchor.session,
-        "bound": round(limit, 3),
+        "bound": limit,
         "replicas": rows,
         "refused": [r for r in refused if r["reason"] != Refusal.MODEL_NOT_SERVED.value],
         "choice": (

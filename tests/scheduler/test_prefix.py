@@ -12,7 +12,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.prefix import BOUND, anchor_key, anchor_of, choose, rendezvous
+from scheduler.prefix import BOUND, MIN_LIMIT, anchor_key, anchor_of, choose, limit, rendezvous
 
 KEY = anchor_key(b"a cluster CA certificate")
 SYSTEM = {"role": "system", "content": "You are a careful agent. Tools: search, read."}
@@ -68,9 +68,27 @@ def test_every_member_chooses_alike_whatever_order_it_lists_replicas_in(
     assert one == other
     assert one is not None
     if one.reason == "prefix":  # within the bound: its work and this one under the limit
-        assert work[one.replica_id] + 1 <= BOUND * (sum(work.values()) + 1) / len(ids)
+        assert work[one.replica_id] + 1 <= limit(sum(work.values()), len(ids))
     else:  # every replica over the bound: the least loaded
         assert one.replica_id == ranked[0][0]
+
+
+def test_an_idle_cluster_sends_each_anchor_to_its_first_replica() -> None:
+    ids = [f"rep_{n}" for n in range(3)]
+    ranked = [(r, "n", 0.0) for r in ids]
+    for n in range(20):
+        anchor, _ = anchor_of(turn(f"conversation {n}"), KEY)
+        chosen = choose(anchor, ranked, dict.fromkeys(ids, 0.0))
+        assert chosen is not None
+        assert (chosen.replica_id, chosen.reason, chosen.rank) == (
+            rendezvous(anchor, ids)[0],
+            "prefix",
+            0,
+        )
+    # Light load: at least MIN_LIMIT. Then 1.25 x the mean counting this one, rounded up.
+    assert limit(0.0, 3) == limit(3.0, 3) == MIN_LIMIT == 3
+    assert limit(35.0, 6) == 8  # 1.25 x 36 / 6 = 7.5, up
+    assert limit(47.0, 6) == 10  # exactly 10
 
 
 def test_a_flood_of_one_anchor_spills_in_its_order_and_stays_under_the_bound() -> None:
@@ -84,7 +102,7 @@ def test_a_flood_of_one_anchor_spills_in_its_order_and_stays_under_the_bound() -
         assert chosen is not None
         work[chosen.replica_id] += 1
     mean = sum(work.values()) / len(ids)
-    assert max(work.values()) <= BOUND * (mean + 1)  # no replica past the bound
+    assert max(work.values()) <= max(MIN_LIMIT, BOUND * (mean + 1))  # none past the bound
     assert work[order[0]] == max(work.values())  # the anchor's own replica took the most
 
 

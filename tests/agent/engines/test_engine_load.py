@@ -89,6 +89,29 @@ def test_vllm_series_of_every_engine_core_are_summed_and_the_fullest_cache_count
     assert parse_engine_load(VLLM, at_ms=5) == EngineLoad(5.0, 7.0, 0.81, 5)
 
 
+def test_vllm_prefix_cache_counters_are_read_and_summed_over_restarts() -> None:
+    counters = (
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 300\n'
+        'vllm:prefix_cache_queries_total{model_name="m",engine="1"} 100\n'
+        'vllm:prefix_cache_queries_created{model_name="m",engine="0"} 1.7e9\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 250\n'
+    )
+    load = parse_engine_load(VLLM + counters, at_ms=5)
+    assert (load.cache_queries, load.cache_hits) == (400.0, 250.0)
+    assert parse_engine_load(VLLM, at_ms=5).cache_queries is None  # not counted: unknown
+    assert parse_engine_load(LLAMACPP, at_ms=0).cache_hits is None
+    # Summed by deployment across reads: what each engine counted since the last one; an
+    # engine that restarted (its counters fell) counts from zero.
+    scraper = LoadScraper(dict, label_of=lambda replica: "chat")
+    scraper._count_cache("rep_a", 100, 40)
+    scraper._count_cache("rep_a", 160, 90)
+    scraper._count_cache("rep_b", 10, 0)
+    scraper._count_cache("rep_a", 30, 20)  # restarted
+    assert scraper.cache_totals == {"chat": [200.0, 110.0]}
+
+
 def test_older_vllm_names_its_cache_gauge_gpu_cache_usage_perc() -> None:
     assert parse_engine_load(VLLM_OLD, at_ms=0) == EngineLoad(1.0, 4.0, 0.5, 0)
 

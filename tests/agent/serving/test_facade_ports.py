@@ -161,6 +161,7 @@ async def test_a_target_that_fails_before_any_byte_fails_over_and_the_job_says_s
     there = ReplicaView("r1", "nod_b", "m1", kind="vllm")
     here = ReplicaView("r2", ME, "m1", kind="vllm")
     r = await rig(MockEngine(model="m1"), replicas=[there, here])
+    r.facade.policy = "load"  # on load, "r1" first (prefix routing: wherever the prompt says)
     try:
         async with (
             aiohttp.ClientSession() as session,

@@ -1,0 +1,239 @@
+"""Prefix routing across the mesh (issue 29, item 2), against three real agents running a
+deployment of three mock engines with the prefix-cache model: a conversation's turns sent
+round-robin through the three members reach the one replica its anchor names (counted by
+the engines' own counters) and the engine reports cached prompt units from the second
+turn on; the same turns with the `load` policy go where load alone sends them; a member
+cordoned takes its replica out and the conversation moves to its next replica and stays
+there; a flood of one prompt stays within the bound on its replica and spills to the rest.
+
+Which replica an anchor names is computed here from the cluster's CA certificate, as every
+member computes it (`scheduler.prefix`), so the test knows where each turn must go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler.prefix import BOUND, anchor_key, anchor_of, rendezvous
+
+from ..deploy_harness import engine_cluster, post, ready_everywhere, replicas
+from ..harness import Node, eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+GPUS = {"a": "l4:1", "b": "l4:1", "c": "l4:1"}  # one replica on each member
+PREFIX_ARGS = ["--prefix-cache-blocks", "256", "--block-units", "4", "--ttft-base-ms", "1"]
+SYSTEM = "You are a careful assistant for the records office. " * 12
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
+    async for started in engine_cluster(tmp_path_factory.mktemp("prefix"), GPUS):
+        body = {
+            "name": "conv",
+            "engine": "mock",
+            "gpus": 1,
+            "replicas": 3,
+            "args": [*PREFIX_ARGS, "--latency-ms", "400"],
+        }
+        code, text = await post(started[0], "/v1/deployments", body)
+        assert code == 201, text
+        await eventually(
+            lambda: ready_everywhere(started, "conv", 3),  # noqa: B023 -- awaited here
+            "three ready replicas of conv in every member's view",
+            within_s=60,
+        )
+        yield started
+
+
+def key_of(node: Node) -> bytes:
+    ca = x509.load_pem_x509_certificate((node.home / "cluster" / "ca.crt").read_bytes())
+    return anchor_key(ca.public_bytes(Encoding.DER))
+
+
+def conversation(topic: str, turns: int) -> dict[str, Any]:
+    """A chat body after `turns` exchanges: the system prompt, the first question, then
+    answers and questions that grow the context."""
+    messages = [{"role": "system", "content": f"On {topic}. {SYSTEM}"}]
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"{topic}: question {n} " + "detail " * 8})
+        if n < turns - 1:
+            messages.append({"role": "assistant", "content": f"answer {n} " + "words " * 8})
+    return {"model": "conv", "messages": messages, "max_tokens": 4}
+
+
+async def engine_counts(node: Node) -> dict[str, tuple[float, float, float]]:
+    """Replica id -> (requests, prompt units looked up, found) as each engine counts."""
+    counts = {}
+    async with aiohttp.ClientSession() as session:
+        for replica in await replicas(node, "conv"):
+            url = f"http://127.0.0.1:{replica['port']}/metrics"
+            async with session.get(url) as response:
+                text = await response.text()
+            values = {"requests": 0.0, "queries": 0.0, "hits": 0.0}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "vllm:request_success_total":
+                        values["requests"] += sample.value
+                    elif sample.name == "vllm:prefix_cache_queries_total":
+                        values["queries"] += sample.value
+                    elif sample.name == "vllm:prefix_cache_hits_total":
+                        values["hits"] += sample.value
+            counts[replica["id"]] = (values["requests"], values["queries"], values["hits"])
+    return counts
+
+
+def grown(
+    before: dict[str, tuple[float, float, float]], after: dict[str, tuple[float, float, float]]
+) -> dict[str, tuple[float, float, float]]:
+    return {
+        r: tuple(a - b for a, b in zip(after[r], before.get(r, (0, 0, 0)), strict=True))  # type: ignore[misc]
+        for r in after
+    }
+
+
+async def chat(session: aiohttp.ClientSession, node: Node, body: dict[str, Any]) -> Any:
+    url = f"http://127.0.0.1:{node.ports['facade']}/v1/chat/completions"
+    async with session.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def talk(trio: list[Node], topic: str, turns: int, start: int = 0) -> list[int]:
+    """The turns of one conversation, each through the next member; the cached prompt
+    units each answer reports."""
+    cached = []
+    async with aiohttp.ClientSession() as session:
+        for n in range(start, start + turns):
+            answer = await chat(session, trio[n % 3], conversation(topic, n + 1))
+            cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+    return cached
+
+
+async def set_policy(trio: list[Node], policy: str) -> None:
+    for node in trio:
+        code, out, err = await node.cli("routing", "--policy", policy)
+        assert code == 0, err
+        assert f"policy: {policy}" in out
+
+
+def expected(trio: list[Node], topic: str, ready: list[str]) -> str:
+    anchor, _ = anchor_of(conversation(topic, 1), key_of(trio[0]))
+    return rendezvous(anchor, ready)[0]
+
+
+async def test_a_conversations_turns_reach_its_replica_through_every_member(
+    trio: list[Node],
+) -> None:
+    ids = sorted(r["id"] for r in await replicas(trio[0], "conv"))
+    # Conversations whose replica is not the one load alone picks when all are idle (the
+    # lowest id): with the `load` policy their turns go elsewhere -- the control.
+    topics = [t for t in (f"case {n}" for n in range(40)) if expected(trio, t, ids) != ids[0]]
+    for topic in topics[:2]:
+        before = await engine_counts(trio[0])
+        cached = await talk(trio, topic, 4)
+        moved = grown(before, await engine_counts(trio[0]))
+        target = expected(trio, topic, ids)
+        assert moved[target][0] == 4, (topic, target, moved)  # every turn on its replica
+        assert all(moved[r][0] == 0 for r in ids if r != target), moved
+        assert cached[0] == 0, cached  # a new conversation
+        assert all(c > 0 for c in cached[1:]), cached
+        assert moved[target][2] == sum(cached)  # the engine's own count of cached units
+    # The control: with the load policy, a conversation that starts while every member
+    # sees every replica idle starts on the lowest id, not on its anchor's replica.
+    await set_policy(trio, "load")
+    try:
+
+        async def idle_everywhere() -> bool:
+            for node in trio:
+                for replica in await replicas(node, "conv"):
+                    if replica["running"] or replica["waiting"] or not replica["loadAt"]:
+                        return False
+            return True
+
+        await eventually(idle_everywhere, "every member sees every replica idle")
+        before = await engine_counts(trio[0])
+        await talk(trio, topics[2], 3)
+        moved = grown(before, await engine_counts(trio[0]))
+        assert moved[ids[0]][0] >= 1, moved
+        assert moved[expected(trio, topics[2], ids)][0] < 3, moved
+    finally:
+        await set_policy(trio, "prefix")
+    # Decisions by reason, on the member that placed them.
+    decided = [
+        await n.metric("nvpair_routing_decisions_total", model="conv", reason="prefix")
+        for n in trio
+    ]
+    assert sum(decided) >= 8, decided  # the eight turns above, by the members that took them
+
+
+async def test_a_cordoned_members_conversations_move_and_stay(trio: list[Node]) -> None:
+    ids = sorted(r["id"] for r in await replicas(trio[0], "conv"))
+    node_of = {r["id"]: r["nodeId"] for r in await trio[0].get("/v1/replicas")}
+    topic = "the moving case"
+    first = expected(trio, topic, ids)
+    cached = await talk(trio, topic, 2)
+    assert cached[1] > 0
+    gone_node = node_of[first]
+    code, _, err = await trio[0].cli("node", "cordon", gone_node)
+    assert code == 0, err
+    try:
+
+        async def cordoned_everywhere() -> bool:
+            for node in trio:
+                listed = {n["nodeId"]: n for n in await node.get("/v1/nodes")}
+                if not listed[gone_node].get("cordoned"):
+                    return False
+            return True
+
+        await eventually(cordoned_everywhere, "every member sees the cordon")
+        rest = [r for r in ids if r != first]
+        second = expected(trio, topic, rest)
+        before = await engine_counts(trio[0])
+        cached = await talk(trio, topic, 3, start=2)
+        moved = grown(before, await engine_counts(trio[0]))
+        assert moved[second][0] == 3, moved  # moved to its next replica, and stayed
+        assert moved[first][0] == 0
+        assert cached[0] == 0, cached  # a cold cache there, then warm
+        assert cached[1] > 0, cached
+        assert cached[2] > 0, cached
+    finally:
+        code, _, err = await trio[0].cli("node", "uncordon", gone_node)
+        assert code == 0, err
+
+    async def uncordoned_everywhere() -> bool:
+        for node in trio:
+            if any(n.get("cordoned") for n in await node.get("/v1/nodes")):
+                return False
+        return True
+
+    await eventually(uncordoned_everywhere, "every member sees the uncordon")
+
+
+async def test_a_flood_of_one_prompt_spills_past_the_bound(trio: list[Node]) -> None:
+    ids = sorted(r["id"] for r in await replicas(trio[0], "conv"))
+    topic = "the hot question"
+    target = expected(trio, topic, ids)
+    before = await engine_counts(trio[0])
+    flood = 24
+    async with aiohttp.ClientSession() as session:
+        # All through one member, at once: each stays on its engine for 400 ms.
+        await asyncio.gather(
+            *(chat(session, trio[0], conversation(topic, 1)) for _ in range(flood))
+        )
+    moved = grown(before, await engine_counts(trio[0]))
+    taken = {r: int(moved[r][0]) for r in ids}
+    assert sum(taken.values()) == flood
+    # Its replica takes the most, never past the bound of 1.25 x the mean (rounded up).
+    assert taken[target] == max(taken.values()), taken
+    assert taken[target] <= -(-BOUND * flood // 3), taken
+    assert sum(1 for count in taken.values() if count) >= 2, taken  # the rest spilled
