@@ -56,7 +56,11 @@ WIRE_MAX: Final = 2  # the newest: this release's
 # to records, deployments and keys once no member of 0.1.0 is left.
 # `artifacts`: weights as cluster facts, fetched from the members that hold them (issue 28):
 # a member of 0.1.0 neither keeps them nor serves them, so they wait for every member.
-FEATURES: Final[Mapping[str, int]] = {"signed-facts-kept": 2, "artifacts": 2}
+FEATURES: Final[Mapping[str, int]] = {
+    "signed-facts-kept": 2,
+    "artifacts": 2,
+    "cluster-key-limits": 2,
+}
 
 _Text = Annotated[str, Meta(max_length=64)]
 _Version = Annotated[int, Meta(ge=1, le=65535)]

@@ -167,6 +167,7 @@ PURE_CORES = (
     "facts.artifact_fetch",
     "facts.kept",
     "facts.wire",
+    "facts.key_limits",
     "broker.channel",
     "broker.restarts",
     "scheduler.rank",

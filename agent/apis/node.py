@@ -16,6 +16,8 @@ pinned caller (403 otherwise).
 - `POST /v1/repair/digest`, `/v1/repair/exchange` (pinned) -- anti-entropy rounds
   (`broker.anti_entropy`): a digest in, the differing keys out; records both ways.
 - `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`facts.probing`).
+- `POST /v1/limits/lease` (pinned) -- API keys' limits: a member's leases and token reports
+  for the keys this member holds the counts of (`agent.serving.cluster_limits`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from certs.invites import Tombstone
 from facts.api_keys import ApiKey
 from facts.artifact_fetch import to_bitmap
 from facts.kept import Kept, raws
+from facts.key_limits import LeaseAnswer, LeaseAsk
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import Handler, peer_node_id, pinned
@@ -88,6 +91,7 @@ _exchange_decoder: Final = msgspec.json.Decoder(Exchange)
 _cancel_decoder: Final = msgspec.json.Decoder(_Cancel)
 _ping_decoder: Final = msgspec.json.Decoder(Ping)
 _ping_req_decoder: Final = msgspec.json.Decoder(PingReq)
+_lease_decoder: Final = msgspec.json.Decoder(LeaseAsk)
 _JSON: Final = "application/json"
 
 T = TypeVar("T")
@@ -127,7 +131,9 @@ class NodeApi:
         artifacts: ArtifactStore | None = None,
         artifact_pace: Pace | None = None,
         artifact_counters: ArtifactCounters | None = None,
+        on_lease: Callable[[LeaseAsk], LeaseAnswer] | None = None,
     ) -> None:
+        self.on_lease = on_lease  # the keys' limits this member holds (cluster_limits)
         self.artifacts = artifacts  # the pieces this member serves (issue 28)
         self._pace = artifact_pace if artifact_pace is not None else Pace(0)
         self._served = artifact_counters if artifact_counters is not None else ArtifactCounters()
@@ -172,6 +178,7 @@ class NodeApi:
         app.router.add_post(
             "/v1/members/ping-req", pinned(cluster.pins)(self._working(self._ping_req))
         )
+        app.router.add_post("/v1/limits/lease", pinned(cluster.pins)(self._working(self._lease)))
         for path, handler in (
             ("/v1/artifacts/{hex}/manifest", self._manifest),
             ("/v1/artifacts/{hex}/held", self._held),
@@ -295,6 +302,12 @@ class NodeApi:
     async def _ping_req(self, request: web.Request) -> web.Response:
         answer = None if self.probes is None else self.probes.on_ping_req
         return await _repair(request, _ping_req_decoder, answer)
+
+    async def _lease(self, request: web.Request) -> web.Response:
+        ask = await read_json(request, _lease_decoder, "not a lease request")
+        if self.on_lease is None:
+            raise web.HTTPServiceUnavailable(text="this member holds no key limits\n")
+        return json_answer(self.on_lease(ask))
 
     async def _push(self, request: web.Request) -> web.Response:
         if request.content_type != _JSON:

@@ -67,6 +67,7 @@ from agent.engines.weights import Weights
 from agent.metrics.artifacts import ArtifactMetrics
 from agent.metrics.serving import serving_metrics
 from agent.plane_link.link import PlaneParts, plane_link, plane_routes
+from agent.serving.cluster_limits import ClusterLimits
 from agent.serving.facade import Facade, facade_address
 from agent.serving.key_check import KeyCheck
 from agent.serving.run_book import open_run_book
@@ -254,6 +255,7 @@ class Agent:
             artifacts=artifact_store,
             artifact_pace=fetches.serve_pace,
             artifact_counters=fetches.counters,
+            on_lease=None if facade.keys.cluster is None else facade.keys.cluster.answer,
         )
         link = plane_link(
             config.plane,
@@ -339,6 +341,8 @@ class Agent:
         )
         tasks.spawn("prune", pruner.run())
         tasks.spawn("anti-entropy", repair.run())
+        if facade.keys.cluster is not None:
+            tasks.spawn("key-limits", facade.keys.cluster.run())
         tasks.spawn("artifacts-warm", weights.keep_warm())
         for name, loop in ({} if link is None else link.loops).items():
             tasks.spawn(name, loop())
@@ -451,6 +455,16 @@ class Agent:
             remote_load=lambda: load.remote,
         )
         keys = KeyCheck(dict(config.api_keys), api_keys, members_alive=members.alive)
+        keys.cluster = ClusterLimits(
+            self_id=node_id,
+            limiter=keys.limiter,
+            limits_of=keys.limits_of,
+            holders=lambda: [node_id, *members.reachable_peers_working()],
+            members=lambda: 1 + len(members.peers()),
+            members_alive=members.alive,
+            enabled=lambda: members.gate().allows("cluster-key-limits"),
+            ask=client.lease,
+        )
         usage.metrics.follow(known_to(deployments, view, keys))
         host, self._facade_why = facade_address(config.facade_bind, bind, keys.in_use())
         facade = Facade(

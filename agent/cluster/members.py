@@ -243,6 +243,10 @@ class Members:
         now = self._clock()
         return [r.nodeId for r in self.peers() if self.reachable(r.nodeId, now)]
 
+    def reachable_peers_working(self) -> list[str]:
+        """The reachable peers this node works with (their wire ranges overlap)."""
+        return [n for n in self.reachable_peers() if self.works_with(n)]
+
     def alive(self) -> int:
         """How many members are alive: this node and the others heard from recently."""
         return 1 + len(self.reachable_peers())

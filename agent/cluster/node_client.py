@@ -23,6 +23,7 @@ from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from facts.artifact_fetch import from_bitmap
 from facts.artifacts import MAX_PIECE_SIZE
+from facts.key_limits import LeaseAnswer, LeaseAsk
 from facts.probing import Ping, PingReq, PingReqAnswer
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import PinnedConnector
@@ -61,6 +62,7 @@ _differences: Final = msgspec.json.Decoder(Differences)
 _exchanged: Final = msgspec.json.Decoder(ExchangeAnswer)
 _ping: Final = msgspec.json.Decoder(Ping)
 _ping_req: Final = msgspec.json.Decoder(PingReqAnswer)
+_lease_answer: Final = msgspec.json.Decoder(LeaseAnswer)
 
 
 class NodeClient:
@@ -207,6 +209,12 @@ class NodeClient:
         answer: ExchangeAnswer = await self._call(
             node_id, "/v1/repair/exchange", exchange, _exchanged
         )
+        return answer
+
+    async def lease(self, node_id: str, ask: LeaseAsk) -> LeaseAnswer:
+        """API keys' limits (agent.serving.cluster_limits): leases asked of, and tokens
+        reported to, the member that holds the keys' counts."""
+        answer: LeaseAnswer = await self._call(node_id, "/v1/limits/lease", ask, _lease_answer)
         return answer
 
     async def cordon(self, node_id: str, cordoned: bool) -> None:

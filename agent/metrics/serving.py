@@ -44,7 +44,9 @@ class ServingMetrics(Collector):
         models: Callable[[], Iterable[str]] = tuple,
         decisions: Callable[[], Mapping[tuple[str, str], int]] = dict,
         cache: Callable[[], Mapping[str, list[float]]] = dict,
+        alone: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._alone = alone  # some keys' limits admitted alone: their holder is cut off
         self._decisions = decisions  # (model, reason) -> requests this facade sent
         self._cache = cache  # deployment -> [prompt units looked up, found] by its engines here
         self._models = models  # the engines' models the cluster knows (not deployments)
@@ -107,6 +109,13 @@ class ServingMetrics(Collector):
             desired.add_metric([name], deployment.replicas)
         yield desired
         yield from self._routing(known)
+        cut_off = GaugeMetricFamily(
+            "nvpair_key_limit_alone",
+            "1 while this member admits some API keys' requests out of its share alone:"
+            " the member that holds their cluster-wide count does not answer",
+        )
+        cut_off.add_metric([], 1.0 if self._alone() else 0.0)
+        yield cut_off
 
     def _routing(self, known: set[str]) -> Iterator[Metric]:
         decided = CounterMetricFamily(
@@ -174,4 +183,5 @@ def serving_metrics(
         models=lambda: view.current()[0].models(),
         decisions=lambda: facade.decisions,
         cache=lambda: control.scraper.cache_totals,
+        alone=lambda: facade.keys.cluster is not None and facade.keys.cluster.alone(),
     )

@@ -205,7 +205,7 @@ class Facade:
         if isinstance(read, web.Response):
             return read
         raw, model, anchor = read
-        if (denied := self.keys.admit(requester, model)) is not None:
+        if (denied := await self.keys.admit(requester, model)) is not None:
             return denied  # a model the key may not use, or over the key's limits: no job
         routed = await self._endpoint.route(request, path, raw, model)  # an endpoint's name?
         if isinstance(routed, web.StreamResponse):

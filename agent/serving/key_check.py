@@ -7,7 +7,7 @@ With neither -- no key ever issued in the cluster, none configured -- the facade
 it always was. Otherwise a request needs `Authorization: Bearer <secret>` of a key that is
 not revoked and has not expired (401 `invalid_api_key`), asks for a model the key allows (403
 `model_not_allowed`) and fits the key's limits (429 `rate_limit_exceeded` with `Retry-After`;
-`agent.serving.rate_limit` says how the cluster-wide limit is shared). The key's name is the job's
+`agent.serving.cluster_limits` says how the limit holds cluster-wide). The key's name is the job's
 `requesterId`; a static key named as a cluster key shares that key's models and limits.
 
 The secret presented is hashed and looked up by its hash, then compared in constant time:
@@ -24,6 +24,7 @@ from typing import Final, TypeAlias
 from aiohttp import web
 
 from agent.cluster.api_keys import ApiKeys
+from agent.serving.cluster_limits import ClusterLimits
 from agent.serving.openai_errors import openai_error
 from agent.serving.rate_limit import KeyLimiter
 from facts.api_keys import ApiKey, hash_secret, hashes_match
@@ -57,6 +58,9 @@ class KeyCheck:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        # The cluster-wide count (`connect_cluster`); without it each member admits its
+        # share, limit / members alive, alone.
+        self.cluster: ClusterLimits | None = None
         self._static = {hash_secret(secret): name for name, secret in static.items()}
         self._keys = keys
         self._members_alive = members_alive
@@ -118,7 +122,15 @@ class KeyCheck:
         key = self._by_name.get(requester) if isinstance(requester, str) else None
         return key is None or key.allows(model)
 
-    def admit(self, requester: Requester, model: str) -> web.Response | None:
+    def limits_of(self, name: str) -> tuple[int, int] | None:
+        """A live key's (rpm, tpm), for its holder (`cluster_limits`); None when unknown."""
+        self._index()
+        key = self._by_name.get(name)
+        if key is None or not key.usable(int(self._clock() * 1000)):
+            return None
+        return key.rpm, key.tpm
+
+    async def admit(self, requester: Requester, model: str) -> web.Response | None:
         """None when `requester` (from `requester()`) may send a request for `model` now
         (counted against its limits); else the answer that refuses it."""
         if not isinstance(requester, str):
@@ -133,16 +145,25 @@ class KeyCheck:
                 "invalid_request_error",
                 "model_not_allowed",
             )
-        limited = self.limiter.admit(
-            key.name, rpm=key.rpm, tpm=key.tpm, share=self._share_now(), now=self._monotonic()
-        )
+        if self.cluster is not None:
+            limited = await self.cluster.admit(key.name, key.rpm, key.tpm)
+        else:
+            limited = self.limiter.admit(
+                key.name, rpm=key.rpm, tpm=key.tpm, share=self._share_now(), now=self._monotonic()
+            )
         if limited is None:
             return None
         per = "requests" if limited.kind == "requests" else "tokens"
+        limit = key.rpm if per == "requests" else key.tpm
+        where = (
+            "in the cluster"
+            if limited.allowed >= limit
+            else f"in the cluster; {limited.allowed:g} on this member, which admits its share"
+            " alone now"
+        )
         response = openai_error(
             429,
-            f"rate limit of {key.name}: {key.rpm if per == 'requests' else key.tpm} {per} per "
-            f"minute in the cluster ({limited.allowed:g} on this member); "
+            f"rate limit of {key.name}: {limit} {per} per minute {where}; "
             f"try again in {limited.retry_after_s}s",
             limited.kind,
             "rate_limit_exceeded",
@@ -154,7 +175,10 @@ class KeyCheck:
         """Count the tokens the engine reported for a request of `key_name` (the facade
         calls this after each request; no name: no key, nothing to count)."""
         if key_name and key_name in self._by_name:
-            self.limiter.record_tokens(key_name, tokens, self._monotonic())
+            if self.cluster is not None:
+                self.cluster.record_tokens(key_name, tokens)
+            else:
+                self.limiter.record_tokens(key_name, tokens, self._monotonic())
 
     def _share_now(self) -> float:
         now = self._monotonic()

@@ -1,15 +1,14 @@
-"""Requests and tokens per minute, per key, across the cluster -- approximately. Sans-I/O:
-time is passed in.
+"""Requests and tokens per minute, per key: the windows that count them. Sans-I/O: time
+is passed in.
 
-**Per-member shares.** No count crosses the network: each member admits, per key, its share
-of the key's limit, `limit / members` (the members it holds as reachable, itself
-included; at least one request a minute), in a sliding window of the last 60 s counted in
-one-second buckets. With requests spread over the members, the cluster admits about the
-limit a minute: within one share per change of membership during the minute, and the
-window is 59-60 s long, so never more than about 2% over. Traffic that enters on fewer
-members than are alive gets less: a client that sends everything to one of three members
-gets a third of its limit -- spread clients over members (a load balancer, or a list of
-facades) to use all of it.
+A sliding window of the last 60 s counted in one-second buckets (`Window`), per key
+(`KeyLimiter`), used two ways (`agent.serving.cluster_limits` says when):
+
+- **At the key's holder** (`grant`): the one member that holds a key's cluster-wide count
+  grants requests out of the whole limit, to itself and to the members that ask, and
+  sums the tokens they report.
+- **As a share** (`admit` with `share`): a member that cannot reach the holder, or a
+  cluster not yet all on a release that knows holders, admits its share of the limit alone.
 
 Requests are counted when admitted; tokens when the engine reports them, after the request
 (`record_tokens`): a request is admitted while the tokens of the last minute are under the
@@ -23,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["KeyLimiter", "Limited", "Window"]
+__all__ = ["Grant", "KeyLimiter", "Limited", "Window"]
 
 WINDOW_S: Final = 60
 MAX_TRACKED: Final = 4096  # keys with counts held; empty windows go first when full
@@ -78,6 +77,17 @@ class Limited:
     allowed: float  # this member's share of the limit
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a key's holder grants: requests that may be admitted (each already counted in
+    its window), the key's tokens in the last minute cluster-wide, and when to ask again
+    when it grants none."""
+
+    granted: int
+    tokens: int
+    retry_after_s: int = 0
+
+
 class _Counts:
     __slots__ = ("requests", "tokens")
 
@@ -127,6 +137,28 @@ class KeyLimiter:
                 return Limited("requests", counts.requests.wait_s(now, most), allowed)
             counts.requests.add(now, 1)
         return None
+
+    def grant(self, name: str, *, rpm: int, tpm: int, want: int, tokens: int, now: float) -> Grant:
+        """At the key's holder: count `tokens` reported, then grant up to `want` requests
+        within the limits (counted as admitted now)."""
+        counts = self._of(name, now)
+        if tokens > 0:
+            counts.tokens.add(now, tokens)
+        used = counts.tokens.total(now)
+        if tpm and used >= tpm:
+            return Grant(0, used, counts.tokens.wait_s(now, tpm - 1))
+        granted = max(0, want)
+        if rpm:
+            granted = min(granted, rpm - counts.requests.total(now))
+            if granted <= 0:
+                return Grant(0, used, counts.requests.wait_s(now, rpm - 1))
+            counts.requests.add(now, granted)
+        return Grant(granted, used)
+
+    def tokens(self, name: str, now: float) -> int:
+        """The key's tokens counted here in the last minute."""
+        counts = self._counts.get(name)
+        return counts.tokens.total(now) if counts is not None else 0
 
     def record_tokens(self, name: str, tokens: int, now: float) -> None:
         """Count the tokens the engine reported for one of key `name`'s requests."""

@@ -75,7 +75,7 @@ def _keys(tmp_path: Path, clock: Clock) -> ApiKeys:
     return ApiKeys(tmp_path, sign=lambda k: k, clock=clock)
 
 
-def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) -> None:
+async def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) -> None:
     wall, mono = Clock(1_700_000_000.0), Clock(500.0)
     keys = _keys(tmp_path, wall)
     check = KeyCheck({}, keys, members_alive=lambda: 3, clock=wall, monotonic=mono)
@@ -87,14 +87,14 @@ def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) ->
     assert check.requester(f"Bearer {secret}") == "team-a"
     for bad in ("", "Bearer ", "Bearer sk-nvp-wrong", secret, f"Basic {secret}"):
         assert check.requester(bad) is Access.REFUSED, bad
-    assert check.admit("team-a", "m1") is None
-    forbidden = check.admit("team-a", "m2")
+    assert await check.admit("team-a", "m1") is None
+    forbidden = await check.admit("team-a", "m2")
     assert forbidden is not None
     assert forbidden.status == 403
     assert json.loads(forbidden.body)["error"]["code"] == "model_not_allowed"  # type: ignore[arg-type]
     for _ in range(19):
-        assert check.admit("team-a", "m1") is None
-    limited = check.admit("team-a", "m1")  # the 21st here: over 60 / 3 members
+        assert await check.admit("team-a", "m1") is None
+    limited = await check.admit("team-a", "m1")  # the 21st here: over 60 / 3 members
     assert limited is not None
     assert limited.status == 429
     error = json.loads(limited.body)["error"]  # type: ignore[arg-type]
@@ -104,13 +104,13 @@ def test_keys_are_checked_by_hash_and_answered_as_openai_does(tmp_path: Path) ->
     assert check.requester(f"Bearer {secret}") is Access.REFUSED
 
 
-def test_revoked_and_static_keys(tmp_path: Path) -> None:
+async def test_revoked_and_static_keys(tmp_path: Path) -> None:
     wall = Clock(1_700_000_000.0)
     keys = _keys(tmp_path, wall)
     check = KeyCheck({"ops": "sk-static-123"}, keys, clock=wall)
     assert check.requester("") is Access.REFUSED  # a static key alone closes the facade
     assert check.requester("Bearer sk-static-123") == "ops"
-    assert check.admit("ops", "any-model") is None  # static: no scope, no limit
+    assert await check.admit("ops", "any-model") is None  # static: no scope, no limit
     _, secret = keys.create(KeyRequest(name="team-b"))
     with pytest.raises(KeyExists):
         keys.create(KeyRequest(name="team-b"))
