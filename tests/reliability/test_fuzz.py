@@ -220,6 +220,7 @@ NODE_ROUTES = [
     ("/v1/cancel", {"target": "nod_nobody"}),
     ("/v1/repair/digest", {"jobs": [[1, 1, 1]], "removed": []}),
     ("/v1/repair/exchange", {"want": [["nod_x", "run", "1"]]}),
+    ("/v1/limits/lease", {"keys": [{"name": "nobody", "want": 1, "tokens": 0}]}),
 ]
 
 
