@@ -27,10 +27,13 @@ member joins ahead of it in a key's order) the new holder starts counting from z
 to one limit more in that minute.
 
 **Cut off.** A member that cannot reach the holder (a partition, the holder down and not
-yet counted out) admits alone, its share of the limit -- the limit over every member it
-knows, reachable or not, so the members cut off from the holder never admit more than
-their part -- and says so: a warning in its log, `nvpair_key_limit_alone` on `/metrics`,
-and its 429s name the share. It asks the holder again after `ALONE_S`.
+yet counted out), or that reaches no more than half of the members it knows (it may be on
+the small side of a partition, where a holder of its own would count from zero), admits
+alone: its share of the limit -- the limit over every member it knows, reachable or not,
+so the members cut off never admit more than their part -- and says so: a warning in its
+log, `nvpair_key_limit_alone` on `/metrics`, and its 429s name the share. It asks the
+holder again after `ALONE_S`. The larger side of a partition picks a holder among the
+members it reaches and goes on with the whole limit.
 
 A cluster with a member of 0.1.0 (which neither holds nor leases) keeps 0.1.0's rule: each
 member admits limit / members alive (the `cluster-key-limits` feature, `facts.wire`).
@@ -115,6 +118,7 @@ class ClusterLimits:
         self._leases: dict[str, _Lease] = {}
         self._alone: dict[str, float] = {}  # holder -> until when we admit alone
         self.alone_since: float | None = None  # while some key is admitted alone
+        self._cut_off = False  # reaching no more than half of the members
 
     # -- admitting ------------------------------------------------------------------------
 
@@ -126,7 +130,10 @@ class ClusterLimits:
         if not self._enabled():  # a 0.1.0 member in the cluster: its rule, shares
             share = 1.0 / max(1, self._members_alive())
             return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
-        holder = holder_of(name, self._holders())
+        holders = self._holders()
+        if self._minority(holders):  # cut off from most members: no holder to trust
+            return self._admit_alone(name, rpm, tpm, now)
+        holder = holder_of(name, holders)
         if holder == self.self_id:
             return self._admit_here(name, rpm, tpm, now)
         if self._alone.get(holder, 0.0) > now:
@@ -157,6 +164,21 @@ class ClusterLimits:
         if rpm and lease.left <= self._chunk(rpm) // 2 and lease.refill is None:
             self._refill_soon(name, holder, lease, self._chunk(rpm))
         return None
+
+    def _minority(self, holders: list[str]) -> bool:
+        """Whether this member reaches no more than half of the members it knows (itself
+        included): it may be on the small side of a partition, where the members it reaches
+        would pick a holder of their own and count from zero."""
+        minority = 2 * len(holders) <= self._members()
+        if minority and not self._cut_off:
+            log.warning(
+                "key limits: this member reaches %d of %d members; it admits its share of "
+                "every key's limits alone until it reaches more than half",
+                len(holders),
+                self._members(),
+            )
+        self._cut_off = minority
+        return minority
 
     def _admit_here(self, name: str, rpm: int, tpm: int, now: float) -> Limited | None:
         grant = self.limiter.grant(name, rpm=rpm, tpm=tpm, want=1, tokens=0, now=now)
@@ -249,7 +271,7 @@ class ClusterLimits:
     def alone(self) -> bool:
         """Whether this member admits some keys alone now (a holder it cannot reach)."""
         now = self._clock()
-        return any(until > now for until in self._alone.values())
+        return self._cut_off or any(until > now for until in self._alone.values())
 
     # -- tokens ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class Mesh:
     def __init__(self, rpm: int = 60, tpm: int = 0, *, enabled: bool = True) -> None:
         self.clock = Clock()
         self.cut: set[str] = set()
+        self.reach: dict[str, list[str]] = {}  # member -> the members it reaches (all)
         self.calls = 0
         self.limits = (rpm, tpm)
         self.members = {
@@ -41,7 +42,7 @@ class Mesh:
                 self_id=node,
                 limiter=KeyLimiter(),
                 limits_of=lambda name: self.limits if name == KEY else None,
-                holders=lambda: IDS,
+                holders=self.reach_of(node),
                 members=lambda: 3,
                 members_alive=lambda: 3,
                 enabled=lambda: enabled,
@@ -52,6 +53,9 @@ class Mesh:
         }
         self.holder = holder_of(KEY, IDS)
         self.others = [n for n in IDS if n != self.holder]
+
+    def reach_of(self, node: str) -> Callable[[], list[str]]:
+        return lambda: self.reach.get(node, IDS)
 
     async def ask(self, node: str, ask: LeaseAsk) -> LeaseAnswer:
         self.calls += 1
@@ -136,6 +140,25 @@ async def test_a_member_cut_off_from_the_holder_admits_its_share_and_says_so() -
     mesh.clock.at += ALONE_S + 1
     assert await cut_off.admit(KEY, 60, 0) is not None  # the holder's minute is full
     assert not cut_off.alone()
+
+
+async def test_the_small_side_of_a_partition_admits_shares_and_the_large_side_the_limit() -> None:
+    mesh = Mesh(rpm=60)
+    alone, *rest = IDS
+    mesh.reach = {alone: [alone], **{n: rest for n in rest}}  # {a} | {b, c}
+    mesh.cut = {alone}
+    # The small side reaches 1 of 3: its share, and it says so -- without asking anyone.
+    assert await mesh.send([alone], 100) == 20
+    assert mesh.calls == 0
+    assert mesh.members[alone].alone()
+    # The large side picks a holder among the two it reaches: the whole limit, once.
+    assert await mesh.send(rest, 100) == 60
+    assert not any(mesh.members[n].alone() for n in rest)
+    # Healed: every member reaches every other, the small side asks the holder again.
+    mesh.reach, mesh.cut = {}, set()
+    mesh.clock.at += 61
+    assert await mesh.send([alone], 10) == 10
+    assert not mesh.members[alone].alone()
 
 
 async def test_a_cluster_with_a_0_1_0_member_keeps_its_shares() -> None:
