@@ -146,6 +146,8 @@ class ClusterLimits:
         if lease.refused_until > now:
             wait = max(1, math.ceil(lease.refused_until - now))
             return _limited(lease.refused_for, wait, rpm, tpm)
+        if not rpm:  # tokens alone: the count the reports bring back decides, no lease
+            return None
         while not (lease.left > 0 and lease.until > now):
             grant = await self._refill(name, holder, lease, self._chunk(rpm))
             now = self._clock()

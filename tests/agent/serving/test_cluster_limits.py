@@ -117,6 +117,7 @@ async def test_tokens_reach_the_holder_and_close_the_key_everywhere() -> None:
     refused = await other.admit(KEY, 0, 1000)
     assert refused is not None
     assert refused.kind == "tokens"
+    assert mesh.calls == 2  # the reports alone: a key without rpm takes no leases
     assert await mesh.members[mesh.holder].admit(KEY, 0, 1000) is not None
     mesh.clock.at += 61
     await other.flush()
