@@ -146,7 +146,7 @@ async def test_a_member_cut_off_from_the_holder_admits_its_share_and_says_so() -
 async def test_the_small_side_of_a_partition_admits_shares_and_the_large_side_the_limit() -> None:
     mesh = Mesh(rpm=60)
     alone, *rest = IDS
-    mesh.reach = {alone: [alone], **{n: rest for n in rest}}  # {a} | {b, c}
+    mesh.reach = {alone: [alone], **dict.fromkeys(rest, rest)}  # {a} | {b, c}
     mesh.cut = {alone}
     # The small side reaches 1 of 3: its share, and it says so -- without asking anyone.
     assert await mesh.send([alone], 100) == 20

@@ -178,6 +178,18 @@ async def test_a_conversations_turns_reach_its_replica_through_every_member(
     ]
     assert sum(decided) >= 8, decided  # the eight turns above, by the members that took them
 
+    # The engines' own prefix-cache counters, per deployment, on the members running them.
+    async def hits_counted() -> bool:
+        hit = [await n.metric("nvpair_prefix_cache_hit_units_total", model="conv") for n in trio]
+        looked = [
+            await n.metric("nvpair_prefix_cache_prompt_units_total", model="conv") for n in trio
+        ]
+        return sum(hit) > 0 and all(h <= q for h, q in zip(hit, looked, strict=True))
+
+    await eventually(hits_counted, "the engines' cache hits in the members' /metrics")
+    shares = [await n.metric("nvpair_prefix_cache_hit_share", model="conv") for n in trio]
+    assert max(shares) > 0.3, shares  # later turns: most of their prompt was cached
+
 
 async def test_a_cordoned_members_conversations_move_and_stay(trio: list[Node]) -> None:
     ids = sorted(r["id"] for r in await replicas(trio[0], "conv"))
