@@ -418,13 +418,7 @@ def _explain_prompt(model: str, path: str, session: str, *, as_json: bool) -> in
     if not isinstance(body, dict):  # plain text: the prompt of one user message
         body = {"messages": [{"role": "user", "content": text}]}
     sent = {"model": model, "request": body, "session": session}
-    result = cli_http.request(
-        cli_http.agent_url() + "/v1/routing/explain",
-        "POST",
-        sent,
-        headers=cli_http.agent_headers(),
-        who="the agent",
-    )
+    result = cli_http.call("POST", "/v1/routing/explain", sent)
     if as_json:
         print(json.dumps(result, indent=2))
         return 0
@@ -458,13 +452,7 @@ def _explain_prompt(model: str, path: str, session: str, *, as_json: bool) -> in
 
 def _routing(args: argparse.Namespace) -> int:
     if args.policy:
-        answer = cli_http.request(
-            cli_http.agent_url() + "/v1/routing",
-            "PUT",
-            {"policy": args.policy},
-            headers=cli_http.agent_headers(),
-            who="the agent",
-        )
+        answer = cli_http.call("PUT", "/v1/routing", {"policy": args.policy})
     else:
         answer = _get("/v1/routing")
     print(f"policy: {answer['policy']} (of {', '.join(answer['policies'])})")

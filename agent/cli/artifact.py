@@ -73,14 +73,7 @@ def _add(args: argparse.Namespace) -> int:
         body = {"path": str(source), "name": args.name or source.name}
     if args.piece_size:
         body["pieceSize"] = args.piece_size
-    made = cli_http.request(
-        cli_http.agent_url() + "/v1/artifacts",
-        "POST",
-        body,
-        headers=cli_http.agent_headers(),
-        who="the agent",
-        timeout_s=ADD_TIMEOUT_S,
-    )
+    made = cli_http.call("POST", "/v1/artifacts", body, timeout_s=ADD_TIMEOUT_S)
     print(f"{made['name']}: {made['id']} {made['digest']} ({_size(made['size'])})")
     return 0
 
@@ -131,24 +124,14 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _rm(args: argparse.Namespace) -> int:
     name = urllib.parse.quote(args.name, safe="")
-    state = cli_http.request(
-        cli_http.agent_url() + f"/v1/artifacts/{name}/here",
-        "DELETE",
-        headers=cli_http.agent_headers(),
-        who="the agent",
-    )
+    state = cli_http.call("DELETE", f"/v1/artifacts/{name}/here")
     print(f"{state['name']}: {_here(state)} here")
     return 0
 
 
 def _forget(args: argparse.Namespace) -> int:
     name = urllib.parse.quote(args.name, safe="")
-    done = cli_http.request(
-        cli_http.agent_url() + f"/v1/artifacts/{name}",
-        "DELETE",
-        headers=cli_http.agent_headers(),
-        who="the agent",
-    )
+    done = cli_http.call("DELETE", f"/v1/artifacts/{name}")
     print(f"{done['forgotten']} forgotten; the members follow")
     return 0
 

@@ -72,6 +72,18 @@ def post(path: str, body: Any = None) -> Any:
     return request(url, "POST", sent, headers=agent_headers(), who="the agent")
 
 
+def call(method: str, path: str, body: Any = None, *, timeout_s: float = TIMEOUT_S) -> Any:
+    """`method` `path` on the running agent's local API, `body` as JSON; the answer."""
+    return request(
+        agent_url() + path,
+        method,
+        body,
+        headers=agent_headers(),
+        who="the agent",
+        timeout_s=timeout_s,
+    )
+
+
 def request(
     url: str,
     method: str = "GET",

@@ -17,12 +17,14 @@ from .harness import Node, engine_pids, eventually, kill_engines, make_node, sta
 
 __all__ = [
     "alive",
+    "deployed",
     "engine_cluster",
     "engine_pids",
     "kill_engines",
     "post",
     "ready_everywhere",
     "replicas",
+    "set_policy",
 ]
 
 
@@ -78,6 +80,27 @@ async def post(node: Node, path: str, body: Any) -> tuple[int, Any]:
         session.post(node.api + path, json=body) as response,
     ):
         return response.status, await response.text()
+
+
+async def deployed(nodes: list[Node], body: dict[str, Any], *, within_s: float = 60) -> None:
+    """Deploy `body` through the first member and wait until every member sees all its
+    replicas ready."""
+    code, text = await post(nodes[0], "/v1/deployments", body)
+    assert code == 201, text
+    name, count = body["name"], body.get("replicas", 1)
+    await eventually(
+        lambda: ready_everywhere(nodes, name, count),
+        f"{count} ready replicas of {name} in every member's view",
+        within_s=within_s,
+    )
+
+
+async def set_policy(nodes: list[Node], policy: str) -> None:
+    """Every member routes a deployment's requests by `policy` (`nvpair routing --policy`)."""
+    for node in nodes:
+        code, out, err = await node.cli("routing", "--policy", policy)
+        assert code == 0, err
+        assert f"policy: {policy}" in out
 
 
 async def replicas(node: Node, deployment: str) -> list[dict[str, Any]]:

@@ -22,8 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from scheduler.prefix import anchor_key, anchor_of, rendezvous
-from tests.agent.deploy_harness import engine_cluster, post, ready_everywhere, replicas
-from tests.agent.harness import Node, eventually
+from tests.agent.deploy_harness import deployed, engine_cluster, replicas, set_policy
+from tests.agent.harness import Node
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -45,13 +45,7 @@ async def pair(
             "replicas": 2,
             "args": ["--parallel", "1"],
         }
-        code, text = await post(started[0], "/v1/deployments", body)
-        assert code == 201, text
-        await eventually(
-            lambda: ready_everywhere(started, "tiny-chat", 2),  # noqa: B023 -- awaited here
-            "two ready llama.cpp replicas in every member's view",
-            within_s=120,
-        )
+        await deployed(started, body, within_s=120)
         yield started
 
 
@@ -87,13 +81,6 @@ async def alternate(pair: list[Node], topics: list[str]) -> list[dict[str, float
                 if turn > 1:
                     later.append(answer["timings"])
     return later
-
-
-async def set_policy(pair: list[Node], policy: str) -> None:
-    for node in pair:
-        code, out, err = await node.cli("routing", "--policy", policy)
-        assert code == 0, err
-        assert f"policy: {policy}" in out
 
 
 async def topics_apart(pair: list[Node], start: int) -> list[str]:

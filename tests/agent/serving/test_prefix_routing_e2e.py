@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.engines.load import parse_engine_load
 from scheduler.prefix import anchor_key, anchor_of, limit, rendezvous
 
-from ..deploy_harness import engine_cluster, post, ready_everywhere, replicas
+from ..deploy_harness import deployed, engine_cluster, replicas, set_policy
 from ..harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -48,13 +48,7 @@ async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[N
             "replicas": 3,
             "args": [*PREFIX_ARGS, "--latency-ms", "400"],
         }
-        code, text = await post(started[0], "/v1/deployments", body)
-        assert code == 201, text
-        await eventually(
-            lambda: ready_everywhere(started, "conv", 3),  # noqa: B023 -- awaited here
-            "three ready replicas of conv in every member's view",
-            within_s=60,
-        )
+        await deployed(started, body, within_s=60)
         yield started
 
 
@@ -120,13 +114,6 @@ async def talk(trio: list[Node], topic: str, turns: int, start: int = 0) -> list
             answer = await chat(session, trio[n % 3], conversation(topic, n + 1))
             cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
     return cached
-
-
-async def set_policy(trio: list[Node], policy: str) -> None:
-    for node in trio:
-        code, out, err = await node.cli("routing", "--policy", policy)
-        assert code == 0, err
-        assert f"policy: {policy}" in out
 
 
 def expected(trio: list[Node], topic: str, ready: list[str]) -> str:
