@@ -175,6 +175,7 @@ PURE_CORES = (
     "scheduler.replicas",
     "scheduler.reconcile",
     "scheduler.prefix",
+    "scheduler.scale",
     "plane.placement.decide",
     "agent.serving.wait_line",
     "agent.serving.lifecycle",

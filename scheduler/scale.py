@@ -1,0 +1,185 @@
+"""How many replicas a deployment wants, from its load (issue 30, item 1). Pure: no I/O, no
+clock -- the samples and the time are passed in.
+
+A deployment with bounds (`min`, `max`) and a policy is sampled about once a second from
+the view every member shares: its ready replicas, the requests its engines run, and the
+requests that wait -- in the engines' queues and in the members' wait lines. `decide` turns
+the samples of the last few minutes, the desired count now, when it last changed, how many
+more replicas the free GPUs hold, and what one replica is known to run at once into the
+next desired count and why:
+
+- **Bounds first.** A desired count outside the bounds moves inside them (`bounds`).
+- **Up fast, on waiting** (`waiting`). When more than `target_waiting` requests per ready
+  replica wait (any request, at zero replicas), the deployment wants enough replicas to run
+  what waits beyond that: one more replica for every `capacity` requests (what one replica
+  is known to run at once), or one more at a time while that is unknown. Replicas already
+  wanted and not ready yet count: requests that go on waiting during a cold start ask for
+  nothing more, so a burst at zero makes one scale-up, not one per request. Never above
+  `max`, never more than the free GPUs hold (`no room` when they hold none).
+- **Down slowly, on quiet** (`quiet`). Only when no request waited for the whole
+  `scale_down_after_s`, the last change is at least that old, and the samples cover it: to
+  as few replicas as ran the window's peak at `HEADROOM` of the known capacity, one replica
+  a window at most; while the capacity is unknown, one replica a window, never the last
+  one while requests run.
+- **To zero when idle** (`idle`). With `min` 0, a deployment that ran nothing and had
+  nothing waiting for `idle_to_zero_s` wants no replica.
+
+**The capacity** is learned: whenever requests wait, the engines are full, and the requests
+running per ready replica is what one replica runs at once. The latest such reading is the
+capacity (`Decision.capacity`): the caller keeps it and passes it back, so a deployment that
+once filled does not step down into a count that fills again. Under a constant load the
+count therefore settles and stays: up to what runs it without waiting, never down below
+what its peak needs at `HEADROOM` -- no oscillation.
+
+Every member that holds the same samples computes the same count; the caller carries out
+one member's decision (`scheduler.scale` does not say which).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = ["HEADROOM", "Bounds", "Decision", "LoadSample", "ScalePolicy", "decide"]
+
+HEADROOM: Final = 0.8  # scale down only to counts whose peak stays under 80 % of capacity
+
+Reason = Literal["bounds", "waiting", "no room", "quiet", "idle", "steady"]
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The fewest and the most replicas a deployment may have."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= self.high:
+            raise ValueError(f"bounds {self.low}..{self.high}: need 0 <= min <= max")
+
+    def clamp(self, count: int) -> int:
+        """`count` moved inside the bounds."""
+        return max(self.low, min(self.high, count))
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePolicy:
+    """When to add replicas and when to take them away."""
+
+    target_waiting: float = 0.0  # requests per ready replica that may wait before adding
+    scale_down_after_s: float = 300.0  # quiet this long before a replica goes
+    idle_to_zero_s: float = 900.0  # idle this long before the last one goes (min 0)
+
+    def __post_init__(self) -> None:
+        if self.target_waiting < 0:
+            raise ValueError("target_waiting must be 0 or more")
+        if self.scale_down_after_s <= 0 or self.idle_to_zero_s <= 0:
+            raise ValueError("scale_down_after_s and idle_to_zero_s must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    """The deployment's load at `at_s`: replicas ready, requests their engines run, and
+    requests waiting (the engines' queues and the members' wait lines)."""
+
+    at_s: float
+    ready: int
+    running: float
+    waiting: float
+
+    def __post_init__(self) -> None:
+        if self.ready < 0 or self.running < 0 or self.waiting < 0:
+            raise ValueError(f"negative load {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The desired count, why, and what one replica is known to run at once (None:
+    unknown yet)."""
+
+    desired: int
+    reason: Reason
+    capacity: float | None
+
+
+def decide(
+    history: Sequence[LoadSample],
+    *,
+    current: int,
+    bounds: Bounds,
+    policy: ScalePolicy,
+    now_s: float,
+    changed_at_s: float,
+    room: int,
+    capacity: float | None = None,
+) -> Decision:
+    """The next desired count from `history` (oldest first, the latest last), the count now
+    (`current`, changed at `changed_at_s`), the replicas the free GPUs hold more (`room`)
+    and the capacity known so far."""
+    capacity = _learned(history, capacity)
+    wanted = bounds.clamp(current)
+    if wanted != current:
+        return Decision(wanted, "bounds", capacity)
+    if not history:
+        return Decision(current, "steady", capacity)
+    latest = history[-1]
+    if latest.waiting > policy.target_waiting * latest.ready or (
+        current == 0 and latest.waiting > 0
+    ):
+        excess = latest.waiting - policy.target_waiting * latest.ready
+        extra = math.ceil(excess / capacity) if capacity else 1
+        need = bounds.clamp(latest.ready + max(1, extra))
+        if need > current:
+            grown = min(need, current + max(0, room))
+            return Decision(grown, "waiting" if grown > current else "no room", capacity)
+        return Decision(current, "steady", capacity)  # what is starting will take it
+    return _down(history, current, bounds, policy, now_s, changed_at_s, capacity)
+
+
+def _learned(history: Sequence[LoadSample], capacity: float | None) -> float | None:
+    # The latest reading of a full replica: requests waited, so each ran what it could.
+    for sample in reversed(history):
+        if sample.waiting > 0 and sample.ready > 0 and sample.running > 0:
+            return sample.running / sample.ready
+    return capacity
+
+
+def _down(
+    history: Sequence[LoadSample],
+    current: int,
+    bounds: Bounds,
+    policy: ScalePolicy,
+    now_s: float,
+    changed_at_s: float,
+    capacity: float | None,
+) -> Decision:
+    steady = Decision(current, "steady", capacity)
+    if current <= bounds.low or now_s - changed_at_s < policy.scale_down_after_s:
+        return steady
+    window = _since(history, now_s - policy.scale_down_after_s)
+    if window is None or any(s.waiting > 0 for s in window):
+        return steady
+    if bounds.low == 0:
+        idle = _since(history, now_s - policy.idle_to_zero_s)
+        if idle is not None and all(s.running == 0 and s.waiting == 0 for s in idle):
+            return Decision(0, "idle", capacity)
+    peak = max(s.running for s in window)
+    if capacity:
+        fits = max(1, math.ceil(peak / (capacity * HEADROOM))) if peak else 1
+        if fits >= current:
+            return steady
+        return Decision(bounds.clamp(max(fits, current - 1)), "quiet", capacity)
+    if current <= 1:
+        return steady  # the last replica goes only when idle (`idle_to_zero_s`)
+    return Decision(bounds.clamp(current - 1), "quiet", capacity)
+
+
+def _since(history: Sequence[LoadSample], start_s: float) -> list[LoadSample] | None:
+    """The samples from `start_s` on, or None when the history does not reach back that far
+    (a member that started sampling lately does not decide on less)."""
+    if not history or history[0].at_s > start_s:
+        return None
+    return [s for s in history if s.at_s >= start_s]
