@@ -19,6 +19,7 @@ import aiohttp
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.engines.proc_os import unrecorded_processes
 from tests.fixtures.owner import owner
 from tests.fixtures.records import lifecycle_event, workload_record
 from tests.fixtures.waiting import TIMEOUT_S, eventually
@@ -246,10 +247,16 @@ def engine_pids(home: Path) -> dict[str, int]:
 
 def kill_engines(home: Path) -> None:
     """SIGKILL the engines this home's agent launched, and their groups: agents leave their
-    engines running when they stop (the next start adopts them)."""
+    engines running when they stop (the next start adopts them). Those with no proc.json
+    too -- an agent killed -9 between starting an engine and writing its record leaves one
+    that only its next start would find (by the marks in its environment): the test may
+    never start it again."""
     for pid in engine_pids(home).values():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    for pid in unrecorded_processes(home, keep=set()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def join(admitter: Node, joiner: Node) -> None:
