@@ -55,9 +55,9 @@ class Dialect:
     running: str
     waiting: str
     kv_usage: tuple[str, ...]  # first one present wins (vLLM renamed its gauge)
-    # Prompt units looked up in the prefix cache and found there, counters since the
-    # engine started ("": the engine does not count them).
-    cache_queries: str = ""
+    # Prompt units looked up in the prefix cache (the sum of these counters) and found
+    # there, counted since the engine started (none: the engine does not count them).
+    cache_queries: tuple[str, ...] = ()
     cache_hits: str = ""
 
 
@@ -66,21 +66,24 @@ DIALECTS: Final = {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "vllm:prefix_cache_queries_total",
+        ("vllm:prefix_cache_queries_total",),
         "vllm:prefix_cache_hits_total",
     ),
     "sglang": Dialect("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",)),
     # Current llama-server builds no longer export the KV ratio; older ones did.
+    # Its prompt tokens: those evaluated, and those reused from a slot's cache.
     "llamacpp": Dialect(
         "llamacpp:requests_processing",
         "llamacpp:requests_deferred",
         ("llamacpp:kv_cache_usage_ratio",),
+        ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"),
+        "llamacpp:prompt_tokens_cached_total",
     ),
 }
 _WANTED: Final = frozenset(
     name
     for d in DIALECTS.values()
-    for name in (d.running, d.waiting, *d.kv_usage, d.cache_queries, d.cache_hits)
+    for name in (d.running, d.waiting, *d.kv_usage, *d.cache_queries, d.cache_hits)
     if name
 )
 
@@ -117,14 +120,17 @@ def parse_engine_load(text: str | bytes, *, at_ms: int) -> EngineLoad:
                 waiting=sum(values.get(dialect.waiting, [])),
                 kv_usage=min(1.0, max(kv)) if kv else None,
                 at_ms=at_ms,
-                cache_queries=_summed(values, dialect.cache_queries),
+                cache_queries=_summed(values, *dialect.cache_queries),
                 cache_hits=_summed(values, dialect.cache_hits),
             )
     raise EngineMetricsError("no load metrics (expected one of " + ", ".join(sorted(_WANTED)) + ")")
 
 
-def _summed(values: dict[str, list[float]], name: str) -> float | None:
-    return sum(values[name]) if name in values else None
+def _summed(values: dict[str, list[float]], *names: str) -> float | None:
+    # Every series of every name, or None when one of them (or all: none named) is missing.
+    if not names or not all(name in values for name in names):
+        return None
+    return sum(sum(values[name]) for name in names)
 
 
 def _wanted_samples(text: str) -> dict[str, list[float]]:

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from scheduler.prefix import anchor_key, anchor_of, rendezvous
 from tests.agent.deploy_harness import deployed, engine_cluster, replicas, set_policy
-from tests.agent.harness import Node
+from tests.agent.harness import Node, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -114,3 +114,12 @@ async def test_later_turns_reuse_the_prompt_with_prefix_routing_and_not_without(
     assert sum(t["cache_n"] for t in unrouted) < sum(cached)
     assert sum(t["prompt_n"] for t in unrouted) > 2 * sum(t["prompt_n"] for t in routed)
     assert sum(t["prompt_ms"] for t in unrouted) > sum(t["prompt_ms"] for t in routed)
+
+    # The server's own counters, per deployment, in the members' /metrics.
+    async def counted() -> bool:
+        hits = [
+            await n.metric("nvpair_prefix_cache_hit_units_total", model="tiny-chat") for n in pair
+        ]
+        return sum(hits) >= sum(cached)
+
+    await eventually(counted, "llama.cpp's reused prompt tokens in the members' /metrics")

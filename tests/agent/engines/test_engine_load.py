@@ -101,7 +101,12 @@ def test_vllm_prefix_cache_counters_are_read_and_summed_over_restarts() -> None:
     load = parse_engine_load(VLLM + counters, at_ms=5)
     assert (load.cache_queries, load.cache_hits) == (400.0, 250.0)
     assert parse_engine_load(VLLM, at_ms=5).cache_queries is None  # not counted: unknown
-    assert parse_engine_load(LLAMACPP, at_ms=0).cache_hits is None
+    assert parse_engine_load(LLAMACPP, at_ms=0).cache_hits is None  # an older build
+    # llama.cpp counts the prompt tokens it evaluated and those it reused from a slot.
+    cached = "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+    cached += "llamacpp:prompt_tokens_cached_total 114\n"
+    llama = parse_engine_load(LLAMACPP + cached, at_ms=0)
+    assert (llama.cache_queries, llama.cache_hits) == (6886.0 + 114.0, 114.0)
     # Summed by deployment across reads: what each engine counted since the last one; an
     # engine that restarted (its counters fell) counts from zero.
     scraper = LoadScraper(dict, label_of=lambda replica: "chat")
