@@ -47,6 +47,7 @@ __all__ = [
     "anchor_key",
     "anchor_of",
     "choose",
+    "fits",
     "limit",
     "rendezvous",
 ]
@@ -141,6 +142,11 @@ def limit(total_work: float, replicas: int, bound: float = BOUND) -> int:
     return max(MIN_LIMIT, math.ceil(bound * mean - 1e-9))
 
 
+def fits(work: float, most: int) -> bool:
+    """Whether a replica with `work` on it may take one more under the limit `most`."""
+    return max(0.0, work) + 1 <= most
+
+
 def choose(
     anchor: bytes,
     ranked: Sequence[tuple[str, str, float]],
@@ -160,7 +166,7 @@ def choose(
         most = limit(total, len(ranked), bound)
         nodes = {r: n for r, n, _ in ranked}
         for place, replica_id in enumerate(rendezvous(anchor, list(nodes))):
-            if max(0.0, work.get(replica_id, 0.0)) + 1 <= most:
+            if fits(work.get(replica_id, 0.0), most):
                 return Choice(
                     replica_id, nodes[replica_id], "session" if session else "prefix", place
                 )

@@ -69,11 +69,23 @@ ALONE_S: Final = 5.0  # after a holder did not answer, how long this member admi
 FLUSH_S: Final = 1.0  # tokens reported to holders this often
 ACTIVE_S: Final = 60.0  # a key asked about in the last minute has its tokens refreshed
 MAX_HELD: Final = 4096  # keys with lease state kept here
+VIEW_S: Final = 1.0  # the membership is read again at most this often, not per request
 
 
 def _limited(kind: Literal["requests", "tokens"], wait_s: int, rpm: int, tpm: int) -> Limited:
     # Refused against the key's whole limit (the cluster's), not a share.
     return Limited(kind, max(1, wait_s), float(rpm if kind == "requests" else tpm))
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """The membership the limits are decided on, read at most once a `VIEW_S`."""
+
+    at: float
+    enabled: bool  # every member knows holders (the feature gate)
+    holders: list[str]  # this member and the members it works with and reaches
+    members: int  # every member known, reachable or not
+    alive: int  # this member and the members heard from lately
 
 
 @dataclass(slots=True)
@@ -117,7 +129,7 @@ class ClusterLimits:
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._alone: dict[str, float] = {}  # holder -> until when we admit alone
-        self.alone_since: float | None = None  # while some key is admitted alone
+        self._seen: _View | None = None  # the membership as last read (`_view`)
         self._cut_off = False  # reaching no more than half of the members
 
     # -- admitting ------------------------------------------------------------------------
@@ -127,13 +139,13 @@ class ClusterLimits:
         if not rpm and not tpm:
             return None
         now = self._clock()
-        if not self._enabled():  # a 0.1.0 member in the cluster: its rule, shares
-            share = 1.0 / max(1, self._members_alive())
+        view = self._view(now)
+        if not view.enabled:  # a 0.1.0 member in the cluster: its rule, shares
+            share = 1.0 / max(1, view.alive)
             return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
-        holders = self._holders()
-        if self._minority(holders):  # cut off from most members: no holder to trust
+        if self._minority(view):  # cut off from most members: no holder to trust
             return self._admit_alone(name, rpm, tpm, now)
-        holder = holder_of(name, holders)
+        holder = holder_of(name, view.holders)
         if holder == self.self_id:
             return self._admit_here(name, rpm, tpm, now)
         if self._alone.get(holder, 0.0) > now:
@@ -154,7 +166,7 @@ class ClusterLimits:
             if grant is None:  # the holder did not answer: alone until it does
                 return self._admit_alone(name, rpm, tpm, now)
             if not grant.known:  # the key has not reached the holder yet: a share, now
-                share = 1.0 / max(1, self._members())
+                share = 1.0 / max(1, view.members)
                 return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
             if not grant.granted and not (lease.left > 0 and lease.until > now):
                 kind: Literal["requests", "tokens"] = (
@@ -167,17 +179,26 @@ class ClusterLimits:
             self._refill_soon(name, holder, lease, self._chunk(rpm))
         return None
 
-    def _minority(self, holders: list[str]) -> bool:
+    def _view(self, now: float) -> _View:
+        """The membership, read again when the last reading is `VIEW_S` old."""
+        seen = self._seen
+        if seen is None or not 0 <= now - seen.at < VIEW_S:
+            seen = self._seen = _View(
+                now, self._enabled(), self._holders(), self._members(), self._members_alive()
+            )
+        return seen
+
+    def _minority(self, view: _View) -> bool:
         """Whether this member reaches no more than half of the members it knows (itself
         included): it may be on the small side of a partition, where the members it reaches
         would pick a holder of their own and count from zero."""
-        minority = 2 * len(holders) <= self._members()
+        minority = 2 * len(view.holders) <= view.members
         if minority and not self._cut_off:
             log.warning(
                 "key limits: this member reaches %d of %d members; it admits its share of "
                 "every key's limits alone until it reaches more than half",
-                len(holders),
-                self._members(),
+                len(view.holders),
+                view.members,
             )
         self._cut_off = minority
         return minority
@@ -192,13 +213,12 @@ class ClusterLimits:
         return _limited(kind, grant.retry_after_s, rpm, tpm)
 
     def _admit_alone(self, name: str, rpm: int, tpm: int, now: float) -> Limited | None:
-        if self.alone_since is None:
-            self.alone_since = now
-        share = 1.0 / max(1, self._members())
+        share = 1.0 / max(1, self._view(now).members)
         return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
 
     def _chunk(self, rpm: int) -> int:
-        return max(1, min(MAX_CHUNK, rpm // (4 * max(1, self._members()))))
+        members = self._view(self._clock()).members
+        return max(1, min(MAX_CHUNK, rpm // (4 * max(1, members))))
 
     def _lease(self, name: str) -> _Lease:
         lease = self._leases.get(name)
@@ -262,13 +282,9 @@ class ClusterLimits:
                 ALONE_S,
             )
         self._alone[holder] = now + ALONE_S
-        if self.alone_since is None:
-            self.alone_since = now
 
     def _heard(self, holder: str) -> None:
         self._alone.pop(holder, None)
-        if not self._alone:
-            self.alone_since = None
 
     def alone(self) -> bool:
         """Whether this member admits some keys alone now (a holder it cannot reach)."""
@@ -282,10 +298,11 @@ class ClusterLimits:
         if tokens <= 0:
             return
         now = self._clock()
-        if not self._enabled():
+        view = self._view(now)
+        if not view.enabled:
             self.limiter.record_tokens(name, tokens, now)
             return
-        holder = holder_of(name, self._holders())
+        holder = holder_of(name, view.holders)
         if holder == self.self_id:
             self.limiter.grant(name, rpm=0, tpm=0, want=0, tokens=tokens, now=now)
         else:
@@ -302,15 +319,15 @@ class ClusterLimits:
     async def flush(self) -> None:
         """One round: per holder, one call with its keys' unreported tokens and the keys
         asked about lately."""
-        if not self._enabled():
-            return
         now = self._clock()
-        holders = self._holders()
+        view = self._view(now)
+        if not view.enabled:
+            return
         calls: dict[str, list[KeyAsk]] = {}
         for name, lease in list(self._leases.items()):
             if not lease.unsent and now - lease.asked > ACTIVE_S:
                 continue
-            holder = holder_of(name, holders)
+            holder = holder_of(name, view.holders)
             if holder == self.self_id or self._alone.get(holder, 0.0) > now:
                 continue
             asks = calls.setdefault(holder, [])

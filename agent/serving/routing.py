@@ -188,7 +188,7 @@ def explain(
             "loadScore": round(score, 3),
             "work": round(max(0.0, work[rid]), 3),
             "order": order.index(rid) if rid in order else None,
-            "withinBound": max(0.0, work[rid]) + 1 <= limit,
+            "withinBound": prefix.fits(work[rid], limit),
         }
         for rid, node, score in ranked
     ]
