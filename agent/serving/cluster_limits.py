@@ -3,7 +3,8 @@ item 4). No external store: one member counts each key.
 
 **The holder.** Every key has one holder: the member first in the key's rendezvous order
 (a hash of the key's name and each member's id, highest first) among this member and the
-members it works with and reaches -- the same member from every member whose views agree.
+members it works with and reaches -- the same member from every member whose views agree
+(each reads its view of the members at most once a second, `VIEW_S`, not per request).
 The holder counts the key's requests and tokens for the cluster in its windows
 (`rate_limit.KeyLimiter.grant`).
 
