@@ -3,8 +3,7 @@ item 4). No external store: one member counts each key.
 
 **The holder.** Every key has one holder: the member first in the key's rendezvous order
 (a hash of the key's name and each member's id, highest first) among this member and the
-members it works with and reaches -- the same member from every member whose views agree
-(each reads its view of the members at most once a second, `VIEW_S`, not per request).
+members it works with and reaches -- the same member from every member whose views agree.
 The holder counts the key's requests and tokens for the cluster in its windows
 (`rate_limit.KeyLimiter.grant`).
 
@@ -70,7 +69,11 @@ ALONE_S: Final = 5.0  # after a holder did not answer, how long this member admi
 FLUSH_S: Final = 1.0  # tokens reported to holders this often
 ACTIVE_S: Final = 60.0  # a key asked about in the last minute has its tokens refreshed
 MAX_HELD: Final = 4096  # keys with lease state kept here
-VIEW_S: Final = 1.0  # the membership is read again at most this often, not per request
+
+
+def _chunk(rpm: int, members: int) -> int:
+    # A lease: a quarter of the limit over the members, 1 to MAX_CHUNK requests.
+    return max(1, min(MAX_CHUNK, rpm // (4 * max(1, members))))
 
 
 def _limited(kind: Literal["requests", "tokens"], wait_s: int, rpm: int, tpm: int) -> Limited:
@@ -80,9 +83,8 @@ def _limited(kind: Literal["requests", "tokens"], wait_s: int, rpm: int, tpm: in
 
 @dataclass(frozen=True, slots=True)
 class _View:
-    """The membership the limits are decided on, read at most once a `VIEW_S`."""
+    """The membership the limits are decided on, as read for one request."""
 
-    at: float
     enabled: bool  # every member knows holders (the feature gate)
     holders: list[str]  # this member and the members it works with and reaches
     members: int  # every member known, reachable or not
@@ -130,7 +132,6 @@ class ClusterLimits:
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._alone: dict[str, float] = {}  # holder -> until when we admit alone
-        self._seen: _View | None = None  # the membership as last read (`_view`)
         self._cut_off = False  # reaching no more than half of the members
 
     # -- admitting ------------------------------------------------------------------------
@@ -140,17 +141,17 @@ class ClusterLimits:
         if not rpm and not tpm:
             return None
         now = self._clock()
-        view = self._view(now)
+        view = self._view()
         if not view.enabled:  # a 0.1.0 member in the cluster: its rule, shares
             share = 1.0 / max(1, view.alive)
             return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
         if self._minority(view):  # cut off from most members: no holder to trust
-            return self._admit_alone(name, rpm, tpm, now)
+            return self._admit_alone(name, rpm, tpm, now, view.members)
         holder = holder_of(name, view.holders)
         if holder == self.self_id:
             return self._admit_here(name, rpm, tpm, now)
         if self._alone.get(holder, 0.0) > now:
-            return self._admit_alone(name, rpm, tpm, now)
+            return self._admit_alone(name, rpm, tpm, now, view.members)
         lease = self._lease(name)
         lease.asked = now
         said = lease.tokens if now - lease.tokens_at < WINDOW_S else 0
@@ -162,10 +163,10 @@ class ClusterLimits:
         if not rpm:  # tokens alone: the count the reports bring back decides, no lease
             return None
         while not (lease.left > 0 and lease.until > now):
-            grant = await self._refill(name, holder, lease, self._chunk(rpm))
+            grant = await self._refill(name, holder, lease, _chunk(rpm, view.members))
             now = self._clock()
             if grant is None:  # the holder did not answer: alone until it does
-                return self._admit_alone(name, rpm, tpm, now)
+                return self._admit_alone(name, rpm, tpm, now, view.members)
             if not grant.known:  # the key has not reached the holder yet: a share, now
                 share = 1.0 / max(1, view.members)
                 return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
@@ -176,18 +177,15 @@ class ClusterLimits:
                 lease.refused_until, lease.refused_for = now + grant.retryAfter, kind
                 return _limited(kind, grant.retryAfter, rpm, tpm)
         lease.left -= 1
-        if rpm and lease.left <= self._chunk(rpm) // 2 and lease.refill is None:
-            self._refill_soon(name, holder, lease, self._chunk(rpm))
+        chunk = _chunk(rpm, view.members)
+        if rpm and lease.left <= chunk // 2 and lease.refill is None:
+            self._refill_soon(name, holder, lease, chunk)
         return None
 
-    def _view(self, now: float) -> _View:
-        """The membership, read again when the last reading is `VIEW_S` old."""
-        seen = self._seen
-        if seen is None or not 0 <= now - seen.at < VIEW_S:
-            seen = self._seen = _View(
-                now, self._enabled(), self._holders(), self._members(), self._members_alive()
-            )
-        return seen
+    def _view(self) -> _View:
+        """The membership now. Read for each request, not kept: a gate that opens or a
+        member that goes counts at once (a few dictionary walks over the members)."""
+        return _View(self._enabled(), self._holders(), self._members(), self._members_alive())
 
     def _minority(self, view: _View) -> bool:
         """Whether this member reaches no more than half of the members it knows (itself
@@ -213,13 +211,11 @@ class ClusterLimits:
         )
         return _limited(kind, grant.retry_after_s, rpm, tpm)
 
-    def _admit_alone(self, name: str, rpm: int, tpm: int, now: float) -> Limited | None:
-        share = 1.0 / max(1, self._view(now).members)
+    def _admit_alone(
+        self, name: str, rpm: int, tpm: int, now: float, members: int
+    ) -> Limited | None:
+        share = 1.0 / max(1, members)
         return self.limiter.admit(name, rpm=rpm, tpm=tpm, share=share, now=now)
-
-    def _chunk(self, rpm: int) -> int:
-        members = self._view(self._clock()).members
-        return max(1, min(MAX_CHUNK, rpm // (4 * max(1, members))))
 
     def _lease(self, name: str) -> _Lease:
         lease = self._leases.get(name)
@@ -299,7 +295,7 @@ class ClusterLimits:
         if tokens <= 0:
             return
         now = self._clock()
-        view = self._view(now)
+        view = self._view()
         if not view.enabled:
             self.limiter.record_tokens(name, tokens, now)
             return
@@ -321,7 +317,7 @@ class ClusterLimits:
         """One round: per holder, one call with its keys' unreported tokens and the keys
         asked about lately."""
         now = self._clock()
-        view = self._view(now)
+        view = self._view()
         if not view.enabled:
             return
         calls: dict[str, list[KeyAsk]] = {}

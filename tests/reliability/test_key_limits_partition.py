@@ -43,6 +43,15 @@ async def test_a_cut_off_member_admits_its_share_alone_and_says_so(tmp_path: Pat
     try:
         toml = f'heartbeat_s = 0.5\nengines = ["vllm={engine.url}"]\n'
         async with fault_cluster(tmp_path, 3, fault_rng(2901), toml=toml) as members:
+
+            async def gate_open() -> bool:  # every member counts keys at their holders
+                for member in members:
+                    status = await member.node.get("/v1/cluster/status")
+                    if "cluster-key-limits" not in status["features"]["on"]:
+                        return False
+                return True
+
+            await eventually(gate_open, "the cluster-key-limits feature on at every member")
             code, out, err = await members[0].node.cli("keys", "create", "batch", "--rpm", "60")
             assert code == 0, err
             secret = out.splitlines()[0]
