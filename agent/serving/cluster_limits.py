@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from agent.core.errors import MemberUnreachable
+from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.serving.rate_limit import WINDOW_S, Grant, KeyLimiter, Limited
 from facts.key_limits import MAX_CHUNK, MAX_KEYS, KeyAsk, KeyGrant, LeaseAnswer, LeaseAsk, holder_of
 
@@ -69,6 +69,9 @@ ALONE_S: Final = 5.0  # after a holder did not answer, how long this member admi
 FLUSH_S: Final = 1.0  # tokens reported to holders this often
 ACTIVE_S: Final = 60.0  # a key asked about in the last minute has its tokens refreshed
 MAX_HELD: Final = 4096  # keys with lease state kept here
+# A holder that did not answer, or answered with an error status (starting, or releases
+# too far apart): either way no grant came, and this member admits alone.
+_NO_ANSWER: Final = (MemberUnreachable, MemberRefused, OSError, TimeoutError)
 
 
 def _chunk(rpm: int, members: int) -> int:
@@ -253,7 +256,7 @@ class ClusterLimits:
             grant = next((g for g in answer.keys if g.name == name), None)
             if grant is None:
                 raise MemberUnreachable(f"{holder} answered a lease without {name}")
-        except (MemberUnreachable, OSError, TimeoutError) as exc:
+        except _NO_ANSWER as exc:
             lease.unsent += sent  # reported to the next holder we reach, or counted alone
             self._went_alone(holder, exc)
             return None
@@ -336,7 +339,7 @@ class ClusterLimits:
     async def _report(self, holder: str, asks: list[KeyAsk]) -> None:
         try:
             answer = await self._ask(holder, LeaseAsk(asks))
-        except (MemberUnreachable, OSError, TimeoutError) as exc:
+        except _NO_ANSWER as exc:
             for ask in asks:
                 self._lease(ask.name).unsent += ask.tokens
             self._went_alone(holder, exc)

@@ -68,14 +68,27 @@ async def test_a_member_joining_under_load_gets_the_whole_list(tmp_path: Path, t
     ):
         founders = list(members)
         jobs = tier.pick(120, 3000)
+        joined_at: list[float] = []  # set once the newcomer runs
+
+        async def keep_loading() -> None:
+            # Batches until the newcomer runs and `jobs` were entered, then one batch more:
+            # however long the join takes, the load goes on through it and after it.
+            batch = entered = 0
+            while True:
+                last = bool(joined_at) and entered >= jobs
+                size = min(30, jobs)
+                await client.load(founders, jobs=size, rate_per_s=60, prefix=f"joining{batch}")
+                batch, entered = batch + 1, entered + size
+                if last:
+                    return
+
         async with asyncio.TaskGroup() as scenario:
-            load = scenario.create_task(
-                client.load(founders, jobs=jobs, rate_per_s=60, prefix="joining")
-            )
+            load = scenario.create_task(keep_loading())
             await eventually(lambda: client.figures.accepted >= 60, "load under way")
             async with joined(tmp_path, members, random.Random(rng.random())) as newcomer:
                 started = time.monotonic()
                 at_join = client.figures.accepted
+                joined_at.append(started)
                 await load
                 # The load went on while it joined, and it takes events of its own.
                 assert client.figures.accepted > at_join

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 
-from agent.core.errors import MemberUnreachable
+from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.serving.cluster_limits import ALONE_S, ClusterLimits
 from agent.serving.rate_limit import KeyLimiter
 from facts.key_limits import KeyAsk, LeaseAnswer, LeaseAsk, holder_of
@@ -34,6 +34,7 @@ class Mesh:
     def __init__(self, rpm: int = 60, tpm: int = 0, *, enabled: bool = True) -> None:
         self.clock = Clock()
         self.cut: set[str] = set()
+        self.refusing: set[str] = set()  # members that answer an error status (starting)
         self.reach: dict[str, list[str]] = {}  # member -> the members it reaches (all)
         self.calls = 0
         self.limits = (rpm, tpm)
@@ -62,6 +63,8 @@ class Mesh:
         await asyncio.sleep(0)  # a call takes a turn of the loop, as a real one does
         if node in self.cut:
             raise MemberUnreachable(f"{node}: cut off")
+        if node in self.refusing:
+            raise MemberRefused(node, 503, "this member holds no key limits")
         return self.members[node].answer(ask)
 
     async def send(self, nodes: list[str], count: int) -> int:
@@ -141,6 +144,21 @@ async def test_a_member_cut_off_from_the_holder_admits_its_share_and_says_so() -
     mesh.clock.at += ALONE_S + 1
     assert await cut_off.admit(KEY, 60, 0) is not None  # the holder's minute is full
     assert not cut_off.alone()
+
+
+async def test_a_holder_answering_an_error_status_is_one_that_did_not_answer() -> None:
+    mesh = Mesh(rpm=60)
+    member = mesh.members[mesh.others[0]]
+    mesh.refusing.add(mesh.holder)  # its lease route not up yet: 503
+    # Not an error out of admit (a 500 to the client): its share, alone, and it says so.
+    assert await mesh.send([mesh.others[0]], 100) == 20
+    assert member.alone()
+    member.record_tokens(KEY, 10)
+    await member.flush()  # a report refused is kept for the next holder that answers
+    mesh.refusing.clear()
+    mesh.clock.at += ALONE_S + 1
+    assert await member.admit(KEY, 60, 0) is None  # the holder answers: its count rules
+    assert not member.alone()
 
 
 async def test_the_small_side_of_a_partition_admits_shares_and_the_large_side_the_limit() -> None:
