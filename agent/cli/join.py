@@ -24,7 +24,7 @@ from certs import (
 from certs.identity import ca_fingerprint, load_cert
 from certs.invites import parse_token
 
-__all__ = ["JoinFailed", "join_over_network"]
+__all__ = ["JoinFailed", "join_cluster", "join_over_network"]
 
 
 class JoinFailed(AgentError):
@@ -36,12 +36,16 @@ def join_over_network(
 ) -> str:
     """Join through the member at `address`; returns this node's new id."""
     try:
-        return asyncio.run(_join(address, token, name, sans, cluster))
+        return asyncio.run(join_cluster(address, token, name, sans, cluster))
     except (CertsError, aiohttp.ClientError, OSError, ValueError) as exc:
         raise JoinFailed(str(exc)) from exc
 
 
-async def _join(address: str, token: str, name: str, sans: list[str], cluster: ClusterDir) -> str:
+async def join_cluster(
+    address: str, token: str, name: str, sans: list[str], cluster: ClusterDir
+) -> str:
+    """Join through the member at `address` (HOST:PORT) with an invite `token`, as `name`;
+    this node's new id. Raises CertsError, aiohttp.ClientError, OSError or ValueError."""
     invite = parse_token(token)  # refuses a malformed token before any traffic
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():

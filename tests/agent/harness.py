@@ -19,7 +19,9 @@ import aiohttp
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.cli.join import join_cluster
 from agent.engines.proc_os import unrecorded_processes
+from certs import ClusterDir, create_invite
 from tests.fixtures.owner import owner
 from tests.fixtures.records import lifecycle_event, workload_record
 from tests.fixtures.waiting import TIMEOUT_S, eventually
@@ -31,6 +33,8 @@ __all__ = [
     "JobKey",
     "Node",
     "eventually",
+    "init",
+    "invite",
     "join",
     "make_node",
     "start_cluster",
@@ -220,8 +224,7 @@ async def start_cluster(nodes: list[Node]) -> AsyncIterator[list[Node]]:
     """init on the first, invite + join over the network for the others, all started."""
     a, *joiners = nodes
     try:
-        code, _, err = await a.cli("cluster", "init", "--name", "lab", "--node-name", "a")
-        assert code == 0, err
+        await init(a, "lab", "a")
         await a.start()
         for joiner in joiners:  # one at a time: sixteen agents starting at once on two cores
             await join(a, joiner)  # leave the first ones busy for seconds after the last join
@@ -259,21 +262,46 @@ def kill_engines(home: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+# Setting a cluster up: what `nvpair cluster init`, `cluster invite` and `cluster join` do,
+# called in this process -- each CLI call is a Python start-up (0.3 s of CPU), and the suite
+# sets up over a hundred clusters. The CLI's own tests (tests/certs/test_cluster_cli.py, the
+# demo's) run the commands. A node of another release (tests/upgrade) runs its own CLI.
+
+
+async def init(node: Node, cluster: str, name: str) -> None:
+    """`nvpair cluster init --name CLUSTER --node-name NAME` for `node` (not started)."""
+    if node.python != sys.executable:
+        code, _, err = await node.cli("cluster", "init", "--name", cluster, "--node-name", name)
+        assert code == 0, err
+        return
+    await asyncio.to_thread(ClusterDir(node.home / "cluster").init, cluster, name, [])
+
+
+async def invite(admitter: Node) -> str:
+    """`nvpair cluster invite` on `admitter`: a one-use token."""
+    if admitter.python != sys.executable:
+        code, token, err = await admitter.cli("cluster", "invite")
+        assert code == 0, err
+        return token.strip()
+    made = await asyncio.to_thread(create_invite, ClusterDir(admitter.home / "cluster"))
+    return made.token()
+
+
 async def join(admitter: Node, joiner: Node) -> None:
     """An invite from `admitter` (running), and `joiner` joins with it over the network (not
-    started)."""
-    code, token, err = await admitter.cli("cluster", "invite")
-    assert code == 0, err
-    code, out, err = await joiner.cli(
-        "cluster",
-        "join",
-        f"127.0.0.1:{admitter.ports['node']}",
-        token.strip(),
-        "--name",
-        joiner.name,
-    )
-    assert code == 0, err
-    assert "joined as nod_" in out
+    started): the CLI's own join, through the admitter's node API."""
+    token = await invite(admitter)
+    address = f"127.0.0.1:{admitter.ports['node']}"
+    if joiner.python != sys.executable:
+        code, out, err = await joiner.cli(
+            "cluster", "join", address, token, "--name", joiner.name
+        )  # fmt: skip
+        assert code == 0, err
+        assert "joined as nod_" in out
+        return
+    cluster = ClusterDir(joiner.home / "cluster")
+    node_id = await join_cluster(address, token, joiner.name, [], cluster)
+    assert node_id.startswith("nod_"), node_id
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
-from tests.agent.harness import Node, make_node, start_cluster
+from tests.agent.harness import Node, join, make_node, start_cluster
 from tests.fixtures.waiting import eventually
 
 from .proxy import FaultProxy
@@ -248,14 +248,7 @@ async def joined(
     name = NAMES[len(members)]
     async with contextlib.AsyncExitStack() as stack:
         member = await _new_member(stack, root, name, len(members), rng, anti_entropy_s)
-        admitter = members[0].node
-        code, token, err = await admitter.cli("cluster", "invite")
-        assert code == 0, err
-        address = f"127.0.0.1:{admitter.ports['node']}"
-        code, _, err = await member.node.cli(
-            "cluster", "join", address, token.strip(), "--name", name
-        )
-        assert code == 0, err
+        await join(members[0].node, member.node)
         try:
             await member.node.start()
             member.node_id = await member.node.node_id()
