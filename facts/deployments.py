@@ -40,6 +40,7 @@ __all__ = [
     "Constraints",
     "Deployment",
     "DeploymentSet",
+    "Elastic",
     "spec_digest",
 ]
 
@@ -60,6 +61,23 @@ class Constraints(Struct, kw_only=True, frozen=True):
     deviceClass: Annotated[str, Meta(max_length=64)] = ""  # e.g. h100-80gb-sxm; "" any
     oneDomain: bool = False  # every GPU of a replica in one topology domain
     minMemory: Annotated[int, Meta(ge=0)] = 0  # bytes of memory each GPU must have
+
+
+_Seconds = Annotated[float, Meta(gt=0, le=7 * 24 * 3600)]
+
+
+class Elastic(Struct, kw_only=True, frozen=True):
+    """A deployment that scales on its load between bounds (issue 30, `scheduler.scale`):
+    its `replicas` is then the desired count, which one member changes as the load does
+    (docs/deployments.md, "Elastic deployments")."""
+
+    min: Annotated[int, Meta(ge=0, le=1024)] = 1
+    max: Annotated[int, Meta(ge=1, le=1024)] = 1
+    targetWaiting: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0  # per ready replica
+    scaleDownAfterS: _Seconds = 300.0  # quiet this long before a replica goes
+    idleToZeroS: _Seconds = 900.0  # idle this long before the last one goes (min 0)
+    # Why `replicas` last changed (scheduler.scale's reasons; "declared" when made so).
+    reason: Annotated[str, Meta(max_length=32)] = "declared"
 
 
 class Deployment(Struct, kw_only=True, frozen=True):
@@ -85,6 +103,9 @@ class Deployment(Struct, kw_only=True, frozen=True):
     # Absent, not empty, when there are none: a member of 0.1.0 refuses a deployment with a
     # field it does not know, and deployments without weights must stay readable to it.
     artifact: Annotated[str, Meta(pattern=r"^sha256:[0-9a-f]{64}$")] | UnsetType = UNSET
+    # Bounds and a policy when it scales on load; absent when fixed (as `artifact`, for
+    # members that do not know the field: `elastic-deployments` in facts.wire).
+    elastic: Elastic | UnsetType = UNSET
     deleted: bool = False
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
@@ -97,9 +118,18 @@ class Deployment(Struct, kw_only=True, frozen=True):
         """The digest of the artifact it loads, or ""."""
         return self.artifact if isinstance(self.artifact, str) else ""
 
+    @property
+    def scaling(self) -> Elastic | None:
+        """Its bounds and policy when it scales on load, else None (a fixed count)."""
+        return self.elastic if isinstance(self.elastic, Elastic) else None
+
 
 def _says(d: Deployment) -> str:
-    return "undeployed" if d.deleted else f"declared: {d.replicas} replica(s)"
+    if d.deleted:
+        return "undeployed"
+    if (e := d.scaling) is not None:
+        return f"{d.replicas} replica(s) of {e.min}..{e.max} ({e.reason})"
+    return f"declared: {d.replicas} replica(s)"
 
 
 DEPLOYMENT: Final[FactKind[Deployment]] = FactKind(
@@ -127,8 +157,8 @@ class DeploymentSet(SignedSet[Deployment]):
 
 def spec_digest(deployment: Deployment) -> str:
     """What a replica was started from: engine, source, arguments, GPUs and TP (not the
-    replica count -- scaling must not restart anything). A replica whose digest differs
-    from its deployment's is replaced."""
+    replica count nor its bounds -- scaling must not restart anything). A replica whose
+    digest differs from its deployment's is replaced."""
     spec: tuple[object, ...] = (
         deployment.id,
         deployment.engine,

@@ -56,10 +56,13 @@ WIRE_MAX: Final = 2  # the newest: this release's
 # to records, deployments and keys once no member of 0.1.0 is left.
 # `artifacts`: weights as cluster facts, fetched from the members that hold them (issue 28):
 # a member of 0.1.0 neither keeps them nor serves them, so they wait for every member.
+# `elastic-deployments`: a deployment may carry bounds (`facts.deployments.Elastic`); a
+# member of 0.1.0 refuses a deployment with a field it does not know (issue 30).
 FEATURES: Final[Mapping[str, int]] = {
     "signed-facts-kept": 2,
     "artifacts": 2,
     "cluster-key-limits": 2,
+    "elastic-deployments": 2,
 }
 
 _Text = Annotated[str, Meta(max_length=64)]

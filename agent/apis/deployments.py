@@ -98,6 +98,9 @@ def deployment_routes(
 
     async def declare(request: web.Request) -> web.Response:
         wanted = _with_weights(await read_json(request, _request), ports, records())
+        if wanted.minReplicas is not None or wanted.maxReplicas is not None:
+            _needs(ports, "elastic-deployments", "minReplicas/maxReplicas: every member must "
+                   "know deployments that scale on load first")  # fmt: skip
         try:
             made = deployments.declare(wanted)
         except DeploymentRefused as exc:
@@ -204,6 +207,14 @@ def deployment_routes(
     ]
 
 
+def _needs(ports: DeployPorts, feature: str, what: str) -> None:
+    """409 with `what` and the members that hold `feature` back, until it is on."""
+    gate = ports.members.gate()
+    if not gate.allows(feature):
+        behind = ", ".join(f"{n} ({r.release})" for n, r in gate.held_back_by) or "a member"
+        raise web.HTTPConflict(text=f"{what}; {behind} does not (docs/upgrade.md)\n")
+
+
 def _with_weights(
     wanted: DeploymentRequest, ports: DeployPorts, records: list[NodeRecord]
 ) -> DeploymentRequest:
@@ -215,13 +226,7 @@ def _with_weights(
     weights = ports.weights
     if weights is None:
         raise bad_request("this member keeps no artifacts", "artifact")
-    gate = ports.members.gate()
-    if not gate.allows("artifacts"):
-        behind = ", ".join(f"{n} ({r.release})" for n, r in gate.held_back_by) or "a member"
-        raise web.HTTPConflict(
-            text=f"artifact: every member must know artifacts first; {behind} does not "
-            "(docs/upgrade.md)\n"
-        )
+    _needs(ports, "artifacts", "artifact: every member must know artifacts first")
     found = weights.artifacts.get(wanted.artifact) or next(
         (a for a in weights.artifacts.live() if a.digest == wanted.artifact), None
     )

@@ -9,7 +9,10 @@ it as one `nvpair: …` line and exits 1. Nothing here raises `SystemExit`.
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -131,3 +134,12 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )
+
+
+def duration(text: str) -> datetime.timedelta:
+    """An argparse type: `90s`, `15m`, `2h`, `1d`."""
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration like 90s, 15m, 2h or 1d: {text!r}")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
+    return datetime.timedelta(**{unit: int(match[1])})

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from agent.cli.calls import duration
 from certs import CertsError, ClusterDir, create_invite, default_cluster_dir
 from certs.identity import load_cert
 
@@ -63,17 +63,9 @@ def add_commands(commands: Any) -> Any:
     issue.set_defaults(run=_issue)
 
     invite = command("invite", "print a one-time join token")
-    invite.add_argument("--ttl", type=_duration, default=datetime.timedelta(minutes=15))
+    invite.add_argument("--ttl", type=duration, default=datetime.timedelta(minutes=15))
     invite.set_defaults(run=_invite)
     return sub
-
-
-def _duration(text: str) -> datetime.timedelta:
-    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a duration like 90s, 15m, 2h or 1d: {text!r}")
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
-    return datetime.timedelta(**{unit: int(match[1])})
 
 
 def _cluster(args: argparse.Namespace) -> ClusterDir:

@@ -12,6 +12,7 @@ import urllib.parse
 from typing import Any
 
 from agent.cli import calls as cli_http
+from agent.cli.calls import duration
 
 __all__ = ["add_commands"]
 
@@ -39,7 +40,23 @@ def add_commands(commands: Any) -> None:
     )
     deploy.add_argument("--gpus", type=int, default=1, help="GPUs per replica (default 1)")
     deploy.add_argument("--tp", type=int, default=0, help="tensor-parallel size (default: --gpus)")
-    deploy.add_argument("--replicas", type=int, default=1)
+    deploy.add_argument(
+        "--replicas", type=int, default=None, help="a fixed count (default 1): min = max = N"
+    )
+    deploy.add_argument("--min-replicas", type=int, default=None, help="scale on load, from N")
+    deploy.add_argument("--max-replicas", type=int, default=None, help="... up to M")
+    deploy.add_argument(
+        "--target-waiting", type=float, default=0.0,
+        help="requests per ready replica that may wait before one more starts (default 0)",
+    )  # fmt: skip
+    deploy.add_argument(
+        "--scale-down-after", type=duration, default=None,
+        help="quiet this long before a replica goes (default 5m)",
+    )  # fmt: skip
+    deploy.add_argument(
+        "--idle-to-zero", type=duration, default=None,
+        help="with --min-replicas 0: idle this long before the last one goes (default 15m)",
+    )  # fmt: skip
     deploy.add_argument(
         "--max-in-flight",
         type=int,
@@ -109,7 +126,6 @@ def _deploy(args: argparse.Namespace) -> int:
         "args": extra,
         "gpus": args.gpus,
         "tp": args.tp,
-        "replicas": args.replicas,
         "maxInFlight": args.max_in_flight,
         "constraints": {
             "node": args.node,
@@ -121,10 +137,38 @@ def _deploy(args: argparse.Namespace) -> int:
         "url": args.observe or "",
         "engineKey": args.engine_key,
     }
+    body |= _scaling(args, parser)
     made = cli_http.post("/v1/deployments", body)
+    bounds = made.get("elastic")
+    count = f"{made['replicas']} replica(s)"
+    if bounds:
+        count += f" of {bounds['min']}..{bounds['max']}, on load"
     print(f"deployment {made['name']} ({made['id']}) version {made['version']}: "
-          f"{made['replicas']} replica(s) x {made['gpus']} GPU(s)")  # fmt: skip
+          f"{count} x {made['gpus']} GPU(s)")  # fmt: skip
     return 0
+
+
+def _scaling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The body's count: `--replicas N` (fixed), or bounds and a policy (elastic)."""
+    elastic = args.min_replicas is not None or args.max_replicas is not None
+    policy = (args.target_waiting, args.scale_down_after, args.idle_to_zero)
+    if not elastic:
+        if policy != (0.0, None, None):
+            parser.error("--target-waiting, --scale-down-after and --idle-to-zero need "
+                         "--min-replicas or --max-replicas")  # fmt: skip
+        return {"replicas": 1 if args.replicas is None else args.replicas}
+    if args.replicas is not None:
+        parser.error("--replicas is a fixed count: give it, or --min-replicas/--max-replicas")
+    body: dict[str, Any] = {
+        "minReplicas": args.min_replicas,
+        "maxReplicas": args.max_replicas,
+        "targetWaiting": args.target_waiting,
+    }
+    if args.scale_down_after is not None:
+        body["scaleDownAfterS"] = args.scale_down_after.total_seconds()
+    if args.idle_to_zero is not None:
+        body["idleToZeroS"] = args.idle_to_zero.total_seconds()
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def _deployments(args: argparse.Namespace) -> int:
@@ -132,12 +176,14 @@ def _deployments(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(deployments, indent=2))
         return 0
-    rows = [["NAME", "ENGINE", "REPLICAS", "READY", "GPUS", "VERSION", "BY"]]
+    rows = [["NAME", "ENGINE", "MIN", "DESIRED", "READY", "MAX", "WHY", "GPUS", "VERSION", "BY"]]
     for d in deployments:
         states = d.get("replicaStates", {})
+        bounds = d.get("elastic") or {"min": d["replicas"], "max": d["replicas"], "reason": "fixed"}
         rows.append(
-            [d["name"], d["engine"], str(d["replicas"]), str(states.get("ready", 0)),
-             str(d["gpus"]), str(d["version"]), d["by"][-8:]]
+            [d["name"], d["engine"], str(bounds["min"]), str(d["replicas"]),
+             str(states.get("ready", 0)), str(bounds["max"]), bounds["reason"], str(d["gpus"]),
+             str(d["version"]), d["by"][-8:]]
         )  # fmt: skip
     print(cli_http.table(rows))
     return 0

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET
 
 from agent.cluster.signed_facts import FactRefused, SignedFacts
-from facts.deployments import Constraints, Deployment, DeploymentSet
+from facts.deployments import Constraints, Deployment, DeploymentSet, Elastic
 from plane.core.ids import new_id
 
 __all__ = ["DEPLOYMENTS_FILE", "DeploymentRefused", "DeploymentRequest", "Deployments"]
@@ -37,7 +37,14 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     args: list[str] = []
     gpus: int = 1
     tp: int = 0  # 0: as many as GPUs per replica
-    replicas: int = 1
+    replicas: int | None = None  # a fixed count (default 1); with bounds, the first count
+    # Scaling on load (issue 30): either bound makes it elastic; min defaults to 1, max to
+    # min (at least 1). `replicas` then starts it (default: min, or the count it has now).
+    minReplicas: int | None = None
+    maxReplicas: int | None = None
+    targetWaiting: float = 0.0
+    scaleDownAfterS: float = 300.0
+    idleToZeroS: float = 900.0
     maxInFlight: int = 0  # 0: no limit
     constraints: Constraints = Constraints()
     authority: str = "managed"
@@ -70,6 +77,18 @@ class Deployments(SignedFacts[Deployment]):
         held = self.held.get(request.name)
         if id is None:
             id = held.id if held is not None and not held.deleted else new_id("dep")
+        elastic = _elastic(request)
+        replicas = request.replicas if request.replicas is not None else 1
+        if elastic is not None:
+            if request.replicas is not None:
+                if not elastic.min <= request.replicas <= elastic.max:
+                    raise DeploymentRefused(
+                        f"replicas: {request.replicas} is outside {elastic.min}..{elastic.max}"
+                    )
+            elif held is not None and not held.deleted and held.scaling is not None:
+                replicas = max(elastic.min, min(elastic.max, held.replicas))  # kept, in bounds
+            else:
+                replicas = elastic.min
         try:
             fresh = Deployment(
                 id=id,
@@ -79,13 +98,14 @@ class Deployments(SignedFacts[Deployment]):
                 args=request.args,
                 gpus=request.gpus,
                 tp=request.tp or max(1, request.gpus),
-                replicas=request.replicas,
+                replicas=replicas,
                 maxInFlight=request.maxInFlight,
                 constraints=request.constraints,
                 authority=request.authority,  # type: ignore[arg-type]  # checked just below
                 url=request.url,
                 engineKey=request.engineKey,
                 artifact=request.artifact or UNSET,
+                elastic=elastic if elastic is not None else UNSET,
             )
             fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
         except msgspec.ValidationError as exc:
@@ -94,12 +114,22 @@ class Deployments(SignedFacts[Deployment]):
             raise DeploymentRefused("an observed deployment names the engine's url")
         return self.commit(fresh)
 
-    def scale(self, name: str, replicas: int) -> Deployment:
-        """Change a deployment's replicas only."""
+    def scale(self, name: str, replicas: int, reason: str = "operator") -> Deployment:
+        """Change a deployment's replicas only; an elastic one's within its bounds, with
+        why (`reason`: the scaler's, or "operator")."""
         held = self._live(name)
         if not 0 <= replicas <= 1024:
             raise DeploymentRefused("replicas: between 0 and 1024")
-        return self.commit(msgspec.structs.replace(held, replicas=replicas))
+        elastic = held.scaling
+        if elastic is None:
+            return self.commit(msgspec.structs.replace(held, replicas=replicas))
+        if not elastic.min <= replicas <= elastic.max:
+            raise DeploymentRefused(
+                f"replicas: {name} scales on load between {elastic.min} and {elastic.max}; "
+                "redeploy with other bounds to go outside them"
+            )
+        moved = msgspec.structs.replace(elastic, reason=reason)
+        return self.commit(msgspec.structs.replace(held, replicas=replicas, elastic=moved))
 
     def undeploy(self, name: str) -> Deployment:
         """Undeploy: a tombstone version; its replicas stop everywhere."""
@@ -110,3 +140,24 @@ class Deployments(SignedFacts[Deployment]):
         if held is None:
             raise DeploymentRefused(f"no deployment named {name!r}")
         return held
+
+
+def _elastic(request: DeploymentRequest) -> Elastic | None:
+    """The bounds and policy a declaration asks for, or None for a fixed count."""
+    if request.minReplicas is None and request.maxReplicas is None:
+        return None
+    low = request.minReplicas if request.minReplicas is not None else 1
+    high = request.maxReplicas if request.maxReplicas is not None else max(1, low)
+    if low > high:
+        raise DeploymentRefused(f"minReplicas {low} is more than maxReplicas {high}")
+    try:
+        made = Elastic(
+            min=low,
+            max=high,
+            targetWaiting=request.targetWaiting,
+            scaleDownAfterS=request.scaleDownAfterS,
+            idleToZeroS=request.idleToZeroS,
+        )
+        return msgspec.convert(msgspec.to_builtins(made), Elastic)  # the wire's checks
+    except msgspec.ValidationError as exc:
+        raise DeploymentRefused(f"bad bounds: {exc}") from None

@@ -131,8 +131,8 @@ def plan(
             )
         elif held.id != d.id or not _same_spec(held, want):
             actions.append(Declare(d.id, want))
-        elif held.replicas != want.replicas:
-            actions.append(Scale(d.name, want.replicas))
+        elif held.replicas != (count := 0 if d.paused else d.replicas):
+            actions.append(Scale(d.name, count))
     for held in live:
         if held.id in placed and held.id not in wanted_ids and held.name not in wanted_names:
             actions.append(Undeploy(held.name))

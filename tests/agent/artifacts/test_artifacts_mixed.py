@@ -2,7 +2,8 @@
 beside a member that speaks wire 1 alone (a stand-in for 0.1.0, `NVPAIR_TEST_SPEAKS`), the
 `artifacts` feature is off, so a deployment that names an artifact is refused with 409
 naming the member that holds the feature back, and no record says what it holds (a 0.1.0
-member would refuse it). A deployment without one is taken (the control)."""
+member would refuse it). A deployment without one is taken (the control). So is a deployment
+with bounds (issue 30: `elastic-deployments`) refused, and a fixed one taken."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ async def test_weights_wait_for_every_member_to_know_them(pair: list[Node], tmp_
     assert listed[0]["members"] == {"a": "unknown", "old": "unknown"}  # no record says it
     status, text = await post(a, "/v1/deployments", body | {"artifact": "", "name": "plain"})
     assert status == 201, text  # the control
+
+
+async def test_bounds_wait_for_every_member_to_know_them(pair: list[Node]) -> None:
+    # Issue 30: a deployment that scales on load carries a field a 0.1.0 member refuses.
+    a, old = pair
+    old_id = await old.node_id()
+    body = {"name": "elastic", "engine": "mock", "source": "m", "gpus": 0}
+    status, text = await post(a, "/v1/deployments", body | {"minReplicas": 0, "maxReplicas": 2})
+    assert status == 409, text
+    assert old_id in text
+    assert "scale on load" in text
+    assert "elastic" not in {d["name"] for d in await a.get("/v1/deployments")}
+    status, text = await post(a, "/v1/deployments", body | {"replicas": 0})
+    assert status == 201, text  # the control: a fixed count is taken

@@ -122,6 +122,39 @@ async def test_a_deployment_reaches_every_member_and_outlives_restarts(trio: lis
     assert "llama" in out
 
 
+async def test_bounds_are_declared_shown_and_held_through_the_cli(trio: list[Node]) -> None:
+    # Issue 30: `nvpair deploy --min-replicas/--max-replicas ...` as scripts write it.
+    a, _, c = trio
+    code, out, err = await a.cli(
+        "deploy", "lazy", "--model", "m", "--engine", "mock", "--gpus", "0", "--min-replicas",
+        "0", "--max-replicas", "2", "--target-waiting", "1", "--scale-down-after", "2m",
+        "--idle-to-zero", "10m",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "0 replica(s) of 0..2, on load" in out
+    await eventually(lambda: same_everywhere(trio, "lazy"), "every member holds lazy")
+    (seen,) = [d for d in await c.get("/v1/deployments") if d["name"] == "lazy"]
+    assert seen["elastic"] == {
+        "min": 0, "max": 2, "targetWaiting": 1.0, "scaleDownAfterS": 120.0,
+        "idleToZeroS": 600.0, "reason": "declared",
+    }  # fmt: skip
+    code, out, err = await c.cli("deployments")
+    assert code == 0, err
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("lazy ")]
+    assert row[2:7] == ["0", "0", "0", "2", "declared"]  # min, desired, ready, max, why
+    code, _, err = await c.cli("scale", "lazy", "3")
+    assert code != 0
+    assert "between 0 and 2" in err  # beyond its bounds: refused, with how to change them
+    code, _, err = await a.cli(
+        "deploy", "both", "--model", "m", "--engine", "mock", "--replicas", "2",
+        "--max-replicas", "3",
+    )  # fmt: skip
+    assert code == 2
+    assert "--replicas is a fixed count" in err
+    code, _, err = await c.cli("undeploy", "lazy")
+    assert code == 0, err
+
+
 async def test_concurrent_edits_converge_to_one_version(trio: list[Node]) -> None:
     a, b, c = trio
     code, _ = await post(a, "/v1/deployments", {"name": "race", "engine": "mock", "gpus": 0})
