@@ -80,6 +80,9 @@ class Holding(Struct, kw_only=True, frozen=True, array_like=True):
         return self.held >= self.pieces
 
 
+_WaitLine = Annotated[dict[_Name, Annotated[int, Meta(ge=0)]], Meta(max_length=1024)]
+
+
 class NodeRecord(Struct, kw_only=True, frozen=True):
     """What a member says about itself."""
 
@@ -104,6 +107,10 @@ class NodeRecord(Struct, kw_only=True, frozen=True):
     # its own encoding of the fields it knows, so one more field, even empty, would make it
     # refuse the record.
     artifacts: Annotated[list[Holding], Meta(max_length=MAX_ARTIFACTS)] | UnsetType = UNSET
+    # Requests waiting in this member's wait line, per model (issue 30: an elastic
+    # deployment scales on what waits anywhere, and from zero). Absent when none wait, and
+    # until every member knows the field (the `elastic-deployments` feature), as above.
+    waitLine: _WaitLine | UnsetType = UNSET
     # The owner's signature (facts/record_signing.py): base64url ECDSA P-256 over the record
     # with this field empty. Members take a record only when it verifies against its
     # owner's pinned certificate.

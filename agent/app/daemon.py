@@ -53,6 +53,7 @@ from agent.cluster.members import SEEDS_FILE, Members, read_seeds
 from agent.cluster.node_client import NodeClient
 from agent.cluster.operations import Operations
 from agent.cluster.repair import AntiEntropy
+from agent.cluster.scaler import Scaler
 from agent.config import AgentConfig, port_in_use
 from agent.core.errors import StartupError
 from agent.core.home import forget_state
@@ -70,10 +71,12 @@ from agent.plane_link.link import PlaneParts, plane_link, plane_routes
 from agent.serving.cluster_limits import ClusterLimits
 from agent.serving.facade import Facade, facade_address
 from agent.serving.key_check import KeyCheck
+from agent.serving.routing import Target
 from agent.serving.run_book import open_run_book
 from agent.serving.usage_book import UsageBook
 from agent.serving.usage_metrics import known_to
 from agent.serving.view import ReplicaViews, SchedulingView
+from agent.serving.wait_queue import WaitQueue
 from broker.errors import ManagerPortInUse
 from broker.jobs import JobsStore, JobsWriter
 from broker.supervisor import ManagerSupervisor
@@ -184,6 +187,8 @@ class Agent:
         engines, control = self._engine_parts(deployments, here, record_changed, weights)
         # Never evicted: what replicas here load, and the warm set.
         fetches.pinned = lambda: control.weights_in_use() | {a.digest for a in weights.warm()}
+        # The wait line: the facade's, read by the record too (what waits here, per model).
+        waits: WaitQueue[Target] = WaitQueue(length=config.wait[0], timeout_s=config.wait[1])
         self.own = own = OwnRecord(
             config,
             node_id,
@@ -193,6 +198,7 @@ class Agent:
             replicas=control.replicas,
             release=speaks.release,
             holdings=weights.holdings,
+            waiting=waits.line.lengths,
             features=lambda: members.gate().on,
         )
         members.offer([own.current, *read_seeds(config.home / SEEDS_FILE)])
@@ -206,11 +212,20 @@ class Agent:
         record_changed.follow(heartbeat.push_now)
         load = LoadPoller(self._remote_load, on_refresh=loads_moved)
         view, facade = self._serving(
-            bind, members, engines, control, deployments, api_keys, client, usage, load
+            bind, members, engines, control, deployments, api_keys, client, usage, load, waits
         )
         facade.anchor_key = anchor_key(identity.ca.public_bytes(Encoding.DER))
         self.facade = facade
         loads_moved.follow(facade.waits.poke)
+        scaler = Scaler(
+            self_id=node_id,
+            deployments=deployments,
+            records=members.working_records,
+            waiting_here=waits.line.lengths,
+            holders=lambda: [node_id, *members.reachable_peers_working()],
+            members=lambda: 1 + len(members.peers()),
+            enabled=lambda: members.gate().allows("elastic-deployments"),
+        )
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         self.operations = operations = Operations(
             self_id=node_id,
@@ -334,6 +349,7 @@ class Agent:
         tasks.spawn("engines", engines.run())
         tasks.spawn("load", load.run())
         tasks.spawn("replicas", control.run())
+        tasks.spawn("scaler", scaler.run())
         tasks.spawn("engine-load", control.scraper.run())
         pruner = Pruner(
             lambda older_ms, before: store.prune(older_than_ms=older_ms, removed_before=before),
@@ -443,6 +459,7 @@ class Agent:
         client: NodeClient,
         usage: UsageBook,
         load: LoadPoller,
+        waits: WaitQueue[Target],
     ) -> tuple[SchedulingView, Facade]:
         """The scheduling view, the API-key check and the OpenAI-compatible facade."""
         config, node_id = self.config, self.node_id
@@ -485,7 +502,8 @@ class Agent:
             api_keys=dict(config.api_keys),
             key_check=keys,
             queue_limit=config.queue_limit,
-            wait=config.wait,
+            waits=waits,
+            elastic=lambda: {d.name for d in deployments.live() if d.scaling},
             on_usage=usage.record,
             policy=config.routing.policy,
         )

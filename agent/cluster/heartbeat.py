@@ -64,6 +64,7 @@ class OwnRecord:
         replicas: Callable[[], list[Replica]] = list,
         release: str = VERSION,
         holdings: Callable[[], list[Holding]] = list,
+        waiting: Callable[[], dict[str, int]] = dict,
         features: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self._release = release  # what its record says it runs (its Speaks statement's)
@@ -74,6 +75,7 @@ class OwnRecord:
         self._engines = engines
         self._replicas = replicas  # this node's replicas and their engine load
         self._holdings = holdings  # the artifacts it holds (issue 28)
+        self._waiting = waiting  # its wait line's length per model (issue 30)
         self._features = features  # what every member knows (facts.wire.gate)
         self._generation = 0
         self._content: NodeRecord | None = None
@@ -109,6 +111,9 @@ class OwnRecord:
                 msgspec.structs.replace(r, state="starting") if r.state == "fetching" else r
                 for r in replicas
             ]
+        waiting: dict[str, int] | UnsetType = UNSET
+        if "elastic-deployments" in self._features():
+            waiting = {model: n for model, n in self._waiting().items() if n} or UNSET
         return NodeRecord(
             nodeId=self._node_id,
             name=config.name,
@@ -122,6 +127,7 @@ class OwnRecord:
             engines=self._engines(),
             replicas=replicas,
             artifacts=artifacts,
+            waitLine=waiting,
             queueLimit=config.queue_limit,
             cordoned=self.state.cordoned,
             gpuNote=self.state.gpus.reason,

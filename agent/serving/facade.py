@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -90,6 +90,10 @@ def facade_address(
     return "127.0.0.1", "loopback only: no API keys; set api_keys or facade_bind to serve others"
 
 
+# What a model of an elastic deployment with no replica ready is refused while one starts.
+_COLD: Final = (Refusal.MODEL_NOT_SERVED, Refusal.REPLICA_NOT_READY)
+
+
 class Facade:
     """The aiohttp server and the job lifecycle of every request it takes."""
 
@@ -109,6 +113,8 @@ class Facade:
         replica_url: Callable[[str], str | None] = lambda _: None,
         key_check: KeyCheck | None = None,
         wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
+        waits: WaitQueue[Target] | None = None,  # made by the caller (else from `wait`)
+        elastic: Callable[[], Collection[str]] = frozenset,
         on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
         policy: Policy = "prefix",
     ) -> None:
@@ -131,7 +137,10 @@ class Facade:
             api_keys
         )  # who may send requests (agent.serving.key_check)
         self.queue_limit = queue_limit
-        self.waits: WaitQueue[Target] = WaitQueue(length=wait[0], timeout_s=wait[1])
+        self.waits: WaitQueue[Target] = waits or WaitQueue(length=wait[0], timeout_s=wait[1])
+        # The deployments that scale on load (issue 30): listed in /v1/models at zero, and
+        # with no replica ready -- at zero, or starting -- their requests wait for one.
+        self._elastic = elastic
         self.jobs = JobBook(node_id, submit)
         # Endpoints' public names (agent.serving.endpoint_routes): the plane's table, empty
         # without one.
@@ -187,7 +196,9 @@ class Facade:
 
     def _served(self, requester: Requester, host: str) -> list[dict[str, object]]:
         # What the cluster serves, narrowed to the models the caller's key may use.
-        served = served_models(self._view.current()[0].models(), self._replicas())
+        served = served_models(
+            self._view.current()[0].models(), self._replicas(), elastic=self._elastic()
+        )
         served += endpoint_models(self.endpoints.models(host), served)
         return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
 
@@ -283,7 +294,7 @@ class Facade:
             if len(self._turns) >= MAX_TALLIES and model not in self._turns:
                 self._turns.clear()
             turn = self._turns[model] = self._turns.get(model, -1) + 1
-        return choose(
+        placed = choose(
             model,
             replicas=self._replicas(),
             pending=self.pending,
@@ -295,6 +306,9 @@ class Facade:
             policy=self.policy,
             turn=turn,
         )
+        if placed in _COLD and model in self._elastic():
+            return Refusal.QUEUE_FULL  # a cold start: wait in line while a replica starts
+        return placed
 
     def explain(self, model: str, body: Mapping[str, Any], session: str = "") -> dict[str, Any]:
         """How a request `body` for `model` would be routed now (`routing.explain`)."""

@@ -212,11 +212,17 @@ def explain(
 
 
 def served_models(
-    engines: Mapping[str, Iterable[str]], replicas: Iterable[ReplicaView]
+    engines: Mapping[str, Iterable[str]],
+    replicas: Iterable[ReplicaView],
+    *,
+    elastic: Iterable[str] = (),
 ) -> list[dict[str, object]]:
-    """`/v1/models`: the engines' models (`--engine`, by node) and every deployment with a
-    ready replica on a reachable member."""
+    """`/v1/models`: the engines' models (`--engine`, by node), every deployment with a
+    ready replica on a reachable member, and every deployment that scales on load, ready
+    or not (a request for one at zero waits while a replica starts)."""
     served = {model: set(nodes) for model, nodes in engines.items()}
+    for model in elastic:
+        served.setdefault(model, set())
     for replica in replicas:
         if replica.state == "ready" and replica.reachable:
             served.setdefault(replica.model, set()).add(replica.node_id)

@@ -1,0 +1,207 @@
+"""Carrying out `scheduler.scale` (issue 30): elastic deployments' counts follow their load.
+
+**Sampling.** Every member samples each elastic deployment's load once a `SAMPLE_S` from
+what it already sees: its replicas ready in the members' records, the requests their
+engines run and queue (the records' load readings), and the requests waiting in every
+member's wait line (`NodeRecord.waitLine`; this member's own line read directly). The
+samples of the longest window the policy looks back over are kept, in at most
+`MAX_SAMPLES` buckets (a bucket keeps its peak running and waiting, the latest ready).
+
+**One decider.** For each deployment one member decides: the first in the rendezvous order
+of the deployment's name over this member and the members it works with and reaches (the
+same member from every member whose views agree, as a key's holder is), and only while it
+reaches more than half of the members it knows -- on the small side of a partition no
+member changes a count, so two sides never scale one deployment two ways. The decider
+passes its samples, the count and when it changed (the version's `updatedAt`), and how
+many more replicas the free GPUs hold to `scheduler.scale.decide`; a new count is a new
+signed version of the deployment (`Deployments.scale`, with the reason), which every
+member's replica controller carries out as it carries out an operator's `nvpair scale`:
+exactly that many replicas, placed once. A decider that dies leaves the last version; the
+next one decides from its own samples (every member keeps them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from agent.cluster.deployments import DeploymentRefused, Deployments
+from facts.deployments import Deployment, Elastic
+from facts.key_limits import holder_of
+from facts.records import NodeRecord
+from scheduler.scale import Bounds, Decision, LoadSample, ScalePolicy, decide
+
+__all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "room_for"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_S: Final = 1.0  # how often each elastic deployment's load is sampled
+MAX_SAMPLES: Final = 600  # buckets kept per deployment, whatever its windows
+NO_LIMIT: Final = 1024  # the room of a deployment that needs no GPU
+
+
+@dataclass(slots=True)
+class _Track:
+    """What this member knows of one deployment's load."""
+
+    samples: deque[LoadSample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES + 1))
+    capacity: float | None = None  # requests one replica runs at once, once learned
+    last: Decision | None = None  # the last decision made here
+
+
+def deployment_load(
+    deployment: Deployment,
+    records: list[NodeRecord],
+    *,
+    self_id: str,
+    waiting_here: dict[str, int],
+    now_s: float,
+) -> LoadSample:
+    """`deployment`'s load now: ready replicas, requests running, requests waiting (in the
+    engines' queues and in every member's wait line; this member's from `waiting_here`)."""
+    ready = 0
+    running = waiting = 0.0
+    for record in records:
+        for r in record.replicas:
+            if r.deploymentId != deployment.id:
+                continue
+            if r.state == "ready":
+                ready += 1
+            running += r.running
+            waiting += r.waiting
+        if record.nodeId != self_id and isinstance(record.waitLine, dict):
+            waiting += record.waitLine.get(deployment.name, 0)
+    waiting += waiting_here.get(deployment.name, 0)
+    return LoadSample(now_s, ready, running, waiting)
+
+
+def room_for(deployment: Deployment, records: list[NodeRecord]) -> int:
+    """How many more replicas of `deployment` the members' free GPUs hold (each member's
+    GPUs no replica holds, in whole replicas)."""
+    if deployment.gpus == 0:
+        return NO_LIMIT
+    room = 0
+    for record in records:
+        if record.cordoned:
+            continue
+        taken = {d for r in record.replicas for d in r.devices}
+        free = sum(1 for d in record.devices if d.id not in taken)
+        room += free // deployment.gpus
+    return room
+
+
+class Scaler:
+    """Samples every elastic deployment and, where this member decides, changes its count."""
+
+    def __init__(
+        self,
+        *,
+        self_id: str,
+        deployments: Deployments,
+        records: Callable[[], list[NodeRecord]],
+        waiting_here: Callable[[], dict[str, int]],
+        holders: Callable[[], list[str]],
+        members: Callable[[], int],
+        enabled: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.self_id = self_id
+        self._deployments = deployments
+        self._records = records  # the working members' records (reachable or not)
+        self._waiting_here = waiting_here  # this member's wait line, per model
+        self._holders = holders  # this member and the members it works with and reaches
+        self._members = members  # every member known, reachable or not
+        self._enabled = enabled  # every member knows elastic deployments (the feature gate)
+        self._clock = clock  # wall time: versions' updatedAt are wall times
+        self.tracks: dict[str, _Track] = {}
+        self.changes = 0  # counts changed here, for tests and /metrics
+
+    async def run(self) -> None:
+        """Sample and decide every `SAMPLE_S` until cancelled."""
+        while True:
+            await asyncio.sleep(SAMPLE_S)  # a period, not a synchronisation
+            self.step()
+
+    def step(self) -> list[tuple[str, Decision]]:
+        """One round: sample every elastic deployment, decide those this member decides;
+        the decisions made (changed or not)."""
+        if not self._enabled():
+            return []
+        now = self._clock()
+        records = self._records()
+        waiting = self._waiting_here()
+        holders = self._holders()
+        decides = 2 * len(holders) > self._members()
+        elastic = [(d, e) for d in self._deployments.live() if (e := d.scaling) is not None]
+        for gone in set(self.tracks) - {d.name for d, _ in elastic}:
+            del self.tracks[gone]
+        made = []
+        for deployment, bounds in elastic:
+            track = self.tracks.setdefault(deployment.name, _Track())
+            sample = deployment_load(
+                deployment, records, self_id=self.self_id, waiting_here=waiting, now_s=now
+            )
+            _add(track.samples, sample, _bucket_s(bounds))
+            if not decides or holder_of(deployment.name, holders) != self.self_id:
+                continue
+            decision = self._decide(deployment, bounds, track, records, now)
+            made.append((deployment.name, decision))
+        return made
+
+    def _decide(
+        self,
+        deployment: Deployment,
+        bounds: Elastic,
+        track: _Track,
+        records: list[NodeRecord],
+        now: float,
+    ) -> Decision:
+        decision = decide(
+            list(track.samples),
+            current=deployment.replicas,
+            bounds=Bounds(bounds.min, bounds.max),
+            policy=ScalePolicy(bounds.targetWaiting, bounds.scaleDownAfterS, bounds.idleToZeroS),
+            now_s=now,
+            changed_at_s=deployment.updatedAt / 1000,
+            room=room_for(deployment, records),
+            capacity=track.capacity,
+        )
+        track.capacity, track.last = decision.capacity, decision
+        if decision.desired != deployment.replicas:
+            try:
+                self._deployments.scale(deployment.name, decision.desired, decision.reason)
+            except DeploymentRefused as exc:  # undeployed or redeclared meanwhile
+                log.info("scaling %s: %s", deployment.name, exc)
+                return decision
+            self.changes += 1
+            log.info(
+                "scaled %s from %d to %d replica(s): %s",
+                deployment.name,
+                deployment.replicas,
+                decision.desired,
+                decision.reason,
+            )
+        return decision
+
+
+def _bucket_s(bounds: Elastic) -> float:
+    """How much time one kept sample covers: the longest window over `MAX_SAMPLES`."""
+    longest = max(bounds.scaleDownAfterS, bounds.idleToZeroS)
+    return max(SAMPLE_S, math.ceil(longest / MAX_SAMPLES))
+
+
+def _add(samples: deque[LoadSample], sample: LoadSample, bucket_s: float) -> None:
+    """Keep `sample`: merged into the newest bucket when it falls in that bucket's time (its
+    peaks and latest ready kept, its start time too), else as a new bucket."""
+    if samples and math.floor(samples[-1].at_s / bucket_s) == math.floor(sample.at_s / bucket_s):
+        last = samples[-1]
+        running, waiting = max(last.running, sample.running), max(last.waiting, sample.waiting)
+        samples[-1] = LoadSample(last.at_s, sample.ready, running, waiting)
+        return
+    samples.append(sample)
