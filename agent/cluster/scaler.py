@@ -83,7 +83,8 @@ def deployment_load(
 
 def room_for(deployment: Deployment, records: list[NodeRecord]) -> int:
     """How many more replicas of `deployment` the members' free GPUs hold (each member's
-    GPUs no replica holds, in whole replicas)."""
+    GPUs that no replica holds and that have not failed, in whole replicas; a cordoned
+    member's none)."""
     if deployment.gpus == 0:
         return NO_LIMIT
     room = 0
@@ -91,7 +92,7 @@ def room_for(deployment: Deployment, records: list[NodeRecord]) -> int:
         if record.cordoned:
             continue
         taken = {d for r in record.replicas for d in r.devices}
-        free = sum(1 for d in record.devices if d.id not in taken)
+        free = sum(1 for d in record.devices if d.id not in taken and d.health != "failed")
         room += free // deployment.gpus
     return room
 

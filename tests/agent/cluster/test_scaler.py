@@ -1,0 +1,151 @@
+"""The scaler's part of elastic deployments (issue 30), in memory: what load a deployment is
+seen to have (every member's replicas and wait lines, its own line read directly), the room
+the free GPUs leave, and who decides -- the deployment's first member in rendezvous order,
+only while it reaches more than half of the members, and nobody while the feature is off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from agent.cluster.deployments import DeploymentRequest, Deployments
+from agent.cluster.scaler import MAX_SAMPLES, NO_LIMIT, Scaler, deployment_load, room_for
+from facts.deployments import Deployment
+from facts.inventory import Device
+from facts.key_limits import holder_of
+from facts.records import NodeRecord, Replica
+from tests.fixtures.records import node_record
+
+IDS = ["nod_a", "nod_b", "nod_c"]
+
+
+def _unsigned(d: Deployment) -> Deployment:
+    return msgspec.structs.replace(d, by="nod_x", signature="")
+
+
+def _store(tmp_path: Path, gpus: int = 1, **bounds: object) -> tuple[Deployments, Deployment]:
+    store = Deployments(tmp_path, sign=_unsigned)
+    asked: dict[str, object] = {"minReplicas": 0, "maxReplicas": 3, **bounds}
+    ask = DeploymentRequest(name="chat", engine="mock", gpus=gpus, **asked)  # type: ignore[arg-type]
+    made = store.declare(ask)
+    return store, made
+
+
+def _replica(d: Deployment, n: int, state: str = "ready", **load: float) -> Replica:
+    return Replica(
+        id=f"rep_{n:026d}",
+        deployment=d.name,
+        deploymentId=d.id,
+        spec="s",
+        state=state,  # type: ignore[arg-type]
+        devices=[f"gpu{n}"],
+        **load,  # type: ignore[arg-type]
+    )
+
+
+def _device(n: int, health: str = "ok") -> Device:
+    return Device(
+        id=f"gpu{n}", uuid=f"u{n}", index=n, name="L4", deviceClass="l4", memoryTotal=1,
+        memoryUsed=0, memoryFree=1, utilization=0, temperatureC=None, powerW=None,
+        eccUncorrected=None, health=health,
+    )  # fmt: skip
+
+
+def test_the_load_counts_every_members_replicas_and_wait_lines(tmp_path: Path) -> None:
+    _, d = _store(tmp_path)
+    records = [
+        node_record("nod_a", replicas=[_replica(d, 1, running=2, waiting=1)], waitLine={"chat": 9}),
+        node_record("nod_b", replicas=[_replica(d, 2, "starting")], waitLine={"chat": 4, "x": 7}),
+        node_record("nod_c"),
+    ]
+    seen = deployment_load(d, records, self_id="nod_a", waiting_here={"chat": 2}, now_s=5.0)
+    # a's own line is read directly (its record's 9 is older), b's from its record.
+    assert (seen.at_s, seen.ready, seen.running, seen.waiting) == (5.0, 1, 2, 1 + 4 + 2)
+
+
+def test_room_is_free_gpus_in_whole_replicas_and_unbounded_without_gpus(tmp_path: Path) -> None:
+    _, d = _store(tmp_path)
+    records = [
+        node_record("nod_a", devices=[_device(1), _device(2)], replicas=[_replica(d, 1)]),
+        node_record("nod_b", devices=[_device(3)], cordoned=True),  # takes nothing new
+        node_record("nod_c", devices=[_device(4), _device(5), _device(6), _device(7, "failed")]),
+    ]
+    assert room_for(d, records) == 1 + 3  # a failed GPU holds nothing
+    two = msgspec.structs.replace(d, gpus=2)
+    assert room_for(two, records) == 0 + 1
+    assert room_for(msgspec.structs.replace(d, gpus=0), records) == NO_LIMIT
+
+
+class Cluster:
+    """Three members' scalers over one set of records; `reach` and `gate` are the views."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.records: list[NodeRecord] = [node_record(n) for n in IDS]
+        self.waiting: dict[str, int] = {}
+        self.reach: dict[str, list[str]] = dict.fromkeys(IDS, IDS)
+        self.gate = True
+        self.now = 1000.0
+        self.stores: dict[str, Deployments] = {}
+        self.scalers: dict[str, Scaler] = {}
+        for node in IDS:
+            (tmp_path / node).mkdir()
+            store, _ = _store(tmp_path / node, gpus=0, scaleDownAfterS=60, idleToZeroS=60)
+            self.stores[node] = store
+            self.scalers[node] = Scaler(
+                self_id=node,
+                deployments=store,
+                records=lambda: self.records,
+                waiting_here=lambda: self.waiting,
+                holders=lambda node=node: self.reach[node],  # type: ignore[misc]
+                members=lambda: 3,
+                enabled=lambda: self.gate,
+                clock=lambda: self.now,
+            )
+
+    def step(self) -> dict[str, int]:
+        """One round everywhere: the count each member's copy has after it."""
+        for scaler in self.scalers.values():
+            scaler.step()
+        return {n: s.get("chat").replicas for n, s in self.stores.items()}  # type: ignore[union-attr]
+
+
+def test_one_member_decides_and_the_others_only_sample(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    cluster.waiting = {"chat": 5}  # requests wait at zero
+    decider = holder_of("chat", IDS)
+    counts = cluster.step()
+    assert counts == {n: (1 if n == decider else 0) for n in IDS}  # one scale-up, one member
+    assert all(len(s.tracks["chat"].samples) == 1 for s in cluster.scalers.values())
+    assert cluster.scalers[decider].changes == 1
+    cluster.now += 1
+    assert cluster.step()[decider] == 1  # still starting: nothing more is asked for
+
+
+def test_nobody_decides_on_the_small_side_or_with_the_gate_closed(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    cluster.waiting = {"chat": 5}
+    decider = holder_of("chat", IDS)
+    cluster.reach[decider] = [decider]  # it reaches nobody: one of three
+    cluster.gate = False
+    assert cluster.step() == dict.fromkeys(IDS, 0)
+    cluster.gate = True
+    counts = cluster.step()
+    assert counts[decider] == 0  # on the small side: no change
+    # The others pick the next decider among the two they reach: the control.
+    others = [n for n in IDS if n != decider]
+    for node in others:
+        cluster.reach[node] = others
+    assert cluster.step()[holder_of("chat", others)] == 1
+
+
+def test_samples_stay_bounded_whatever_the_windows(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    scaler = cluster.scalers["nod_a"]
+    for _ in range(3 * MAX_SAMPLES):
+        cluster.now += 1
+        scaler.step()
+    assert len(scaler.tracks["chat"].samples) <= MAX_SAMPLES + 1
+    cluster.stores["nod_a"].undeploy("chat")
+    scaler.step()
+    assert scaler.tracks == {}  # an undeployed deployment's samples go
