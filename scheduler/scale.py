@@ -14,8 +14,11 @@ next desired count and why:
   what waits beyond that: one more replica for every `capacity` requests (what one replica
   is known to run at once), or one more at a time while that is unknown. Replicas already
   wanted and not ready yet count: requests that go on waiting during a cold start ask for
-  nothing more, so a burst at zero makes one scale-up, not one per request. Never above
-  `max`, never more than the free GPUs hold (`no room` when they hold none).
+  nothing more, so a burst at zero makes one scale-up, not one per request. Above zero,
+  the requests must have waited for `SETTLE_S` with the same replicas ready: when a
+  replica has just become ready, what waited for it is still draining (and the members'
+  reports of their wait lines are a heartbeat old), which is no reason for one more.
+  Never above `max`, never more than the free GPUs hold (`no room` when they hold none).
 - **Down slowly, on quiet** (`quiet`). Only when no request waited for the whole
   `scale_down_after_s`, the last change is at least that old, and the samples cover it: to
   as few replicas as ran the window's peak at `HEADROOM` of the known capacity, one replica
@@ -42,9 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["HEADROOM", "Bounds", "Decision", "LoadSample", "ScalePolicy", "decide"]
+__all__ = ["HEADROOM", "SETTLE_S", "Bounds", "Decision", "LoadSample", "ScalePolicy", "decide"]
 
 HEADROOM: Final = 0.8  # scale down only to counts whose peak stays under 80 % of capacity
+SETTLE_S: Final = 3.0  # above zero, requests wait this long, same replicas ready, to add one
 
 Reason = Literal["bounds", "waiting", "no room", "quiet", "idle", "steady"]
 
@@ -129,6 +133,8 @@ def decide(
     if latest.waiting > policy.target_waiting * latest.ready or (
         current == 0 and latest.waiting > 0
     ):
+        if current > 0 and not _waited(history, policy, now_s):
+            return Decision(current, "steady", capacity)  # draining into what just came up
         excess = latest.waiting - policy.target_waiting * latest.ready
         extra = math.ceil(excess / capacity) if capacity else 1
         need = bounds.clamp(latest.ready + max(1, extra))
@@ -137,6 +143,16 @@ def decide(
             return Decision(grown, "waiting" if grown > current else "no room", capacity)
         return Decision(current, "steady", capacity)  # what is starting will take it
     return _down(history, current, bounds, policy, now_s, changed_at_s, capacity)
+
+
+def _waited(history: Sequence[LoadSample], policy: ScalePolicy, now_s: float) -> bool:
+    """Whether requests waited beyond the target in every sample of the last `SETTLE_S`,
+    with the same replicas ready throughout (and the samples reach back that far)."""
+    window = _since(history, now_s - SETTLE_S)
+    if window is None:
+        return False
+    ready = window[-1].ready
+    return all(s.ready == ready and s.waiting > policy.target_waiting * s.ready for s in window)
 
 
 def _learned(history: Sequence[LoadSample], capacity: float | None) -> float | None:

@@ -68,6 +68,8 @@ class DeployPorts:
     members: Members
     pending: InFlight = field(default_factory=InFlight)
     weights: StoreWeights | None = None  # this member's artifacts (issue 28)
+    # What this member sees of an elastic deployment's load (`Scaler.explain`, issue 30).
+    scaling: Callable[[str], dict[str, object] | None] = lambda _name: None
 
 
 def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[str, Any]:
@@ -184,8 +186,15 @@ def deployment_routes(
             weights = {"artifact": found.weights, "members": where(found.weights, held)}
             for row in rows:
                 row["weights"] = weights["members"].get(row["node"], "absent")
+        scaling = ports.scaling(name)
         return json_answer(
-            {"deployment": name, "nodes": rows, "unplaced": unplaced, "weights": weights}
+            {
+                "deployment": name,
+                "nodes": rows,
+                "unplaced": unplaced,
+                "weights": weights,
+                "scaling": scaling,
+            }
         )
 
     async def explain_replicas(request: web.Request) -> web.Response:

@@ -307,7 +307,9 @@ class Agent:
                 record_run=runs.remember,
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
-                deployments=DeployPorts(deployments, control, members, facade.pending, weights),
+                deployments=DeployPorts(
+                    deployments, control, members, facade.pending, weights, scaler.explain
+                ),
                 routes=[
                     *usage_routes(usage),
                     *plane_routes(link),

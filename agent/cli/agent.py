@@ -485,6 +485,19 @@ def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
         )
     for why in result["unplaced"]:
         print(f"\nunplaced in this node's last plan: {why}")
+    scaling = result.get("scaling")
+    if scaling:
+        load = scaling["load"] or {}
+        print(
+            f"\nscales on load: {load.get('ready', 0)} ready, {_figure(load.get('running'))} "
+            f"running, {_figure(load.get('waiting'))} waiting across the members "
+            f"({scaling['samples']} samples kept); one replica runs "
+            f"{_figure(scaling['capacity'])} at once; decided by {scaling['decider']}"
+            + (" (this member)" if scaling["decidesHere"] else "")
+        )
+        if scaling["lastDecision"]:
+            last = scaling["lastDecision"]
+            print(f"last decision here: {last['desired']} replica(s), {last['reason']}")
     return 0
 
 

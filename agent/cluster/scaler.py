@@ -155,6 +155,29 @@ class Scaler:
             made.append((deployment.name, decision))
         return made
 
+    def explain(self, name: str) -> dict[str, object] | None:
+        """What this member sees of `name`'s load and who decides its count (for `nvpair
+        explain --deployment`); None when it is not elastic here."""
+        track = self.tracks.get(name)
+        if track is None:
+            return None
+        holders = self._holders()
+        latest = track.samples[-1] if track.samples else None
+        last = track.last
+        return {
+            "decider": holder_of(name, holders),
+            "decidesHere": holder_of(name, holders) == self.self_id
+            and 2 * len(holders) > self._members(),
+            "load": None
+            if latest is None
+            else {"ready": latest.ready, "running": latest.running, "waiting": latest.waiting},
+            "samples": len(track.samples),
+            "capacity": track.capacity,
+            "lastDecision": None
+            if last is None
+            else {"desired": last.desired, "reason": last.reason},
+        }
+
     def _decide(
         self,
         deployment: Deployment,

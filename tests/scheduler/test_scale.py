@@ -16,7 +16,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.scale import Bounds, Decision, LoadSample, ScalePolicy, decide
+from scheduler.scale import SETTLE_S, Bounds, Decision, LoadSample, ScalePolicy, decide
 
 POLICY = ScalePolicy(target_waiting=0.0, scale_down_after_s=30.0, idle_to_zero_s=90.0)
 
@@ -177,3 +177,20 @@ def test_bounds_move_the_count_inside_them_first() -> None:
         room=10,
     )
     assert (made.desired, made.reason) == (4, "bounds")
+
+
+def test_a_replica_just_ready_is_given_settle_s_before_one_more() -> None:
+    bounds = Bounds(1, 4)
+
+    def at(now: float, history: list[LoadSample]) -> Decision:
+        return decide(
+            history, current=1, bounds=bounds, policy=POLICY, now_s=now, changed_at_s=0, room=8
+        )
+
+    starting = [LoadSample(t, 0, 0, 20) for t in range(10)]  # it waited for the cold start
+    draining = [*starting, LoadSample(10, 1, 4, 16)]  # ready now: what waited drains into it
+    assert at(10, draining) == Decision(1, "steady", 4.0)  # not one more yet
+    still = draining + [LoadSample(t, 1, 4, 16) for t in range(11, 11 + int(SETTLE_S))]
+    assert at(still[-1].at_s, still).desired > 1  # waiting went on with it ready: one more
+    drained = [*draining, *(LoadSample(t, 1, 4, 0) for t in range(11, 15))]
+    assert at(14, drained).desired == 1  # the control: it drained, nothing more

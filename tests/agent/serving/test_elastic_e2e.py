@@ -1,8 +1,9 @@
 """Elastic deployments on real agents (issue 30): three members, mock engines that need no
 GPU. A deployment at zero is listed in `/v1/models`; twenty requests sent together through
 the `openai` client to a member that runs nothing wait while one replica starts -- one
-scale-up, not twenty -- and all answer. A burst that waits raises a deployment to its max
-and never past it; quiet brings it back to its min, and idle to zero."""
+scale-up, not twenty -- and all answer; `nvpair explain --deployment` shows the load seen.
+A burst that waits raises a deployment to its max and never past it; quiet brings it back
+to its min, and idle to zero."""
 
 from __future__ import annotations
 
@@ -69,6 +70,17 @@ async def test_twenty_requests_at_zero_start_one_replica_and_all_answer(trio: li
     assert after["elastic"]["reason"] == "waiting"
     jobs = await c.get_settled_jobs(20)
     assert [j["state"] for j in jobs] == ["completed"] * 20
+
+    async def sees_it_ready() -> bool:  # what c sees (its next sample after the record)
+        scaling = (await c.get("/v1/deployments/cold/explain"))["scaling"]
+        return bool(scaling["load"]["ready"] == 1)
+
+    await eventually(sees_it_ready, "c's samples see the replica ready")
+    scaling = (await c.get("/v1/deployments/cold/explain"))["scaling"]
+    assert scaling["decider"] in {await n.node_id() for n in trio}  # and who decides
+    code, out, err = await c.cli("explain", "--deployment", "cold")
+    assert code == 0, err
+    assert "scales on load: 1 ready" in out
     code, _, err = await a.cli("undeploy", "cold")
     assert code == 0, err
 
