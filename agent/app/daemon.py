@@ -365,7 +365,7 @@ class Agent:
         for name, loop in ({} if link is None else link.loops).items():
             tasks.spawn(name, loop())
         local_api.registry.register(usage.metrics)
-        local_api.registry.register(serving_metrics(facade, control, deployments, view))
+        local_api.registry.register(serving_metrics(facade, control, deployments, view, scaler))
         local_api.registry.register(ArtifactMetrics(fetches.counters, fetches.running))
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, Deployments
+from agent.core.timings import Timings
 from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
 from facts.records import NodeRecord
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 SAMPLE_S: Final = 1.0  # how often each elastic deployment's load is sampled
 MAX_SAMPLES: Final = 600  # buckets kept per deployment, whatever its windows
 NO_LIMIT: Final = 1024  # the room of a deployment that needs no GPU
+COLD_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0)  # seconds
 
 
 @dataclass(slots=True)
@@ -121,7 +123,9 @@ class Scaler:
         self._enabled = enabled  # every member knows elastic deployments (the feature gate)
         self._clock = clock  # wall time: versions' updatedAt are wall times
         self.tracks: dict[str, _Track] = {}
-        self.changes = 0  # counts changed here, for tests and /metrics
+        self.changes: dict[tuple[str, str], int] = {}  # (deployment, reason) -> changes here
+        self.cold_starts = Timings(COLD_BUCKETS)  # from zero to a replica ready, decided here
+        self._cold_since: dict[str, float] = {}  # deployment -> when this member scaled it up
 
     async def run(self) -> None:
         """Sample and decide every `SAMPLE_S` until cancelled."""
@@ -142,6 +146,8 @@ class Scaler:
         elastic = [(d, e) for d in self._deployments.live() if (e := d.scaling) is not None]
         for gone in set(self.tracks) - {d.name for d, _ in elastic}:
             del self.tracks[gone]
+            self._cold_since.pop(gone, None)
+            self.changes = {k: n for k, n in self.changes.items() if k[0] != gone}
         made = []
         for deployment, bounds in elastic:
             track = self.tracks.setdefault(deployment.name, _Track())
@@ -149,6 +155,8 @@ class Scaler:
                 deployment, records, self_id=self.self_id, waiting_here=waiting, now_s=now
             )
             _add(track.samples, sample, _bucket_s(bounds))
+            if sample.ready and deployment.name in self._cold_since:
+                self.cold_starts.observe(now - self._cold_since.pop(deployment.name))
             if not decides or holder_of(deployment.name, holders) != self.self_id:
                 continue
             decision = self._decide(deployment, bounds, track, records, now)
@@ -203,7 +211,10 @@ class Scaler:
             except DeploymentRefused as exc:  # undeployed or redeclared meanwhile
                 log.info("scaling %s: %s", deployment.name, exc)
                 return decision
-            self.changes += 1
+            key = (deployment.name, decision.reason)
+            self.changes[key] = self.changes.get(key, 0) + 1
+            if deployment.replicas == 0:
+                self._cold_since[deployment.name] = now  # a cold start: timed until ready
             log.info(
                 "scaled %s from %d to %d replica(s): %s",
                 deployment.name,

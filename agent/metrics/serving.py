@@ -22,11 +22,12 @@ from facts.records import Replica
 
 if TYPE_CHECKING:
     from agent.cluster.deployments import Deployments
+    from agent.cluster.scaler import Scaler
     from agent.engines.replicas import ReplicaControl
     from agent.serving.facade import Facade
     from agent.serving.view import SchedulingView
 
-__all__ = ["REPLICA_STATES", "ServingMetrics", "serving_metrics"]
+__all__ = ["REPLICA_STATES", "ServingMetrics", "scaling_metrics", "serving_metrics"]
 
 REPLICA_STATES: Final = ("fetching", "starting", "ready", "failed", "stopping")
 
@@ -45,7 +46,9 @@ class ServingMetrics(Collector):
         decisions: Callable[[], Mapping[tuple[str, str], int]] = dict,
         cache: Callable[[], Mapping[str, list[float]]] = dict,
         alone: Callable[[], bool] = lambda: False,
+        scaling: Callable[[], Iterator[Metric]] = lambda: iter(()),
     ) -> None:
+        self._scaling = scaling  # elastic deployments: bounds, changes, cold starts
         self._alone = alone  # some keys' limits admitted alone: their holder is cut off
         self._decisions = decisions  # (model, reason) -> requests this facade sent
         self._cache = cache  # deployment -> [prompt units looked up, found] by its engines here
@@ -108,6 +111,23 @@ class ServingMetrics(Collector):
         for name, deployment in sorted(live.items()):
             desired.add_metric([name], deployment.replicas)
         yield desired
+        low = GaugeMetricFamily(
+            "nvpair_deployment_min_replicas",
+            "The fewest replicas each elastic deployment may have",
+            labels=["deployment"],
+        )
+        high = GaugeMetricFamily(
+            "nvpair_deployment_max_replicas",
+            "The most replicas each elastic deployment may have",
+            labels=["deployment"],
+        )
+        for name, deployment in sorted(live.items()):
+            if (bounds := deployment.scaling) is not None:
+                low.add_metric([name], bounds.min)
+                high.add_metric([name], bounds.max)
+        yield low
+        yield high
+        yield from self._scaling()
         yield from self._routing(known)
         cut_off = GaugeMetricFamily(
             "nvpair_key_limit_alone",
@@ -171,8 +191,34 @@ def _summed(counts: Mapping[str, int], known: Container[str]) -> dict[str, int]:
     return out
 
 
+def scaling_metrics(scaler: Scaler, facade: Facade) -> Iterator[Metric]:
+    """Elastic deployments' count changes decided here, and their cold starts."""
+    changed = CounterMetricFamily(
+        "nvpair_scale_changes",
+        "Changes of an elastic deployment's count this member decided, by deployment and"
+        " reason (waiting, quiet, idle, no room, bounds)",
+        labels=["deployment", "reason"],
+    )
+    for (name, reason), count in sorted(scaler.changes.items()):
+        changed.add_metric([name, reason], count)
+    yield changed
+    yield scaler.cold_starts.family(
+        "nvpair_cold_start_seconds",
+        "From a scale-up from zero this member decided to the first replica ready",
+    )
+    yield facade.cold_waits.family(
+        "nvpair_cold_start_wait_seconds",
+        "How long requests through this member waited for an elastic deployment with no"
+        " replica ready to have one",
+    )
+
+
 def serving_metrics(
-    facade: Facade, control: ReplicaControl, deployments: Deployments, view: SchedulingView
+    facade: Facade,
+    control: ReplicaControl,
+    deployments: Deployments,
+    view: SchedulingView,
+    scaler: Scaler | None = None,
 ) -> ServingMetrics:
     """The collector over the daemon's parts."""
     return ServingMetrics(
@@ -184,4 +230,5 @@ def serving_metrics(
         decisions=lambda: facade.decisions,
         cache=lambda: control.scraper.cache_totals,
         alone=lambda: facade.keys.cluster is not None and facade.keys.cluster.alone(),
+        scaling=(lambda: iter(())) if scaler is None else lambda: scaling_metrics(scaler, facade),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
@@ -28,6 +29,7 @@ from agent.core.errors import MemberUnreachable
 from agent.core.lifetime import SHUTDOWN_S
 from agent.core.request_identity import identify, stamp
 from agent.core.request_identity import middleware as identified
+from agent.core.timings import Timings
 from agent.engines.registry import Engines
 from agent.serving.endpoint_forward import EndpointForward
 from agent.serving.endpoint_routes import EndpointRoutes, endpoint_models, ready_in
@@ -59,6 +61,7 @@ from agent.serving.routing import (
 )
 from agent.serving.usage import Meter, ask_for_usage
 from agent.serving.view import SchedulingView
+from agent.serving.wait_line import Ticket
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 from netkit.sites import start_runner
 from scheduler import Cluster, Load, Refusal
@@ -90,6 +93,7 @@ def facade_address(
     return "127.0.0.1", "loopback only: no API keys; set api_keys or facade_bind to serve others"
 
 
+COLD_WAIT_BUCKETS: Final = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)  # seconds
 # What a model of an elastic deployment with no replica ready is refused while one starts.
 _COLD: Final = (Refusal.MODEL_NOT_SERVED, Refusal.REPLICA_NOT_READY)
 
@@ -141,6 +145,7 @@ class Facade:
         # The deployments that scale on load (issue 30): listed in /v1/models at zero, and
         # with no replica ready -- at zero, or starting -- their requests wait for one.
         self._elastic = elastic
+        self.cold_waits = Timings(COLD_WAIT_BUCKETS)  # requests that waited for a cold start
         self.jobs = JobBook(node_id, submit)
         # Endpoints' public names (agent.serving.endpoint_routes): the plane's table, empty
         # without one.
@@ -225,6 +230,8 @@ class Facade:
         entered = self.waits.enter(model, lambda: self._place(model, anchor))
         if isinstance(entered, Refusal):
             return refused(entered, model)
+        cold = isinstance(entered, Ticket) and self._cold(model)
+        entered_at = time.monotonic()
         kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
         raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
         meter = request[METER] = Meter(strip=strip)
@@ -237,6 +244,8 @@ class Facade:
             if isinstance(targets, Refusal):  # waited too long, or the model went
                 ended, ending = gave_up(targets, model, self.waits.line.timeout_s)
                 return ended
+            if cold:
+                self.cold_waits.observe(time.monotonic() - entered_at)
             for attempt, target in enumerate(targets):
                 self._decided(model, "failover" if attempt else target.reason)
                 if attempt:
@@ -309,6 +318,12 @@ class Facade:
         if placed in _COLD and model in self._elastic():
             return Refusal.QUEUE_FULL  # a cold start: wait in line while a replica starts
         return placed
+
+    def _cold(self, model: str) -> bool:
+        """Whether `model` is an elastic deployment with no replica ready anywhere now."""
+        if model not in self._elastic():
+            return False
+        return not any(r.model == model and r.state == "ready" for r in self._replicas())
 
     def explain(self, model: str, body: Mapping[str, Any], session: str = "") -> dict[str, Any]:
         """How a request `body` for `model` would be routed now (`routing.explain`)."""

@@ -110,6 +110,12 @@ class Cluster:
         return {n: s.get("chat").replicas for n, s in self.stores.items()}  # type: ignore[union-attr]
 
 
+def _ready(cluster: Cluster, node: str) -> Replica:
+    held = cluster.stores[node].get("chat")
+    assert held is not None
+    return _replica(held, 1)
+
+
 def test_one_member_decides_and_the_others_only_sample(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     cluster.waiting = {"chat": 5}  # requests wait at zero
@@ -117,9 +123,16 @@ def test_one_member_decides_and_the_others_only_sample(tmp_path: Path) -> None:
     counts = cluster.step()
     assert counts == {n: (1 if n == decider else 0) for n in IDS}  # one scale-up, one member
     assert all(len(s.tracks["chat"].samples) == 1 for s in cluster.scalers.values())
-    assert cluster.scalers[decider].changes == 1
+    assert cluster.scalers[decider].changes == {("chat", "waiting"): 1}
+    assert cluster.scalers[decider].cold_starts.count == 0  # not ready yet
     cluster.now += 1
     assert cluster.step()[decider] == 1  # still starting: nothing more is asked for
+    cluster.waiting = {}  # it came up and took what waited
+    cluster.records = [node_record("nod_a", replicas=[_ready(cluster, decider)])]
+    cluster.now += 3
+    assert cluster.step()[decider] == 1
+    cold = cluster.scalers[decider].cold_starts
+    assert (cold.count, cold.total_s) == (1, 4.0)  # from the scale-up to a replica ready
 
 
 def test_nobody_decides_on_the_small_side_or_with_the_gate_closed(tmp_path: Path) -> None:

@@ -81,6 +81,17 @@ async def test_twenty_requests_at_zero_start_one_replica_and_all_answer(trio: li
     code, out, err = await c.cli("explain", "--deployment", "cold")
     assert code == 0, err
     assert "scales on load: 1 ready" in out
+    # Counted: the twenty waited for the cold start at c; the decider scaled up once and
+    # timed it until the replica was ready.
+    assert await c.metric("nvpair_cold_start_wait_seconds_count") == 20
+    (decider,) = [n for n in trio if await n.node_id() == scaling["decider"]]
+    changes = await decider.metric("nvpair_scale_changes_total", deployment="cold")
+    assert changes == 1
+
+    async def timed() -> bool:  # once its own samples see the replica ready
+        return await decider.metric("nvpair_cold_start_seconds_count") == 1
+
+    await eventually(timed, "the decider timed the cold start")
     code, _, err = await a.cli("undeploy", "cold")
     assert code == 0, err
 
