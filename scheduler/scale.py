@@ -45,12 +45,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["HEADROOM", "SETTLE_S", "Bounds", "Decision", "LoadSample", "ScalePolicy", "decide"]
+__all__ = [
+    "HEADROOM",
+    "SETTLE_S",
+    "Ask",
+    "Bounds",
+    "Decision",
+    "LoadSample",
+    "ScalePolicy",
+    "decide",
+    "share",
+]
 
 HEADROOM: Final = 0.8  # scale down only to counts whose peak stays under 80 % of capacity
 SETTLE_S: Final = 3.0  # above zero, requests wait this long, same replicas ready, to add one
 
-Reason = Literal["bounds", "waiting", "no room", "quiet", "idle", "steady"]
+Reason = Literal["bounds", "waiting", "no room", "quiet", "idle", "steady", "yielded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,3 +209,81 @@ def _since(history: Sequence[LoadSample], start_s: float) -> list[LoadSample] | 
     if not history or history[0].at_s > start_s:
         return None
     return [s for s in history if s.at_s >= start_s]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One elastic deployment's wish, for sharing GPUs: its count now, what `decide`
+    wants with room aside, its min, GPUs per replica, and its load."""
+
+    name: str
+    gpus: int
+    current: int
+    wanted: int
+    low: int
+    ready: int
+    waiting: float
+
+    @property
+    def cold(self) -> bool:
+        """At zero with requests waiting: served by nothing until it gets a replica."""
+        return self.current == 0 and self.waiting > 0
+
+    @property
+    def depth(self) -> float:
+        """Requests waiting per ready replica (all of them at zero)."""
+        return self.waiting / max(1, self.ready)
+
+
+def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
+    """Each deployment's count when the free GPUs may not hold every scale-up.
+
+    The rule (docs/deployments.md, "Sharing GPUs"): what goes down goes first, and its GPUs
+    are free. Then the deployments that want more take one replica a turn, in order: those
+    at zero with requests waiting first, then the deepest wait per ready replica, then by
+    name; a turn is skipped by one whose replica does not fit. A deployment at zero with
+    requests waiting that still has none takes GPUs from deployments above their min, the
+    shallowest wait first, one replica at a time, down to their min at most -- so a cold
+    deployment waits at most one decision for a replica whenever the replicas above min
+    elsewhere hold its GPUs. Deployments without GPUs take what they want."""
+    counts = {a.name: a.current for a in asks}
+    free = free_gpus
+    for a in asks:
+        if a.wanted < a.current:  # down first: its GPUs are free for the others
+            counts[a.name] = a.wanted
+            free += (a.current - a.wanted) * a.gpus
+        elif a.gpus == 0:
+            counts[a.name] = a.wanted
+    growing = sorted(
+        (a for a in asks if a.wanted > a.current and a.gpus > 0),
+        key=lambda a: (not a.cold, -a.depth, a.name),
+    )
+    while True:
+        took = False
+        for a in growing:
+            if counts[a.name] < a.wanted and a.gpus <= free:
+                counts[a.name] += 1
+                free -= a.gpus
+                took = True
+        if not took:
+            break
+    donors = sorted(
+        (a for a in asks if a.gpus > 0 and not a.cold),
+        key=lambda a: (a.depth, a.name),
+    )
+    for a in growing:
+        if not a.cold or counts[a.name] > 0:
+            continue
+        spare = sum((counts[d.name] - d.low) * d.gpus for d in donors if counts[d.name] > d.low)
+        if free + spare < a.gpus:
+            continue  # not even every replica above min elsewhere would hold one
+        for donor in donors:
+            while free < a.gpus and counts[donor.name] > donor.low:
+                counts[donor.name] -= 1
+                free += donor.gpus
+            if free >= a.gpus:
+                break
+        if free >= a.gpus:
+            counts[a.name] = 1
+            free -= a.gpus
+    return counts

@@ -36,9 +36,9 @@ from agent.core.timings import Timings
 from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
 from facts.records import NodeRecord
-from scheduler.scale import Bounds, Decision, LoadSample, ScalePolicy, decide
+from scheduler.scale import Ask, Bounds, Decision, LoadSample, ScalePolicy, decide, share
 
-__all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "room_for"]
+__all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +83,16 @@ def deployment_load(
     return LoadSample(now_s, ready, running, waiting)
 
 
-def room_for(deployment: Deployment, records: list[NodeRecord]) -> int:
-    """How many more replicas of `deployment` the members' free GPUs hold (each member's
-    GPUs that no replica holds and that have not failed, in whole replicas; a cordoned
-    member's none)."""
-    if deployment.gpus == 0:
-        return NO_LIMIT
-    room = 0
+def free_gpus(records: list[NodeRecord]) -> int:
+    """The GPUs of the members' records that no replica holds and that have not failed (a
+    cordoned member's none)."""
+    free = 0
     for record in records:
         if record.cordoned:
             continue
         taken = {d for r in record.replicas for d in r.devices}
-        free = sum(1 for d in record.devices if d.id not in taken and d.health != "failed")
-        room += free // deployment.gpus
-    return room
+        free += sum(1 for d in record.devices if d.id not in taken and d.health != "failed")
+    return free
 
 
 class Scaler:
@@ -148,7 +144,7 @@ class Scaler:
             del self.tracks[gone]
             self._cold_since.pop(gone, None)
             self.changes = {k: n for k, n in self.changes.items() if k[0] != gone}
-        made = []
+        wishes: list[tuple[Deployment, Decision, LoadSample]] = []
         for deployment, bounds in elastic:
             track = self.tracks.setdefault(deployment.name, _Track())
             sample = deployment_load(
@@ -157,9 +153,29 @@ class Scaler:
             _add(track.samples, sample, _bucket_s(bounds))
             if sample.ready and deployment.name in self._cold_since:
                 self.cold_starts.observe(now - self._cold_since.pop(deployment.name))
+            wish = self._wish(deployment, bounds, track, now)  # room aside
+            wishes.append((deployment, wish, sample))
+        # Every elastic deployment's wish, shared over the free GPUs by one rule
+        # (`scheduler.scale.share`): each decider applies its own deployments' part of the
+        # same sharing, so two deciders do not both count one free GPU as theirs.
+        counts = share(
+            [
+                Ask(d.name, d.gpus, d.replicas, w.desired, b.min, s.ready, s.waiting)
+                for (d, w, s), (_, b) in zip(wishes, elastic, strict=True)
+            ],
+            free_gpus(records),
+        )
+        made = []
+        for deployment, wish, _ in wishes:
             if not decides or holder_of(deployment.name, holders) != self.self_id:
                 continue
-            decision = self._decide(deployment, bounds, track, records, now)
+            count = counts[deployment.name]
+            reason = wish.reason
+            if count != wish.desired:
+                reason = "yielded" if count < deployment.replicas else "no room"
+            decision = Decision(count, reason, wish.capacity)
+            self.tracks[deployment.name].last = decision
+            self._carry_out(deployment, decision, now)
             made.append((deployment.name, decision))
         return made
 
@@ -186,14 +202,9 @@ class Scaler:
             else {"desired": last.desired, "reason": last.reason},
         }
 
-    def _decide(
-        self,
-        deployment: Deployment,
-        bounds: Elastic,
-        track: _Track,
-        records: list[NodeRecord],
-        now: float,
-    ) -> Decision:
+    def _wish(self, deployment: Deployment, bounds: Elastic, track: _Track, now: float) -> Decision:
+        """What `scheduler.scale.decide` wants for `deployment`, room aside; the capacity
+        it learns is kept."""
         decision = decide(
             list(track.samples),
             current=deployment.replicas,
@@ -201,28 +212,32 @@ class Scaler:
             policy=ScalePolicy(bounds.targetWaiting, bounds.scaleDownAfterS, bounds.idleToZeroS),
             now_s=now,
             changed_at_s=deployment.updatedAt / 1000,
-            room=room_for(deployment, records),
+            room=NO_LIMIT,
             capacity=track.capacity,
         )
-        track.capacity, track.last = decision.capacity, decision
-        if decision.desired != deployment.replicas:
-            try:
-                self._deployments.scale(deployment.name, decision.desired, decision.reason)
-            except DeploymentRefused as exc:  # undeployed or redeclared meanwhile
-                log.info("scaling %s: %s", deployment.name, exc)
-                return decision
-            key = (deployment.name, decision.reason)
-            self.changes[key] = self.changes.get(key, 0) + 1
-            if deployment.replicas == 0:
-                self._cold_since[deployment.name] = now  # a cold start: timed until ready
-            log.info(
-                "scaled %s from %d to %d replica(s): %s",
-                deployment.name,
-                deployment.replicas,
-                decision.desired,
-                decision.reason,
-            )
+        track.capacity = decision.capacity
         return decision
+
+    def _carry_out(self, deployment: Deployment, decision: Decision, now: float) -> None:
+        """A new version of `deployment` with the decided count, when it differs."""
+        if decision.desired == deployment.replicas:
+            return
+        try:
+            self._deployments.scale(deployment.name, decision.desired, decision.reason)
+        except DeploymentRefused as exc:  # undeployed or redeclared meanwhile
+            log.info("scaling %s: %s", deployment.name, exc)
+            return
+        key = (deployment.name, decision.reason)
+        self.changes[key] = self.changes.get(key, 0) + 1
+        if deployment.replicas == 0:
+            self._cold_since[deployment.name] = now  # a cold start: timed until ready
+        log.info(
+            "scaled %s from %d to %d replica(s): %s",
+            deployment.name,
+            deployment.replicas,
+            decision.desired,
+            decision.reason,
+        )
 
 
 def _bucket_s(bounds: Elastic) -> float:

@@ -1,6 +1,6 @@
 """The scaler's part of elastic deployments (issue 30), in memory: what load a deployment is
-seen to have (every member's replicas and wait lines, its own line read directly), the room
-the free GPUs leave, and who decides -- the deployment's first member in rendezvous order,
+seen to have (every member's replicas and wait lines, its own line read directly), the GPUs
+free, and who decides -- the deployment's first member in rendezvous order,
 only while it reaches more than half of the members, and nobody while the feature is off."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from agent.cluster.deployments import DeploymentRequest, Deployments
-from agent.cluster.scaler import MAX_SAMPLES, NO_LIMIT, Scaler, deployment_load, room_for
+from agent.cluster.scaler import MAX_SAMPLES, Scaler, deployment_load, free_gpus
 from facts.deployments import Deployment
 from facts.inventory import Device
 from facts.key_limits import holder_of
@@ -64,17 +64,14 @@ def test_the_load_counts_every_members_replicas_and_wait_lines(tmp_path: Path) -
     assert (seen.at_s, seen.ready, seen.running, seen.waiting) == (5.0, 1, 2, 1 + 4 + 2)
 
 
-def test_room_is_free_gpus_in_whole_replicas_and_unbounded_without_gpus(tmp_path: Path) -> None:
+def test_free_gpus_are_those_no_replica_holds_on_members_that_take_work(tmp_path: Path) -> None:
     _, d = _store(tmp_path)
     records = [
         node_record("nod_a", devices=[_device(1), _device(2)], replicas=[_replica(d, 1)]),
         node_record("nod_b", devices=[_device(3)], cordoned=True),  # takes nothing new
         node_record("nod_c", devices=[_device(4), _device(5), _device(6), _device(7, "failed")]),
     ]
-    assert room_for(d, records) == 1 + 3  # a failed GPU holds nothing
-    two = msgspec.structs.replace(d, gpus=2)
-    assert room_for(two, records) == 0 + 1
-    assert room_for(msgspec.structs.replace(d, gpus=0), records) == NO_LIMIT
+    assert free_gpus(records) == 1 + 3  # a failed GPU holds nothing, a cordoned member none
 
 
 class Cluster:
@@ -162,3 +159,33 @@ def test_samples_stay_bounded_whatever_the_windows(tmp_path: Path) -> None:
     cluster.stores["nod_a"].undeploy("chat")
     scaler.step()
     assert scaler.tracks == {}  # an undeployed deployment's samples go
+
+
+def test_a_cold_deployment_gets_a_gpu_from_one_above_its_min_by_the_rule(tmp_path: Path) -> None:
+    store = Deployments(tmp_path, sign=_unsigned)
+    busy = store.declare(
+        DeploymentRequest(name="busy", engine="mock", minReplicas=1, maxReplicas=2, replicas=2)
+    )
+    store.declare(DeploymentRequest(name="cold", engine="mock", minReplicas=0, maxReplicas=1))
+    replicas = [_replica(busy, 1), _replica(busy, 2)]
+    records = [node_record("nod_a", devices=[_device(1), _device(2)], replicas=replicas)]
+    waiting = {"cold": 3}
+    scaler = Scaler(
+        self_id="nod_a",
+        deployments=store,
+        records=lambda: records,
+        waiting_here=lambda: waiting,
+        holders=lambda: ["nod_a"],
+        members=lambda: 1,
+        enabled=lambda: True,
+        clock=lambda: 2_000_000.0,
+    )
+    made = dict(scaler.step())
+    assert (made["busy"].desired, made["busy"].reason) == (1, "yielded")
+    assert (made["cold"].desired, made["cold"].reason) == (1, "waiting")
+    # The control: nothing waits for cold, so busy keeps both replicas.
+    store.scale("busy", 2)
+    store.scale("cold", 0)
+    waiting = {}
+    made = dict(scaler.step())
+    assert (made["busy"].desired, made["cold"].desired) == (2, 0)
