@@ -417,6 +417,12 @@ def add_command(commands: Any) -> None:
         help="and this much more per prompt word not cached",
     )
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--startup-s",
+        type=float,
+        default=0.0,
+        help="load for this long before the port opens, as a real engine loads its weights",
+    )
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument(
         "--max-concurrency",
@@ -451,11 +457,17 @@ def _run(args: argparse.Namespace) -> int:
     if not 400 <= args.fail_status <= 599:
         print("nvpair: --fail-status is between 400 and 599", file=sys.stderr)
         return 2
+    if not 0.0 <= args.startup_s <= 3600:
+        print("nvpair: --startup-s is between 0 and 3600", file=sys.stderr)
+        return 2
     if args.prefix_cache_blocks < 0 or args.block_units < 1:
         print("nvpair: --prefix-cache-blocks >= 0 and --block-units >= 1", file=sys.stderr)
         return 2
 
     async def serve() -> None:
+        if args.startup_s:
+            print(f"mock engine loading for {args.startup_s:g}s", flush=True)
+            await asyncio.sleep(args.startup_s)  # the modelled load: nothing listens meanwhile
         engine = MockEngine(
             model=args.model,
             port=args.port,

@@ -115,3 +115,26 @@ async def test_the_command_line_flag_limits_a_real_engine_process(
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_a_startup_delay_keeps_the_port_closed_until_the_engine_has_loaded(
+    session: aiohttp.ClientSession,
+) -> None:
+    # `--startup-s` (issue 30's cold starts): as a real engine, it listens once loaded.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["--model", "m", "--port", str(port), "--startup-s", "3"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "mock-engine", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert b"mock engine loading for 3s" in await proc.stdout.readline()
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await session.get(url + "/v1/models")  # loading: nothing listens
+        assert b"mock engine serving" in await proc.stdout.readline()
+        async with session.get(url + "/v1/models") as r:  # the control: loaded, it answers
+            assert r.status == 200
+    finally:
+        proc.terminate()
+        await proc.wait()
