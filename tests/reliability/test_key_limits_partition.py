@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from facts.key_limits import holder_of
+from tests.agent.cluster.test_api_keys import known_everywhere
 from tests.agent.harness import start_engine
 from tests.fixtures.waiting import eventually
 
@@ -59,19 +60,9 @@ async def test_a_cut_off_member_admits_its_share_alone_and_says_so(tmp_path: Pat
             assert code == 0, err
             secret = out.splitlines()[0]
 
-            async def known_everywhere() -> bool:
-                for member in members:
-                    url = f"http://127.0.0.1:{member.node.ports['facade']}/v1/models"
-                    headers = {"Authorization": f"Bearer {secret}"}
-                    async with (
-                        aiohttp.ClientSession() as session,
-                        session.get(url, headers=headers) as response,
-                    ):
-                        if response.status != 200:
-                            return False
-                return True
-
-            await eventually(known_everywhere, "every member takes the key")
+            # Taken with the key and refused without it: a member that has heard of no key
+            # yet serves everyone, so a 200 alone says nothing.
+            await known_everywhere([m.node for m in members], secret)
             holder = holder_of("batch", [m.node_id for m in members])
             victim = random.Random(2901).choice([m for m in members if m.node_id != holder])
             others = [m for m in members if m is not victim]
