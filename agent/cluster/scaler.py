@@ -134,12 +134,14 @@ class Scaler:
         the decisions made (changed or not)."""
         if not self._enabled():
             return []
+        elastic = [(d, e) for d in self._deployments.live() if (e := d.scaling) is not None]
+        if not elastic and not self.tracks:
+            return []  # nothing scales on load: no records read
         now = self._clock()
         records = self._records()
         waiting = self._waiting_here()
         holders = self._holders()
         decides = 2 * len(holders) > self._members()
-        elastic = [(d, e) for d in self._deployments.live() if (e := d.scaling) is not None]
         for gone in set(self.tracks) - {d.name for d, _ in elastic}:
             del self.tracks[gone]
             self._cold_since.pop(gone, None)
