@@ -30,6 +30,7 @@ __all__ = [
     "Member",
     "fault_cluster",
     "fault_rng",
+    "feature_on",
     "heal_partition",
     "manager_pid",
     "partition",
@@ -256,6 +257,19 @@ async def joined(
             yield member
         finally:
             await _stop_all([member])
+
+
+async def feature_on(members: list[Member], feature: str) -> None:
+    """Wait until `feature` (`facts.wire.FEATURES`) is on at every member."""
+
+    async def everywhere() -> bool:
+        for member in members:
+            status = await member.node.get("/v1/cluster/status")
+            if feature not in status["features"]["on"]:
+                return False
+        return True
+
+    await eventually(everywhere, f"the {feature} feature on at every member")
 
 
 def partition(member: Member, members: list[Member]) -> None:

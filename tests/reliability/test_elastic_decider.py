@@ -20,7 +20,7 @@ from tests.agent.harness import engine_pids
 from tests.fixtures.waiting import eventually
 from tests.workload_manager.cluster_harness import engine_ports
 
-from .cluster import Member, fault_cluster, fault_rng
+from .cluster import Member, fault_cluster, fault_rng, feature_on
 
 pytestmark = [pytest.mark.reliability, pytest.mark.quick]
 
@@ -39,15 +39,7 @@ async def test_a_decider_killed_during_a_scale_up_leaves_one_replica_started_onc
     low, high = engine_ports()
     toml = f'[engines]\nport_range = "{low}-{high}"\n'
     async with fault_cluster(tmp_path, 3, rng, toml=toml) as members:
-
-        async def gate_open() -> bool:
-            for member in members:
-                status = await member.node.get("/v1/cluster/status")
-                if "elastic-deployments" not in status["features"]["on"]:
-                    return False
-            return True
-
-        await eventually(gate_open, "the elastic-deployments feature on at every member")
+        await feature_on(members, "elastic-deployments")
         decider_id = holder_of(NAME, [m.node_id for m in members])
         decider = next(m for m in members if m.node_id == decider_id)
         entry = rng.choice([m for m in members if m is not decider])  # runs the replica

@@ -19,7 +19,7 @@ from tests.agent.cluster.test_api_keys import known_everywhere
 from tests.agent.harness import start_engine
 from tests.fixtures.waiting import eventually
 
-from .cluster import Member, fault_cluster, fault_rng, heal_partition, partition
+from .cluster import Member, fault_cluster, fault_rng, feature_on, heal_partition, partition
 
 pytestmark = [pytest.mark.reliability, pytest.mark.quick]
 
@@ -47,15 +47,7 @@ async def test_a_cut_off_member_admits_its_share_alone_and_says_so(tmp_path: Pat
         # reaching no more than half of the members, admitted its share alone as well.
         toml = f'engines = ["vllm={engine.url}"]\n'
         async with fault_cluster(tmp_path, 3, fault_rng(2901), toml=toml) as members:
-
-            async def gate_open() -> bool:  # every member counts keys at their holders
-                for member in members:
-                    status = await member.node.get("/v1/cluster/status")
-                    if "cluster-key-limits" not in status["features"]["on"]:
-                        return False
-                return True
-
-            await eventually(gate_open, "the cluster-key-limits feature on at every member")
+            await feature_on(members, "cluster-key-limits")  # keys counted at holders
             code, out, err = await members[0].node.cli("keys", "create", "batch", "--rpm", "60")
             assert code == 0, err
             secret = out.splitlines()[0]
