@@ -141,7 +141,6 @@ class Scaler:
         records = self._records()
         waiting = self._waiting_here()
         holders = self._holders()
-        decides = 2 * len(holders) > self._members()
         for gone in set(self.tracks) - {d.name for d, _ in elastic}:
             del self.tracks[gone]
             self._cold_since.pop(gone, None)
@@ -169,7 +168,7 @@ class Scaler:
         )
         made = []
         for deployment, wish, _ in wishes:
-            if not decides or holder_of(deployment.name, holders) != self.self_id:
+            if not self._decides(deployment.name, holders):
                 continue
             count = counts[deployment.name]
             reason = wish.reason
@@ -180,6 +179,12 @@ class Scaler:
             self._carry_out(deployment, decision, now)
             made.append((deployment.name, decision))
         return made
+
+    def _decides(self, name: str, holders: list[str]) -> bool:
+        """Whether this member decides `name`'s count: it is first in the name's rendezvous
+        order over `holders`, and reaches more than half of the members it knows."""
+        majority = 2 * len(holders) > self._members()
+        return majority and holder_of(name, holders) == self.self_id
 
     def explain(self, name: str) -> dict[str, object] | None:
         """What this member sees of `name`'s load and who decides its count (for `nvpair
@@ -192,8 +197,7 @@ class Scaler:
         last = track.last
         return {
             "decider": holder_of(name, holders),
-            "decidesHere": holder_of(name, holders) == self.self_id
-            and 2 * len(holders) > self._members(),
+            "decidesHere": self._decides(name, holders),
             "load": None
             if latest is None
             else {"ready": latest.ready, "running": latest.running, "waiting": latest.waiting},
