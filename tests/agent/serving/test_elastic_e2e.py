@@ -64,6 +64,11 @@ async def test_twenty_requests_at_zero_start_one_replica_and_all_answer(trio: li
     finally:
         await client.close()
     assert answers == ["cold"] * 20  # each a 200: none a 404 or 503
+
+    async def holds_the_scale_up() -> bool:  # the decider's version reaches c in a push
+        return int((await declared(c, "cold"))["replicas"]) > 0
+
+    await eventually(holds_the_scale_up, "c holds the scale-up")
     after = await declared(c, "cold")
     assert after["replicas"] == 1
     assert after["version"] == version + 1  # one scale-up for the whole burst
