@@ -204,7 +204,20 @@ async def test_a_member_that_joins_later_starts_with_the_keys(
             assert (await chat(session, d, "sk-nvp-guess"))[0] == 401
             assert (await chat(session, d, secret))[0] == 200
     finally:
+        d_id = await d.node_id()
         await d.stop()
+    # Out of the shared cluster again: a member stopped but not removed would be, for a
+    # while, some keys' holder that does not answer (the members would admit alone).
+    code, _, err = await a.cli("cluster", "remove", d_id)
+    assert code == 0, err
+
+    async def gone() -> bool:
+        for node in trio:
+            if any(n["nodeId"] == d_id for n in await node.get("/v1/nodes")):
+                return False
+        return True
+
+    await eventually(gone, "d leaves every member's list")
 
 
 async def test_tpm_counts_the_tokens_the_engine_reported(trio: list[Node]) -> None:
