@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.fixtures import forkserver
 from tests.fixtures.clock import FakeClock
 from tests.fixtures.leaks import MARK, kill, marked_processes
 from tests.fixtures.records import lifecycle_event, workload, workload_record
@@ -77,6 +78,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a process it started outlives it (killing it): every test that starts
     an agent, a manager or an engine must stop it -- engines outlive their agents by design."""
+    forkserver.shutdown()  # this process's fork server (tests/fixtures/forkserver.py), if any
     if hasattr(session.config, "workerinput") or MARK not in os.environ:
         return  # the controller checks, once every worker is done
     left = marked_processes(os.environ[MARK], spared={os.getpid()})

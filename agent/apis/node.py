@@ -65,8 +65,9 @@ PIECE_READS: Final = 4  # artifact pieces read for members at once (each up to 6
 BUSY_S: Final = 1.0  # a paced member with this much already booked answers 503 (busy)
 _BUSY: Final = {"Retry-After": "1"}
 # NVPAIR_TEST_CORRUPT_PIECES=1: this member flips a byte of every artifact piece it serves
-# (the mixed-fault tests' corrupting member; never set it on a member that serves).
-_CORRUPT: Final = os.environ.get("NVPAIR_TEST_CORRUPT_PIECES") == "1"
+# (the mixed-fault tests' corrupting member; never set it on a member that serves). Read
+# when the API is built, not at import.
+_CORRUPT_ENV: Final = "NVPAIR_TEST_CORRUPT_PIECES"
 _HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ class NodeApi:
         self.artifacts = artifacts  # the pieces this member serves (issue 28)
         self._pace = artifact_pace if artifact_pace is not None else Pace(0)
         self._served = artifact_counters if artifact_counters is not None else ArtifactCounters()
-        if _CORRUPT:
+        self._corrupt = os.environ.get(_CORRUPT_ENV) == "1"
+        if self._corrupt:
             log.warning("NVPAIR_TEST_CORRUPT_PIECES: this member corrupts every piece it serves")
         # Pieces read for members at once: each is held whole, up to 64 MiB.
         self._piece_reads = asyncio.Semaphore(PIECE_READS)
@@ -361,7 +363,7 @@ class NodeApi:
             if data is None:
                 raise web.HTTPNotFound(text="no such piece here\n")
             await self._pace.take(len(data))  # [artifacts] max_rate
-        if _CORRUPT and data:  # a stand-in for a member whose disk or memory corrupts pieces
+        if self._corrupt and data:  # a stand-in for a member whose disk or memory corrupts pieces
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         self._served.served(peer_node_id(request), len(data))
         return web.Response(body=data, content_type="application/octet-stream")

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.cli.join import join_cluster
 from agent.engines.proc_os import unrecorded_processes
 from certs import ClusterDir, create_invite
+from tests.fixtures import forkserver
 from tests.fixtures.owner import owner
 from tests.fixtures.records import lifecycle_event, workload_record
 from tests.fixtures.waiting import TIMEOUT_S, eventually
@@ -60,7 +61,7 @@ class Node:
     home: Path
     ports: dict[str, int]
     gpus: str | None
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | forkserver.ForkedProcess | None = None
     log: Path | None = None
     extra: list[str] = field(default_factory=list)  # more `agent run` flags
     open_files: int | None = None  # the agent's open-files limit (soft and hard), if set
@@ -109,11 +110,17 @@ class Node:
             if limit is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
-                preexec_fn=limited if limit is not None else None, cwd=self.cwd,
-            )  # fmt: skip
+        if self.python == sys.executable and forkserver.enabled():
+            # Forked from this worker's fork server, which imported the agent once.
+            self.proc = await forkserver.spawn(
+                args, env=self.env, log=self.log, cwd=self.cwd, nofile=limit
+            )
+        else:
+            with self.log.open("ab") as log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    self.python, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
+                    preexec_fn=limited if limit is not None else None, cwd=self.cwd,
+                )  # fmt: skip
 
         async def up() -> bool:
             if self.proc is not None and self.proc.returncode is not None:

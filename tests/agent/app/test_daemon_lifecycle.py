@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from tests.agent.harness import Node, make_node
+from tests.fixtures.forkserver import ForkedProcess
 from tests.fixtures.waiting import TIMEOUT_S
 from tests.workload_manager.cluster_harness import free_port
 
@@ -63,7 +64,7 @@ async def health(node: Node) -> tuple[int, Any]:
 class Run:
     """One `nvpair agent run`, its stderr in a file read once it has exited."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process | ForkedProcess, stderr: Path) -> None:
         self.proc = proc
         self.stderr_path = stderr
 
@@ -86,7 +87,7 @@ class Agents:
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.procs: list[asyncio.subprocess.Process] = []
+        self.procs: list[asyncio.subprocess.Process | ForkedProcess] = []
         self.homes: list[Path] = []
 
     async def run(self, node: Node, *extra: str, ports: dict[str, int] | None = None) -> Run:
@@ -103,7 +104,7 @@ class Agents:
         self.homes.append(node.home)
         return Run(proc, stderr)
 
-    async def start(self, node: Node) -> asyncio.subprocess.Process:
+    async def start(self, node: Node) -> asyncio.subprocess.Process | ForkedProcess:
         """The harness's start (it waits for /healthz ok); the process is killed at the end."""
         self.homes.append(node.home)
         try:
