@@ -14,13 +14,13 @@ import json
 import os
 import random
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from certs import ClusterDir
 from certs.identity import load_cert
+from tests.fixtures.forkserver import ForkedProcess, start_manager
 from tests.fixtures.records import METHODS, STATES, workload_record
 from tests.fixtures.waiting import TIMEOUT_S, eventually
 
@@ -108,7 +108,7 @@ class Member:
     name: str
     cluster: ClusterDir
     port: int
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
     # Every upsert / remove the broker was told about, in order, across restarts.
     told: list[dict[str, Any]] = field(default_factory=list)
     # The broker's Jobs view: (runId, id) -> record; removed (originatedFrom, id) pairs.
@@ -128,27 +128,10 @@ class Member:
         return node_id
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "workload_manager",
-            "--cluster-dir",
-            str(self.cluster.path),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "debug",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=16 * 1024 * 1024,
-            env={
-                **os.environ,
-                "NVPAIR_WM_BIND": "127.0.0.1",
-                "PYTHONUNBUFFERED": "1",
-                **self.env,
-            },
-        )
+        argv = ["--cluster-dir", str(self.cluster.path), "--port", str(self.port)]
+        argv += ["--log-level", "debug"]
+        env = {**os.environ, "NVPAIR_WM_BIND": "127.0.0.1", "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = await start_manager(argv, env=env, limit=16 * 1024 * 1024)
         self._reader = asyncio.create_task(self._read())
         self._logs = asyncio.create_task(self._drain_stderr())
         await self.request("manager:status")  # answered once the channel is up

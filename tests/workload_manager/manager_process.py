@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.fixtures.forkserver import ForkedProcess, start_manager
 
 TIMEOUT = 10.0
 
@@ -73,7 +74,7 @@ class Channel:
 class ManagerProcess:
     """`python -m workload_manager` over stdio or `--ipc PATH`, stopped on `aclose()`."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, ipc: Path | None) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process | ForkedProcess, ipc: Path | None) -> None:
         self.proc = proc
         self.ipc = ipc
 
@@ -81,17 +82,9 @@ class ManagerProcess:
     async def start(
         cls, *args: str, ipc: Path | None = None, env: dict[str, str] | None = None
     ) -> ManagerProcess:
-        argv = [sys.executable, "-m", "workload_manager", *args]
-        if ipc is not None:
-            argv += ["--ipc", str(ipc)]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=4 * 1024 * 1024,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
+        argv = [*args, *(["--ipc", str(ipc)] if ipc is not None else [])]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = await start_manager(argv, env=env, limit=4 * 1024 * 1024)
         self = cls(proc, ipc)
         if ipc is not None:
             await self.wait_for_log("local channel listening")
