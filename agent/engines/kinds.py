@@ -56,6 +56,8 @@ async def probe(session: aiohttp.ClientSession, url: str, kind: str) -> Probed:
     status, listed = await _get(session, base + "/v1/models")
     if status in _REFUSED:
         return Probed(up=False, refused=status)
+    if status != 200:  # an error answer lists nothing: down, not "serving no model"
+        return Probed(up=False)
     return Probed(up=True, models=model_ids(listed))
 
 

@@ -110,15 +110,21 @@ class Node:
             if limit is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-        if self.python == sys.executable and forkserver.enabled():
-            # Forked from this worker's fork server, which imported the agent once.
+        env = self.env
+        if (
+            forkserver.enabled()
+            and self.python == sys.executable
+            and env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+        ):
+            # Forked from this worker's fork server, which imported the agent once (not a
+            # node with a path of its own: the server's modules are found already).
             self.proc = await forkserver.spawn(
-                args, env=self.env, log=self.log, cwd=self.cwd, nofile=limit
+                args, env=env, log=self.log, cwd=self.cwd, nofile=limit
             )
         else:
             with self.log.open("ab") as log:
                 self.proc = await asyncio.create_subprocess_exec(
-                    self.python, "-m", "agent", *args, env=self.env, stdout=log, stderr=log,
+                    self.python, "-m", "agent", *args, env=env, stdout=log, stderr=log,
                     preexec_fn=limited if limit is not None else None, cwd=self.cwd,
                 )  # fmt: skip
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
@@ -214,3 +215,36 @@ async def test_an_engine_whose_probe_fails_stays_listed_down_not_unknown() -> No
         assert [(e.models, e.up) for e in never.current] == [([], False)]
     finally:
         await never.aclose()
+
+
+async def test_an_engine_answering_an_error_to_its_probe_stays_listed_down() -> None:
+    """An engine that answers `/v1/models` with an error (a 503 while it reloads, a 500)
+    lists nothing that answer: it is down with what it served, not up serving nothing --
+    which made its model vanish from the cluster (404) until the next probe."""
+    failing = False
+
+    async def models(request: web.Request) -> web.Response:
+        if failing:
+            return web.Response(status=503, text="reloading")
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    engines = Engines([("e", "vllm", f"http://127.0.0.1:{port}")])
+    try:
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], True)]  # the control
+        failing = True
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], False)]
+        failing = False
+        await engines.probe()
+        assert [(e.models, e.up) for e in engines.current] == [(["m"], True)]
+    finally:
+        await engines.aclose()
+        await runner.cleanup()
