@@ -85,10 +85,14 @@ class Node:
 
     async def cli(self, *args: str) -> tuple[int, str, str]:
         """Run `nvpair ARGS` as this member; (exit status, stdout, stderr)."""
-        proc = await asyncio.create_subprocess_exec(
-            self.python, "-m", "agent", *args, env=self.env, cwd=self.cwd,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        proc: asyncio.subprocess.Process | forkserver.ForkedProcess
+        if self.python == sys.executable:
+            proc = await forkserver.start_agent(list(args), env=self.env, cwd=self.cwd)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "agent", *args, env=self.env, cwd=self.cwd,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()

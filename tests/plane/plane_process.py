@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.fixtures.forkserver import ForkedProcess, start_agent
 from tests.workload_manager.cluster_harness import free_port
 
 __all__ = ["ADMIN", "PlaneProcess", "point_at_plane"]
@@ -31,27 +32,21 @@ class PlaneProcess:
         self.cwd = None if python == sys.executable else str(Path(python).parents[2])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self.log = bytearray()
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start it and wait for its "plane listening" line."""
-        self.proc = await asyncio.create_subprocess_exec(
-            self.python,
-            "-m",
-            "agent",
-            "plane",
-            "serve",
-            "--dsn",
-            self.dsn,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN},
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=self.cwd,
-        )
+        argv = ["plane", "serve", "--dsn", self.dsn, "--listen", f"127.0.0.1:{self.port}"]
+        env = {**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN}
+        if self.python == sys.executable:
+            self.proc = await start_agent(argv, env=env, stdout=False)
+        else:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "agent", *argv, env=env, cwd=self.cwd,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
         stderr = self.proc.stderr
         assert stderr is not None
         async with asyncio.timeout(30):
@@ -88,18 +83,8 @@ class PlaneProcess:
 
     async def cli(self, *args: str) -> str:
         """Run `nvpair plane ARGS --plane URL` as the admin; its stdout."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent",
-            "plane",
-            *args,
-            "--plane",
-            self.url,
-            env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        argv = ["plane", *args, "--plane", self.url]
+        proc = await start_agent(argv, env={**os.environ, "NVPAIR_PLANE_ADMIN_TOKEN": ADMIN})
         out, err = await proc.communicate()
         assert proc.returncode == 0, err
         return out.decode()
