@@ -132,12 +132,16 @@ async def test_a_keyed_engine_serves_through_every_member_with_the_request_id(
     # member that just joined lists a's engines from a's record before its first contact).
     await eventually(lambda: _reaches(b, "a"), "b holds a reachable")
     for node in (a, b):  # local on a, forwarded from b
-        raw = await pair.client(node).chat.completions.with_raw_response.create(
-            model="keyed",
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=2,
-            extra_headers={"X-Request-Id": f"trace-{node.name}"},
-        )
+        try:
+            raw = await pair.client(node).chat.completions.with_raw_response.create(
+                model="keyed",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+                extra_headers={"X-Request-Id": f"trace-{node.name}"},
+            )
+        except openai.NotFoundError as exc:  # seen twice under load: say what the member saw
+            seen = [(n["name"], n["reachable"], n["engines"]) for n in await node.get("/v1/nodes")]
+            raise AssertionError(f"{node.name} refused keyed ({exc}); it saw {seen}") from exc
         assert raw.headers["x-request-id"] == f"trace-{node.name}"
         assert "openai-processing-ms" in raw.headers  # the engine's header passed through
         completion = raw.parse()
