@@ -226,6 +226,15 @@ class Agent:
             members=lambda: 1 + len(members.peers()),
             enabled=lambda: members.gate().allows("elastic-deployments"),
         )
+
+        def line_started(model: str) -> None:
+            # A cold start: the members hear of this line now (the decider may be another
+            # member), and this member decides now if it decides.
+            if scaler.cold_line(model):
+                record_changed()
+                scaler.wake()
+
+        waits.on_start = line_started
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         self.operations = operations = Operations(
             self_id=node_id,
@@ -256,7 +265,8 @@ class Agent:
             self.cluster,
             host=bind,
             port=config.node_port,
-            on_push=facade.waits.after(members.on_push),  # load reports: waiters look
+            # Load reports: waiters look again; a cold start's line: its decider decides.
+            on_push=facade.waits.after(scaler.after(members.on_push)),
             on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
             records=members.membership.kept_records,
             refusal=members.refusal,

@@ -23,13 +23,14 @@ next one decides from its own samples (every member keeps them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, ParamSpec, TypeVar
 
 from agent.cluster.deployments import DeploymentRefused, Deployments
 from agent.core.timings import Timings
@@ -37,6 +38,9 @@ from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
 from facts.records import NodeRecord
 from scheduler.scale import Ask, Bounds, Decision, LoadSample, ScalePolicy, decide, share
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus"]
 
@@ -122,12 +126,49 @@ class Scaler:
         self.changes: dict[tuple[str, str], int] = {}  # (deployment, reason) -> changes here
         self.cold_starts = Timings(COLD_BUCKETS)  # from zero to a replica ready, decided here
         self._cold_since: dict[str, float] = {}  # deployment -> when this member scaled it up
+        self._cold: set[str] = set()  # elastic deployments with no replica ready, last sampled
+        self._woken = asyncio.Event()
 
     async def run(self) -> None:
-        """Sample and decide every `SAMPLE_S` until cancelled."""
+        """Sample and decide every `SAMPLE_S`, and at once when woken (`wake`), until
+        cancelled."""
         while True:
-            await asyncio.sleep(SAMPLE_S)  # a period, not a synchronisation
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SAMPLE_S):  # a period, or a wake
+                    await self._woken.wait()
+            self._woken.clear()
             self.step()
+
+    def wake(self) -> None:
+        """Decide now, not at the next period: requests wait for a deployment at zero."""
+        self._woken.set()
+
+    def cold_line(self, model: str) -> bool:
+        """Whether a wait line for `model` is a cold start: an elastic deployment with no
+        replica ready when last sampled here (the facade's line started; see `pushed`)."""
+        return model in self._cold
+
+    def after(self, call: Callable[P, R]) -> Callable[P, R]:
+        """`call`, then `pushed` (for the records push handler)."""
+
+        def called(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.pushed()
+
+        return called
+
+    def pushed(self) -> None:
+        """A member pushed its record: where it brings a wait line for a deployment at zero,
+        decide now (this member may be its decider). Nothing is read while none is at zero."""
+        if not self._cold:
+            return
+        for record in self._records():
+            line = record.waitLine
+            if isinstance(line, dict) and any(line.get(name) for name in self._cold):
+                self.wake()
+                return
 
     def step(self) -> list[tuple[str, Decision]]:
         """One round: sample every elastic deployment, decide those this member decides;
@@ -143,6 +184,7 @@ class Scaler:
         holders = self._holders()
         for gone in set(self.tracks) - {d.name for d, _ in elastic}:
             del self.tracks[gone]
+            self._cold.discard(gone)
             self._cold_since.pop(gone, None)
             self.changes = {k: n for k, n in self.changes.items() if k[0] != gone}
         wishes: list[tuple[Deployment, Decision, LoadSample]] = []
@@ -152,6 +194,10 @@ class Scaler:
                 deployment, records, self_id=self.self_id, waiting_here=waiting, now_s=now
             )
             _add(track.samples, sample, _bucket_s(bounds))
+            if sample.ready:
+                self._cold.discard(deployment.name)
+            else:
+                self._cold.add(deployment.name)
             if sample.ready and deployment.name in self._cold_since:
                 self.cold_starts.observe(now - self._cold_since.pop(deployment.name))
             wish = self._wish(deployment, bounds, track, now)  # room aside

@@ -56,6 +56,9 @@ class WaitQueue(Generic[T]):
         self.line = WaitLine(length, timeout_s)
         self._clock = clock
         self._wakes: dict[Ticket, asyncio.Event] = {}
+        # Called with the model when its line here starts (its first waiter): a line for a
+        # deployment at zero is a cold start the members should hear of now, not next beat.
+        self.on_start: Callable[[str], object] = lambda model: None
 
     def enter(
         self, model: str, place: Callable[[], list[T] | Refusal]
@@ -67,8 +70,13 @@ class WaitQueue(Generic[T]):
             placed = place()
             if placed is not Refusal.QUEUE_FULL:
                 return placed
+        started = not self.line.waiting(model)
         ticket = self.line.join(model, self._clock())
-        return Refusal.QUEUE_FULL if ticket is None else ticket
+        if ticket is None:
+            return Refusal.QUEUE_FULL
+        if started:
+            self.on_start(model)
+        return ticket
 
     async def wait(
         self, entered: list[T] | Ticket, place: Callable[[], list[T] | Refusal]

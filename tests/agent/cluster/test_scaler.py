@@ -5,10 +5,13 @@ only while it reaches more than half of the members, and nobody while the featur
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
 
+from agent.cluster import scaler as scaler_module
 from agent.cluster.deployments import DeploymentRequest, Deployments
 from agent.cluster.scaler import MAX_SAMPLES, Scaler, deployment_load, free_gpus
 from facts.deployments import Deployment
@@ -16,6 +19,7 @@ from facts.inventory import Device
 from facts.key_limits import holder_of
 from facts.records import NodeRecord, Replica
 from tests.fixtures.records import node_record
+from tests.fixtures.waiting import eventually
 
 IDS = ["nod_a", "nod_b", "nod_c"]
 
@@ -107,6 +111,12 @@ class Cluster:
         return {n: s.get("chat").replicas for n, s in self.stores.items()}  # type: ignore[union-attr]
 
 
+def _count(cluster: Cluster, node: str) -> int:
+    held = cluster.stores[node].get("chat")
+    assert held is not None
+    return held.replicas
+
+
 def _ready(cluster: Cluster, node: str) -> Replica:
     held = cluster.stores[node].get("chat")
     assert held is not None
@@ -189,3 +199,31 @@ def test_a_cold_deployment_gets_a_gpu_from_one_above_its_min_by_the_rule(tmp_pat
     waiting = {}
     made = dict(scaler.step())
     assert (made["busy"].desired, made["cold"].desired) == (2, 0)
+
+
+async def test_a_wait_line_for_a_deployment_at_zero_wakes_the_decider_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scaler_module, "SAMPLE_S", 3600.0)  # no period: only a wake steps
+    cluster = Cluster(tmp_path)
+    decider = cluster.scalers[holder_of("chat", IDS)]
+    assert not decider.cold_line("chat")  # never sampled: not known to be at zero
+    cluster.step()  # sampled at zero, nothing waiting: stays at zero
+    assert decider.cold_line("chat")
+    assert not decider._woken.is_set()
+    cluster.records = [node_record("nod_b", waitLine={"other": 3})]
+    decider.pushed()  # a line, but not for a deployment at zero: nothing
+    assert not decider._woken.is_set()
+    cluster.records = [node_record("nod_b", waitLine={"chat": 1})]
+    decider.pushed()  # the control: a member's line for it wakes the round now
+    assert decider._woken.is_set()
+    cluster.waiting = {"chat": 1}
+    task = asyncio.create_task(decider.run())
+    try:  # the woken round scales it up: the period (an hour here) never passes
+        await eventually(lambda: _count(cluster, decider.self_id) == 1, "scaled up at once")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    cluster.records = [node_record("nod_a", replicas=[_ready(cluster, decider.self_id)])]
+    cluster.step()  # ready now: a line for it is no cold start
+    assert not decider.cold_line("chat")

@@ -87,3 +87,20 @@ def test_the_answers_of_a_wait_that_ended_without_a_target() -> None:
     response, outcome = gave_up(Refusal.MODEL_NOT_SERVED, "m", 30.0)
     assert response.status == 404
     assert outcome == Fail(error=JobError.NO_ENGINE)
+
+
+async def test_a_line_starting_is_said_once_per_model_until_it_empties() -> None:
+    # What a cold start hangs on (issue 30): the members hear of a new line at once.
+    slots = Slots(free=0)
+    queue: WaitQueue[str] = WaitQueue(length=8, timeout_s=60)
+    started: list[str] = []
+    queue.on_start = started.append
+    tickets = [in_line(queue.enter(model, slots.place)) for model in ("m", "m", "other")]
+    assert started == ["m", "other"]  # once per line, not per waiter
+    slots.free = 3
+    waits = [asyncio.create_task(queue.wait(t, slots.place)) for t in tickets]
+    queue.poke()
+    assert await asyncio.gather(*waits) == [["target"]] * 3
+    assert queue.line.waiting("m") == 0
+    in_line(queue.enter("m", slots.place))  # full again: a new line
+    assert started == ["m", "other", "m"]
