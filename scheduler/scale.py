@@ -214,7 +214,8 @@ def _since(history: Sequence[LoadSample], start_s: float) -> list[LoadSample] | 
 @dataclass(frozen=True, slots=True)
 class Ask:
     """One elastic deployment's wish, for sharing GPUs: its count now, what `decide`
-    wants with room aside, its min, GPUs per replica, and its load."""
+    wants with room aside, its min, GPUs per replica, its load, and how many of its
+    replicas hold GPUs now (`placed`, any state; None: every one counted)."""
 
     name: str
     gpus: int
@@ -223,11 +224,18 @@ class Ask:
     low: int
     ready: int
     waiting: float
+    placed: int | None = None
+
+    @property
+    def holds(self) -> int:
+        """Replicas of its count that hold their GPUs (the rest wait for room)."""
+        return self.current if self.placed is None else min(self.placed, self.current)
 
     @property
     def cold(self) -> bool:
-        """At zero with requests waiting: served by nothing until it gets a replica."""
-        return self.current == 0 and self.waiting > 0
+        """Nothing holds GPUs for it and requests wait: served by nothing until a replica
+        of it gets room (at zero, or counted but not placed)."""
+        return self.holds == 0 and self.waiting > 0
 
     @property
     def depth(self) -> float:
@@ -238,16 +246,18 @@ class Ask:
 def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
     """Each deployment's count when the free GPUs may not hold every scale-up.
 
-    The rule (docs/deployments.md, "Sharing GPUs"): what goes down goes first, and its GPUs
+    The rule (docs/deployments.md, "Sharing GPUs"): replicas counted but not yet placed
+    have the free GPUs first (they were granted). What goes down goes first, and its GPUs
     are free. Then the deployments that want more take one replica a turn, in order: those
-    at zero with requests waiting first, then the deepest wait per ready replica, then by
-    name; a turn is skipped by one whose replica does not fit. A deployment at zero with
-    requests waiting that still has none takes GPUs from deployments above their min, the
+    cold (requests waiting, nothing placed) first, then the deepest wait per ready replica,
+    then by name; a turn is skipped by one whose replica does not fit. A cold deployment
+    whose replica still has no room takes GPUs from deployments above their min, the
     shallowest wait first, one replica at a time, down to their min at most -- so a cold
     deployment waits at most one decision for a replica whenever the replicas above min
     elsewhere hold its GPUs. Deployments without GPUs take what they want."""
     counts = {a.name: a.current for a in asks}
-    free = free_gpus
+    # Granted and not placed: theirs already (negative when they do not all fit).
+    free = free_gpus - sum((a.current - a.holds) * a.gpus for a in asks if a.gpus > 0)
     for a in asks:
         if a.wanted < a.current:  # down first: its GPUs are free for the others
             counts[a.name] = a.wanted
@@ -271,19 +281,29 @@ def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
         (a for a in asks if a.gpus > 0 and not a.cold),
         key=lambda a: (a.depth, a.name),
     )
-    for a in growing:
-        if not a.cold or counts[a.name] > 0:
+    cold = sorted(
+        (a for a in asks if a.cold and a.gpus > 0 and max(a.wanted, counts[a.name]) > 0),
+        key=lambda a: (-a.depth, a.name),
+    )
+    for a in cold:
+        # Room for one replica: a new one at zero needs its GPUs free; one counted but not
+        # placed had them set aside above, so it needs the free count not below zero.
+        need = a.gpus if counts[a.name] == 0 else 0
+        if free >= need:
+            if counts[a.name] == 0:
+                counts[a.name] = 1
+                free -= a.gpus
             continue
         spare = sum((counts[d.name] - d.low) * d.gpus for d in donors if counts[d.name] > d.low)
-        if free + spare < a.gpus:
+        if free + spare < need:
             continue  # not even every replica above min elsewhere would hold one
         for donor in donors:
-            while free < a.gpus and counts[donor.name] > donor.low:
+            while free < need and counts[donor.name] > donor.low:
                 counts[donor.name] -= 1
                 free += donor.gpus
-            if free >= a.gpus:
+            if free >= need:
                 break
-        if free >= a.gpus:
+        if counts[a.name] == 0:
             counts[a.name] = 1
             free -= a.gpus
     return counts

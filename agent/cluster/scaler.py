@@ -42,7 +42,7 @@ from scheduler.scale import Ask, Bounds, Decision, LoadSample, ScalePolicy, deci
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus"]
+__all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus", "placed_replicas"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,16 @@ def free_gpus(records: list[NodeRecord]) -> int:
         taken = {d for r in record.replicas for d in r.devices}
         free += sum(1 for d in record.devices if d.id not in taken and d.health != "failed")
     return free
+
+
+def placed_replicas(records: list[NodeRecord]) -> dict[str, int]:
+    """Deployment id -> its replicas the members' records list (any state: each holds its
+    GPUs, as `free_gpus` counts them); a replica counted but in no record waits for room."""
+    placed: dict[str, int] = {}
+    for record in records:
+        for r in record.replicas:
+            placed[r.deploymentId] = placed.get(r.deploymentId, 0) + 1
+    return placed
 
 
 class Scaler:
@@ -205,13 +215,17 @@ class Scaler:
         # Every elastic deployment's wish, shared over the free GPUs by one rule
         # (`scheduler.scale.share`): each decider applies its own deployments' part of the
         # same sharing, so two deciders do not both count one free GPU as theirs.
+        placed = placed_replicas(records)
         counts = share(
             [
-                Ask(d.name, d.gpus, d.replicas, w.desired, b.min, s.ready, s.waiting)
+                Ask(
+                    d.name, d.gpus, d.replicas, w.desired, b.min, s.ready, s.waiting,
+                    placed=placed.get(d.id, 0),
+                )
                 for (d, w, s), (_, b) in zip(wishes, elastic, strict=True)
             ],
             free_gpus(records),
-        )
+        )  # fmt: skip
         made = []
         for deployment, wish, _ in wishes:
             if not self._decides(deployment.name, holders):

@@ -3,7 +3,9 @@ GPU. A deployment at zero is listed in `/v1/models`; twenty requests sent togeth
 the `openai` client to a member that runs nothing wait while one replica starts -- one
 scale-up, not twenty -- and all answer; `nvpair explain --deployment` shows the load seen.
 A burst that waits raises a deployment to its max and never past it; quiet brings it back
-to its min, and idle to zero."""
+to its min, and idle to zero. Two deployments competing for the cluster's two GPUs follow
+the written rule: one at zero with a request waiting takes a GPU from one above its min,
+never below that min."""
 
 from __future__ import annotations
 
@@ -26,13 +28,23 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("elastic")
-    async for started in engine_cluster(root, {"a": None, "b": None, "c": None}):
+    # Two GPUs in the cluster: what the competing deployments share (the others need none).
+    async for started in engine_cluster(root, {"a": "l4:1", "b": "l4:1", "c": None}):
         yield started
 
 
 async def declared(node: Node, name: str) -> dict[str, Any]:
     (found,) = [d for d in await node.get("/v1/deployments") if d["name"] == name]
     return dict(found)
+
+
+async def lists(node: Node, model: str) -> bool:
+    """Whether `node`'s facade lists `model` in `/v1/models` (a deployment at zero too)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{node.ports['facade']}/v1/models") as response,
+    ):
+        return model in {m["id"] for m in (await response.json())["data"]}
 
 
 async def test_twenty_requests_at_zero_start_one_replica_and_all_answer(trio: list[Node]) -> None:
@@ -156,3 +168,80 @@ async def test_a_burst_reaches_max_and_no_further_then_quiet_returns_to_min_and_
     await eventually(lambda: ready_everywhere(trio, "bursty", 0), "its replica gone")
     code, _, err = await a.cli("undeploy", "bursty")
     assert code == 0, err
+
+
+async def test_a_cold_deployment_takes_a_gpu_from_one_above_its_min_and_no_further(
+    trio: list[Node],
+) -> None:
+    a, b, c = trio
+    quiet = {"scaleDownAfterS": 600, "idleToZeroS": 600}  # only the rule moves counts here
+    steady = {"name": "steady", "engine": "mock", "source": "steady", "gpus": 1}
+    status, made = await post(
+        a, "/v1/deployments", steady | quiet | {"minReplicas": 1, "maxReplicas": 2}
+    )
+    assert status == 201, made
+    status, made = await post(a, "/v1/deployments/steady/scale", {"replicas": 2})
+    assert status == 200, made
+    await eventually(
+        lambda: ready_everywhere(trio, "steady", 2), "steady on both GPUs", within_s=60
+    )
+    # Its min is 1, so it is counted at once -- with no GPU free, a replica counted but not
+    # placed -- and once it has a GPU it is at its min: no donor to the third one below.
+    cold = {"name": "wanted", "engine": "mock", "source": "wanted", "gpus": 1}
+    status, made = await post(
+        a, "/v1/deployments", cold | quiet | {"minReplicas": 1, "maxReplicas": 2}
+    )
+    assert status == 201, made
+    await eventually(lambda: lists(c, "wanted"), "c lists wanted, not running")
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{c.ports['facade']}/v1", api_key="none", max_retries=0
+    )
+    try:  # no GPU is free: the request waits while steady, above its min, yields one
+        answer = await client.chat.completions.create(
+            model="wanted", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    finally:
+        await client.close()
+    assert answer.model == "wanted"
+
+    async def shared() -> bool:
+        held = {d: await declared(b, d) for d in ("steady", "wanted")}
+        return bool(held["steady"]["replicas"] == 1 and held["wanted"]["replicas"] == 1)
+
+    await eventually(shared, "one GPU each")
+    assert (await declared(b, "steady"))["elastic"]["reason"] == "yielded"
+    await eventually(lambda: ready_everywhere(trio, "steady", 1), "steady down to its min")
+    await eventually(lambda: ready_everywhere(trio, "wanted", 1), "wanted up")
+    # The control of "no further": a second cold deployment finds steady at its min and no
+    # GPU free -- it stays at zero (no room) and takes nothing from either.
+    third = {"name": "later", "engine": "mock", "source": "later", "gpus": 1}
+    status, made = await post(
+        a, "/v1/deployments", third | quiet | {"minReplicas": 0, "maxReplicas": 1}
+    )
+    assert status == 201, made
+    await eventually(lambda: lists(c, "later"), "c lists later at zero")
+    url = f"http://127.0.0.1:{c.ports['facade']}/v1/chat/completions"
+    ask = {"model": "later", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as session:
+        waiting = asyncio.create_task(session.post(url, json=ask))
+        try:
+
+            async def no_room() -> bool:  # the decider's last word on it (no new version:
+                # the count stays what it was)
+                for node in trio:
+                    if not any(d["name"] == "later" for d in await node.get("/v1/deployments")):
+                        return False  # not here yet
+                    scaling = (await node.get("/v1/deployments/later/explain")).get("scaling")
+                    if scaling and scaling["decidesHere"] and scaling["lastDecision"]:
+                        return bool(scaling["lastDecision"]["reason"] == "no room")
+                return False
+
+            await eventually(no_room, "later is told there is no room")
+            counts = {d: (await declared(b, d))["replicas"] for d in ("steady", "wanted", "later")}
+            assert counts == {"steady": 1, "wanted": 1, "later": 0}
+        finally:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+    for name in ("steady", "wanted", "later"):
+        code, _, err = await a.cli("undeploy", name)
+        assert code == 0, err
