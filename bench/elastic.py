@@ -191,12 +191,15 @@ async def run_once(
         sent = time.monotonic()
         try:
             async with session.post(url, json=body) as response:
-                await response.read()
+                answer = await response.read()
                 ok = response.status == 200
-        except aiohttp.ClientError:
-            ok = False
+                why = f"{response.status} {answer[:160].decode(errors='replace')}"
+        except aiohttp.ClientError as exc:
+            ok, why = False, repr(exc)
         latencies.append(time.monotonic() - sent)
         failed += 0 if ok else 1
+        if not ok:  # what it was told, to stderr: the figures stay the last lines
+            print(f"    {model} at {node.name}: {why}", file=sys.stderr)
 
     timeout = aiohttp.ClientTimeout(total=WAIT_S)
     async with aiohttp.ClientSession(

@@ -78,6 +78,8 @@ class Elastic(Struct, kw_only=True, frozen=True):
     idleToZeroS: _Seconds = 900.0  # idle this long before the last one goes (min 0)
     # Why `replicas` last changed (scheduler.scale's reasons; "declared" when made so).
     reason: Annotated[str, Meta(max_length=32)] = "declared"
+    # Its class when GPUs are short (higher first; `scheduler.scale.share`); unset: 0.
+    priority: Annotated[int, Meta(ge=0, le=100)] | UnsetType = UNSET
 
 
 class Deployment(Struct, kw_only=True, frozen=True):

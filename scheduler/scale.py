@@ -225,11 +225,17 @@ class Ask:
     ready: int
     waiting: float
     placed: int | None = None
+    priority: int = 0  # its class: higher first, and never a donor to a lower one
 
     @property
     def holds(self) -> int:
         """Replicas of its count that hold their GPUs (the rest wait for room)."""
         return self.current if self.placed is None else min(self.placed, self.current)
+
+    @property
+    def releasing(self) -> int:
+        """Replicas placed beyond its count: on their way out, their GPUs free soon."""
+        return 0 if self.placed is None else max(self.placed - self.current, 0)
 
     @property
     def cold(self) -> bool:
@@ -247,17 +253,20 @@ def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
     """Each deployment's count when the free GPUs may not hold every scale-up.
 
     The rule (docs/deployments.md, "Sharing GPUs"): replicas counted but not yet placed
-    have the free GPUs first (they were granted). What goes down goes first, and its GPUs
-    are free. Then the deployments that want more take one replica a turn, in order: those
-    cold (requests waiting, nothing placed) first, then the deepest wait per ready replica,
-    then by name; a turn is skipped by one whose replica does not fit. A cold deployment
-    whose replica still has no room takes GPUs from deployments above their min, the
+    have the free GPUs first (they were granted), and those of replicas on their way out
+    count for them. What goes down goes first, and its GPUs
+    are free. Then the deployments that want more take one replica a turn, in order: the
+    higher priority class first, then those cold (requests waiting, nothing placed), then
+    the deepest wait per ready replica, then by name; a turn is skipped by one whose
+    replica does not fit. A cold deployment whose replica still has no room takes GPUs from
+    deployments of its class or lower above their min, the lower class and then the
     shallowest wait first, one replica at a time, down to their min at most -- so a cold
     deployment waits at most one decision for a replica whenever the replicas above min
     elsewhere hold its GPUs. Deployments without GPUs take what they want."""
     counts = {a.name: a.current for a in asks}
-    # Granted and not placed: theirs already (negative when they do not all fit).
-    free = free_gpus - sum((a.current - a.holds) * a.gpus for a in asks if a.gpus > 0)
+    # Granted and not placed: theirs already (negative when they do not all fit); replicas
+    # on their way out (placed beyond their count) free theirs for those first.
+    free = free_gpus + sum((a.releasing - (a.current - a.holds)) * a.gpus for a in asks)
     for a in asks:
         if a.wanted < a.current:  # down first: its GPUs are free for the others
             counts[a.name] = a.wanted
@@ -266,7 +275,7 @@ def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
             counts[a.name] = a.wanted
     growing = sorted(
         (a for a in asks if a.wanted > a.current and a.gpus > 0),
-        key=lambda a: (not a.cold, -a.depth, a.name),
+        key=lambda a: (-a.priority, not a.cold, -a.depth, a.name),
     )
     while True:
         took = False
@@ -279,11 +288,11 @@ def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
             break
     donors = sorted(
         (a for a in asks if a.gpus > 0 and not a.cold),
-        key=lambda a: (a.depth, a.name),
+        key=lambda a: (a.priority, a.depth, a.name),
     )
     cold = sorted(
         (a for a in asks if a.cold and a.gpus > 0 and max(a.wanted, counts[a.name]) > 0),
-        key=lambda a: (-a.depth, a.name),
+        key=lambda a: (-a.priority, -a.depth, a.name),
     )
     for a in cold:
         # Room for one replica: a new one at zero needs its GPUs free; one counted but not
@@ -294,10 +303,11 @@ def share(asks: Sequence[Ask], free_gpus: int) -> dict[str, int]:
                 counts[a.name] = 1
                 free -= a.gpus
             continue
-        spare = sum((counts[d.name] - d.low) * d.gpus for d in donors if counts[d.name] > d.low)
+        givers = [d for d in donors if d.priority <= a.priority]  # never a higher class
+        spare = sum((counts[d.name] - d.low) * d.gpus for d in givers if counts[d.name] > d.low)
         if free + spare < need:
             continue  # not even every replica above min elsewhere would hold one
-        for donor in donors:
+        for donor in givers:
             while free < need and counts[donor.name] > donor.low:
                 counts[donor.name] -= 1
                 free += donor.gpus

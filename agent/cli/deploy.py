@@ -58,6 +58,10 @@ def add_commands(commands: Any) -> None:
         help="with --min-replicas 0: idle this long before the last one goes (default 15m)",
     )  # fmt: skip
     deploy.add_argument(
+        "--priority", type=int, default=None,
+        help="with bounds: its class when GPUs are short, 0-100, higher first (default 0)",
+    )  # fmt: skip
+    deploy.add_argument(
         "--max-in-flight",
         type=int,
         default=0,
@@ -151,11 +155,11 @@ def _deploy(args: argparse.Namespace) -> int:
 def _scaling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """The body's count: `--replicas N` (fixed), or bounds and a policy (elastic)."""
     elastic = args.min_replicas is not None or args.max_replicas is not None
-    policy = (args.target_waiting, args.scale_down_after, args.idle_to_zero)
+    policy = (args.target_waiting, args.scale_down_after, args.idle_to_zero, args.priority)
     if not elastic:
-        if policy != (0.0, None, None):
-            parser.error("--target-waiting, --scale-down-after and --idle-to-zero need "
-                         "--min-replicas or --max-replicas")  # fmt: skip
+        if policy != (0.0, None, None, None):
+            parser.error("--target-waiting, --scale-down-after, --idle-to-zero and --priority "
+                         "need --min-replicas or --max-replicas")  # fmt: skip
         return {"replicas": 1 if args.replicas is None else args.replicas}
     if args.replicas is not None:
         parser.error("--replicas is a fixed count: give it, or --min-replicas/--max-replicas")
@@ -168,6 +172,8 @@ def _scaling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         body["scaleDownAfterS"] = args.scale_down_after.total_seconds()
     if args.idle_to_zero is not None:
         body["idleToZeroS"] = args.idle_to_zero.total_seconds()
+    if args.priority is not None:
+        body["priority"] = args.priority
     return {k: v for k, v in body.items() if v is not None}
 
 

@@ -45,6 +45,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     targetWaiting: float = 0.0
     scaleDownAfterS: float = 300.0
     idleToZeroS: float = 900.0
+    priority: int | None = None  # its class when GPUs are short, 0..100 (default 0)
     maxInFlight: int = 0  # 0: no limit
     constraints: Constraints = Constraints()
     authority: str = "managed"
@@ -157,6 +158,7 @@ def _elastic(request: DeploymentRequest) -> Elastic | None:
             targetWaiting=request.targetWaiting,
             scaleDownAfterS=request.scaleDownAfterS,
             idleToZeroS=request.idleToZeroS,
+            priority=UNSET if request.priority is None else request.priority,
         )
         return msgspec.convert(msgspec.to_builtins(made), Elastic)  # the wire's checks
     except msgspec.ValidationError as exc:

@@ -220,7 +220,7 @@ class Scaler:
             [
                 Ask(
                     d.name, d.gpus, d.replicas, w.desired, b.min, s.ready, s.waiting,
-                    placed=placed.get(d.id, 0),
+                    placed=placed.get(d.id, 0), priority=b.priority or 0,
                 )
                 for (d, w, s), (_, b) in zip(wishes, elastic, strict=True)
             ],
