@@ -169,6 +169,19 @@ async def run_once(
         await eventually(
             lambda: all_ready(nodes, MAX_REPLICAS * len(MODELS)), "fixed ready", within_s=WAIT_S
         )
+    else:  # at zero, listed: every member must hold the deployments before the trace
+
+        async def listed() -> bool:
+            async with aiohttp.ClientSession() as session:
+                for node in nodes:
+                    url = f"http://127.0.0.1:{node.ports['facade']}/v1/models"
+                    async with session.get(url) as response:
+                        ids = {m["id"] for m in (await response.json())["data"]}
+                    if not set(MODELS) <= ids:
+                        return False
+            return True
+
+        await eventually(listed, "every member lists the elastic models", within_s=WAIT_S)
     rng = random.Random(args.seed)
     latencies: list[float] = []
     failed = 0
