@@ -85,6 +85,7 @@ from certs.cluster_dir import Identity
 from facts import wire
 from facts.kept import Kept
 from facts.record_signing import sign_record, sign_removal, sign_speaks, sign_statement
+from facts.records import RecordsPush
 from facts.wire import Speaks
 from scheduler.prefix import anchor_key
 from workload_manager.workload import METHOD_FOR_STATE, Workload, WorkloadRemoval
@@ -235,6 +236,14 @@ class Agent:
                 scaler.wake()
 
         waits.on_start = line_started
+
+        def pushed(push: RecordsPush, sender: str) -> RecordsPush:
+            try:
+                return members.on_push(push, sender)
+            finally:
+                waits.poke()  # load reports came: the heads of the wait lines look again
+                scaler.pushed(members.record(sender))  # a cold start's line: decide now
+
         runs = await open_run_book(config.runs_file, store, node_id, facade.jobs.run_id)
         self.operations = operations = Operations(
             self_id=node_id,
@@ -265,8 +274,7 @@ class Agent:
             self.cluster,
             host=bind,
             port=config.node_port,
-            # Load reports: waiters look again; a cold start's line: its decider decides.
-            on_push=facade.waits.after(scaler.after(members.on_push)),
+            on_push=pushed,
             on_admitted=heartbeat.push_now,  # tell the members about the new pin at once
             records=members.membership.kept_records,
             refusal=members.refusal,

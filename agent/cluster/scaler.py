@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, ParamSpec, TypeVar
+from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, Deployments
 from agent.core.timings import Timings
@@ -38,9 +38,6 @@ from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
 from facts.records import NodeRecord
 from scheduler.scale import Ask, Bounds, Decision, LoadSample, ScalePolicy, decide, share
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 __all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus", "placed_replicas"]
 
@@ -158,27 +155,12 @@ class Scaler:
         replica ready when last sampled here (the facade's line started; see `pushed`)."""
         return model in self._cold
 
-    def after(self, call: Callable[P, R]) -> Callable[P, R]:
-        """`call`, then `pushed` (for the records push handler)."""
-
-        def called(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return call(*args, **kwargs)
-            finally:
-                self.pushed()
-
-        return called
-
-    def pushed(self) -> None:
+    def pushed(self, record: NodeRecord | None) -> None:
         """A member pushed its record: where it brings a wait line for a deployment at zero,
-        decide now (this member may be its decider). Nothing is read while none is at zero."""
-        if not self._cold:
-            return
-        for record in self._records():
-            line = record.waitLine
-            if isinstance(line, dict) and any(line.get(name) for name in self._cold):
-                self.wake()
-                return
+        decide now (this member may be its decider)."""
+        line = record.waitLine if record is not None else None
+        if isinstance(line, dict) and any(line.get(name) for name in self._cold):
+            self.wake()
 
     def step(self) -> list[tuple[str, Decision]]:
         """One round: sample every elastic deployment, decide those this member decides;

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Final, Generic, ParamSpec, TypeVar
+from typing import Final, Generic, TypeVar
 
 from aiohttp import web
 
@@ -39,8 +39,6 @@ WAIT_QUEUE: Final = 64  # requests per model waiting on one member (`wait_queue`
 WAIT_TIMEOUT_S: Final = 30.0  # how long one waits at most (`wait_timeout_s`)
 
 T = TypeVar("T")
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class WaitQueue(Generic[T]):
@@ -110,17 +108,6 @@ class WaitQueue(Generic[T]):
         """Capacity may have freed somewhere: every line's head looks again."""
         for head in self.line.heads(self._clock()):
             self._wake(head)
-
-    def after(self, call: Callable[P, R]) -> Callable[P, R]:
-        """`call`, then a `poke` (for the records push handler: load reports came)."""
-
-        def called(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return call(*args, **kwargs)
-            finally:
-                self.poke()
-
-        return called
 
     def _wake(self, ticket: Ticket | None) -> None:
         wake = self._wakes.get(ticket) if ticket is not None else None

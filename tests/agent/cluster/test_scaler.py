@@ -211,11 +211,11 @@ async def test_a_wait_line_for_a_deployment_at_zero_wakes_the_decider_at_once(
     cluster.step()  # sampled at zero, nothing waiting: stays at zero
     assert decider.cold_line("chat")
     assert not decider._woken.is_set()
-    cluster.records = [node_record("nod_b", waitLine={"other": 3})]
-    decider.pushed()  # a line, but not for a deployment at zero: nothing
+    decider.pushed(node_record("nod_b", waitLine={"other": 3}))  # not one at zero: nothing
+    decider.pushed(None)  # a push from a member whose record is not held: nothing
     assert not decider._woken.is_set()
     cluster.records = [node_record("nod_b", waitLine={"chat": 1})]
-    decider.pushed()  # the control: a member's line for it wakes the round now
+    decider.pushed(cluster.records[0])  # the control: a member's line for it wakes the round
     assert decider._woken.is_set()
     cluster.waiting = {"chat": 1}
     task = asyncio.create_task(decider.run())

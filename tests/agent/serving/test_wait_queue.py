@@ -75,7 +75,7 @@ async def test_a_model_that_cannot_be_served_ends_the_wait_with_its_refusal() ->
     waiting = asyncio.create_task(queue.wait(ticket, slots.place))
     await eventually(lambda: slots.looks == 2, "the head looked")
     slots.answer = Refusal.MODEL_NOT_SERVED  # undeployed meanwhile
-    queue.after(lambda: None)()  # records arrived: the head looks again
+    queue.poke()  # records arrived: the head looks again
     assert await waiting is Refusal.MODEL_NOT_SERVED
 
 
