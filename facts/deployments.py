@@ -80,6 +80,15 @@ class Elastic(Struct, kw_only=True, frozen=True):
     reason: Annotated[str, Meta(max_length=32)] = "declared"
     # Its class when GPUs are short (higher first; `scheduler.scale.share`); unset: 0.
     priority: Annotated[int, Meta(ge=0, le=100)] | UnsetType = UNSET
+    # How long a request may wait while a replica starts from none ready, when that is
+    # longer than the members' `wait_timeout_s` (an engine that loads for minutes); unset:
+    # the wait line's own timeout.
+    coldStartS: Annotated[float, Meta(gt=0, le=3600)] | UnsetType = UNSET
+
+    @property
+    def cold_start_s(self) -> float:
+        """Its cold-start timeout in seconds, or 0 for the wait line's own."""
+        return self.coldStartS if isinstance(self.coldStartS, float | int) else 0.0
 
 
 class Deployment(Struct, kw_only=True, frozen=True):

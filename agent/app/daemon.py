@@ -523,7 +523,9 @@ class Agent:
             key_check=keys,
             queue_limit=config.queue_limit,
             waits=waits,
-            elastic=lambda: {d.name for d in deployments.live() if d.scaling is not None},
+            elastic=lambda: {
+                d.name: d.scaling.cold_start_s for d in deployments.live() if d.scaling is not None
+            },
             on_usage=usage.record,
             policy=config.routing.policy,
         )

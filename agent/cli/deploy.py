@@ -62,6 +62,11 @@ def add_commands(commands: Any) -> None:
         help="with bounds: its class when GPUs are short, 0-100, higher first (default 0)",
     )  # fmt: skip
     deploy.add_argument(
+        "--cold-start-timeout", type=duration, default=None,
+        help="with bounds: how long a request may wait while a replica starts from none ready "
+        "(default: the members' wait_timeout_s)",
+    )  # fmt: skip
+    deploy.add_argument(
         "--max-in-flight",
         type=int,
         default=0,
@@ -155,11 +160,12 @@ def _deploy(args: argparse.Namespace) -> int:
 def _scaling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """The body's count: `--replicas N` (fixed), or bounds and a policy (elastic)."""
     elastic = args.min_replicas is not None or args.max_replicas is not None
-    policy = (args.target_waiting, args.scale_down_after, args.idle_to_zero, args.priority)
+    policy = (args.target_waiting, args.scale_down_after, args.idle_to_zero, args.priority,
+              args.cold_start_timeout)  # fmt: skip
     if not elastic:
-        if policy != (0.0, None, None, None):
-            parser.error("--target-waiting, --scale-down-after, --idle-to-zero and --priority "
-                         "need --min-replicas or --max-replicas")  # fmt: skip
+        if policy != (0.0, None, None, None, None):
+            parser.error("--target-waiting, --scale-down-after, --idle-to-zero, --priority and "
+                         "--cold-start-timeout need --min-replicas or --max-replicas")  # fmt: skip
         return {"replicas": 1 if args.replicas is None else args.replicas}
     if args.replicas is not None:
         parser.error("--replicas is a fixed count: give it, or --min-replicas/--max-replicas")
@@ -174,6 +180,8 @@ def _scaling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         body["idleToZeroS"] = args.idle_to_zero.total_seconds()
     if args.priority is not None:
         body["priority"] = args.priority
+    if args.cold_start_timeout is not None:
+        body["coldStartS"] = args.cold_start_timeout.total_seconds()
     return {k: v for k, v in body.items() if v is not None}
 
 

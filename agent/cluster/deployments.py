@@ -46,6 +46,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     scaleDownAfterS: float = 300.0
     idleToZeroS: float = 900.0
     priority: int | None = None  # its class when GPUs are short, 0..100 (default 0)
+    coldStartS: float | None = None  # a request's wait while one starts (default: the line's)
     maxInFlight: int = 0  # 0: no limit
     constraints: Constraints = Constraints()
     authority: str = "managed"
@@ -159,6 +160,7 @@ def _elastic(request: DeploymentRequest) -> Elastic | None:
             scaleDownAfterS=request.scaleDownAfterS,
             idleToZeroS=request.idleToZeroS,
             priority=UNSET if request.priority is None else request.priority,
+            coldStartS=UNSET if request.coldStartS is None else request.coldStartS,
         )
         return msgspec.convert(msgspec.to_builtins(made), Elastic)  # the wire's checks
     except msgspec.ValidationError as exc:

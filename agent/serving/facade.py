@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -118,7 +118,7 @@ class Facade:
         key_check: KeyCheck | None = None,
         wait: tuple[int, float] = (WAIT_QUEUE, WAIT_TIMEOUT_S),  # wait_queue, wait_timeout_s
         waits: WaitQueue[Target] | None = None,  # made by the caller (else from `wait`)
-        elastic: Callable[[], Collection[str]] = frozenset,
+        elastic: Callable[[], Mapping[str, float]] = dict,
         on_usage: Callable[[Workload, Meter], None] = lambda _job, _meter: None,
         policy: Policy = "prefix",
     ) -> None:
@@ -142,8 +142,9 @@ class Facade:
         )  # who may send requests (agent.serving.key_check)
         self.queue_limit = queue_limit
         self.waits: WaitQueue[Target] = waits or WaitQueue(length=wait[0], timeout_s=wait[1])
-        # The deployments that scale on load (issue 30): listed in /v1/models at zero, and
-        # with no replica ready -- at zero, or starting -- their requests wait for one.
+        # The deployments that scale on load (issue 30), each with its cold-start timeout
+        # (0: the line's own): listed in /v1/models at zero, and with no replica ready -- at
+        # zero, or starting -- their requests wait for one, that long at most.
         self._elastic = elastic
         self.cold_waits = Timings(COLD_WAIT_BUCKETS)  # requests that waited for a cold start
         self.jobs = JobBook(node_id, submit)
@@ -227,10 +228,14 @@ class Facade:
         if isinstance(routed, web.StreamResponse):
             return routed  # served by another cluster, or refused
         raw, model = routed
-        entered = self.waits.enter(model, lambda: self._place(model, anchor))
+        cold = self._cold(model)
+        timeout_s = (
+            max(self._elastic().get(model, 0.0), self.waits.line.timeout_s) if cold else None
+        )
+        entered = self.waits.enter(model, lambda: self._place(model, anchor), timeout_s)
         if isinstance(entered, Refusal):
             return refused(entered, model)
-        cold = isinstance(entered, Ticket) and self._cold(model)
+        cold = cold and isinstance(entered, Ticket)
         entered_at = time.monotonic()
         kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
         raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
@@ -242,7 +247,8 @@ class Facade:
         try:
             targets = await self.waits.wait(entered, lambda: self._place(model, anchor))
             if isinstance(targets, Refusal):  # waited too long, or the model went
-                ended, ending = gave_up(targets, model, self.waits.line.timeout_s)
+                waited = entered.timeout_s if isinstance(entered, Ticket) else 0.0
+                ended, ending = gave_up(targets, model, waited)
                 return ended
             if cold:
                 self.cold_waits.observe(time.monotonic() - entered_at)

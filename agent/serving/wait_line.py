@@ -33,6 +33,7 @@ class Ticket:
     number: int
     model: str
     deadline: float  # monotonic seconds
+    timeout_s: float  # how long it may wait in all
 
 
 class Turn(enum.Enum):
@@ -64,9 +65,9 @@ class WaitLine:
         """How many requests wait, per model with a line (for `/metrics`)."""
         return {model: len(line) for model, line in self._lines.items()}
 
-    def join(self, model: str, now: float) -> Ticket | None:
+    def join(self, model: str, now: float, timeout_s: float | None = None) -> Ticket | None:
         """A place at the tail of `model`'s line, or None when the line is full (or too many
-        models already have one)."""
+        models already have one). It waits `timeout_s` at most (default: the line's)."""
         line = self._lines.get(model)
         if line is None:
             if self.length == 0 or len(self._lines) >= self._max_models:
@@ -74,7 +75,8 @@ class WaitLine:
             line = self._lines[model] = deque()
         if len(line) >= self.length:
             return None
-        ticket = Ticket(next(self._numbers), model, now + self.timeout_s)
+        waits = self.timeout_s if timeout_s is None else timeout_s
+        ticket = Ticket(next(self._numbers), model, now + waits, waits)
         line.append(ticket)
         return ticket
 

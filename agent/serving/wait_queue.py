@@ -59,17 +59,21 @@ class WaitQueue(Generic[T]):
         self.on_start: Callable[[str], object] = lambda model: None
 
     def enter(
-        self, model: str, place: Callable[[], list[T] | Refusal]
+        self,
+        model: str,
+        place: Callable[[], list[T] | Refusal],
+        timeout_s: float | None = None,
     ) -> list[T] | Refusal | Ticket:
         """Targets now, a refusal now (no job: `QUEUE_FULL` when the line is full too), or a
-        place in line (the request becomes a queued job and calls `wait`)."""
+        place in line (the request becomes a queued job and calls `wait`), for `timeout_s`
+        at most (default: the line's)."""
         self.line.heads(self._clock())  # drops abandoned heads first
         if not self.line.waiting(model):
             placed = place()
             if placed is not Refusal.QUEUE_FULL:
                 return placed
         started = not self.line.waiting(model)
-        ticket = self.line.join(model, self._clock())
+        ticket = self.line.join(model, self._clock(), timeout_s)
         if ticket is None:
             return Refusal.QUEUE_FULL
         if started:

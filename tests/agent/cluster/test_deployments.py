@@ -128,7 +128,7 @@ async def test_bounds_are_declared_shown_and_held_through_the_cli(trio: list[Nod
     code, out, err = await a.cli(
         "deploy", "lazy", "--model", "m", "--engine", "mock", "--gpus", "0", "--min-replicas",
         "0", "--max-replicas", "2", "--target-waiting", "1", "--scale-down-after", "2m",
-        "--idle-to-zero", "10m", "--priority", "7",
+        "--idle-to-zero", "10m", "--priority", "7", "--cold-start-timeout", "3m",
     )  # fmt: skip
     assert code == 0, err
     assert "0 replica(s) of 0..2, on load" in out
@@ -136,7 +136,7 @@ async def test_bounds_are_declared_shown_and_held_through_the_cli(trio: list[Nod
     (seen,) = [d for d in await c.get("/v1/deployments") if d["name"] == "lazy"]
     assert seen["elastic"] == {
         "min": 0, "max": 2, "targetWaiting": 1.0, "scaleDownAfterS": 120.0,
-        "idleToZeroS": 600.0, "reason": "declared", "priority": 7,
+        "idleToZeroS": 600.0, "reason": "declared", "priority": 7, "coldStartS": 180.0,
     }  # fmt: skip
     code, out, err = await c.cli("deployments")
     assert code == 0, err

@@ -92,3 +92,21 @@ def test_an_abandoned_head_does_not_hold_up_the_line() -> None:
     clock.now += 2 + ABANDONED_S  # dead: past its deadline by more; alive: not yet
     assert line.heads(clock()) == [alive]
     assert line.is_head(alive)
+
+
+def test_a_wait_may_be_given_its_own_timeout_longer_than_the_lines() -> None:
+    clock = FakeClock()
+    line = WaitLine(4, 5.0)
+    plain = join(line, "m", clock())
+    cold = line.join("m", clock(), timeout_s=60.0)  # a cold start of a slow engine
+    assert cold is not None
+    assert (plain.timeout_s, cold.timeout_s) == (5.0, 60.0)
+    clock.now += 5
+    assert line.turn(plain, clock(), placed=False) is Turn.TIMED_OUT  # the control
+    assert line.turn(cold, clock(), placed=False) is Turn.WAIT
+    line.leave(plain)
+    clock.now += 54.999
+    assert line.turn(cold, clock(), placed=False) is Turn.WAIT
+    assert line.heads(clock()) == [cold]  # not abandoned: within its own time
+    clock.now += 0.001
+    assert line.turn(cold, clock(), placed=False) is Turn.TIMED_OUT
