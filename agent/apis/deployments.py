@@ -13,6 +13,9 @@
   of that node's local API and never leaves the node (not in records, events or metrics).
 - `GET /v1/deployments/{name}/explain?node=X` -- for each member (or X), why a replica of
   `name` can or cannot be placed there now, and the last plan's reason it is unplaced.
+- `GET /v1/deployments/events?deployment=NAME` -- what elastic deployments did as this
+  member saw it, the newest first: scale-ups, scale-downs, cold starts with their seconds
+  (`agent.cluster.scale_events`; the page's Deployments view shows them).
 - `GET /v1/explain/replicas?model=M` -- the replicas of `M` ranked as the facade ranks them
   (`scheduler.rank_replicas`, with what this member has sent and not seen finish).
 
@@ -35,6 +38,7 @@ from agent.apis.keys import key_routes
 from agent.artifacts.weights import StoreWeights, where
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from agent.cluster.members import Members
+from agent.cluster.scale_events import ScaleEvents
 from agent.engines import replica_logs
 from agent.engines.proc_state import ReplicaState
 from agent.engines.replicas import ReplicaControl
@@ -70,6 +74,8 @@ class DeployPorts:
     weights: StoreWeights | None = None  # this member's artifacts (issue 28)
     # What this member sees of an elastic deployment's load (`Scaler.explain`, issue 30).
     scaling: Callable[[str], dict[str, object] | None] = lambda _name: None
+    # What elastic deployments did as this member saw it (`Scaler.events`, issue 30).
+    scale_events: ScaleEvents = field(default_factory=ScaleEvents)
 
 
 def deployment_view(deployment: Deployment, records: list[NodeRecord]) -> dict[str, Any]:
@@ -197,6 +203,11 @@ def deployment_routes(
             }
         )
 
+    async def scale_events(request: web.Request) -> web.Response:
+        only = request.query.get("deployment", "")
+        kept = [e for e in ports.scale_events.events if not only or e.deployment == only]
+        return json_answer([e.to_json() for e in reversed(kept)])  # the newest first
+
     async def explain_replicas(request: web.Request) -> web.Response:
         model = request.query.get("model")
         if not model:
@@ -211,6 +222,7 @@ def deployment_routes(
         web.get("/v1/replicas", replicas),
         web.get("/v1/replicas/{id}/log", log),
         web.get("/v1/deployments/{name}/explain", explain_deployment),
+        web.get("/v1/deployments/events", scale_events),
         web.get("/v1/explain/replicas", explain_replicas),
         *key_routes(ports.members.api_keys),  # the cluster's API keys (agent.apis.keys)
     ]

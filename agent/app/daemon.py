@@ -298,7 +298,9 @@ class Agent:
             writer=writer,
             record=lambda: own.current,
             usage=usage.store,
-            parts=PlaneParts(deployments, operations, facade, members, control, weights),
+            parts=PlaneParts(
+                deployments, operations, facade, members, control, weights, scaler.events
+            ),
         )
 
         def remove_member(target: str) -> None:
@@ -326,7 +328,13 @@ class Agent:
                 plane=lambda: None if link is None else link.counters(),
                 repairs=lambda: dataclasses.asdict(repair.counters),
                 deployments=DeployPorts(
-                    deployments, control, members, facade.pending, weights, scaler.explain
+                    deployments,
+                    control,
+                    members,
+                    facade.pending,
+                    weights,
+                    scaler.explain,
+                    scaler.events,
                 ),
                 routes=[
                     *usage_routes(usage),

@@ -498,6 +498,13 @@ def _explain_deployment(name: str, node: str, *, as_json: bool) -> int:
         if scaling["lastDecision"]:
             last = scaling["lastDecision"]
             print(f"last decision here: {last['desired']} replica(s), {last['reason']}")
+        for event in reversed(scaling.get("events") or []):  # the newest first
+            when = time.strftime("%H:%M:%S", time.localtime(event["at"] / 1000))
+            if event["kind"] == "cold-start":
+                print(f"{when} cold start: a replica ready in {event['seconds']:.1f}s")
+            else:
+                print(f"{when} {event['kind']} {event['previous']} -> {event['replicas']} "
+                      f"({event['reason']})")  # fmt: skip
     return 0
 
 

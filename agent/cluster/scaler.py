@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, Deployments
+from agent.cluster.scale_events import ScaleEvents
 from agent.core.timings import Timings
 from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
@@ -135,6 +136,7 @@ class Scaler:
         self._cold_since: dict[str, float] = {}  # deployment -> when this member scaled it up
         self._cold: set[str] = set()  # elastic deployments with no replica ready, last sampled
         self._woken = asyncio.Event()
+        self.events = ScaleEvents()  # scale-ups, -downs and cold starts, as seen here
 
     async def run(self) -> None:
         """Sample and decide every `SAMPLE_S`, and at once when woken (`wake`), until
@@ -178,6 +180,7 @@ class Scaler:
             del self.tracks[gone]
             self._cold.discard(gone)
             self._cold_since.pop(gone, None)
+            self.events.forget(gone)
             self.changes = {k: n for k, n in self.changes.items() if k[0] != gone}
         wishes: list[tuple[Deployment, Decision, LoadSample]] = []
         for deployment, bounds in elastic:
@@ -186,6 +189,7 @@ class Scaler:
                 deployment, records, self_id=self.self_id, waiting_here=waiting, now_s=now
             )
             _add(track.samples, sample, _bucket_s(bounds))
+            self.events.saw(deployment, ready=sample.ready, now_s=now)
             if sample.ready:
                 self._cold.discard(deployment.name)
             else:
@@ -248,6 +252,7 @@ class Scaler:
             "lastDecision": None
             if last is None
             else {"desired": last.desired, "reason": last.reason},
+            "events": [e.to_json() for e in self.events.events if e.deployment == name][-10:],
         }
 
     def _wish(self, deployment: Deployment, bounds: Elastic, track: _Track, now: float) -> Decision:

@@ -4,8 +4,11 @@
 - `EventReports`: facts read off consecutive own records -- `node-joined` (the first start
   that syncs into this plane), `device-degraded` / `device-failed` (a device's health got
   worse), `replica-ready`, `engine-load-failed` (a replica went failed; the message is the
-  replica's error, which is our own words, never an engine's body). Kept in a bounded ring
-  (the newest win) and each sent until a batch carrying it is accepted.
+  replica's error, which is our own words, never an engine's body); and what elastic
+  deployments did (`scale-up`, `scale-down`, `cold-start` with its seconds;
+  `agent.cluster.scale_events`) where this node signed the version -- every member sees
+  each change, only its decider tells the plane, so the plane has each once. Kept in a
+  bounded ring (the newest win) and each sent until a batch carrying it is accepted.
 - `ComponentReports`: the agent's version and each replica's engine version; sent when the
   set changed since the plane last accepted it.
 - `CacheReports`: for each artifact of the cluster's warm set, whether this node holds it
@@ -29,6 +32,7 @@ import msgspec
 
 from agent.artifacts.weights import StoreWeights
 from agent.cluster.operations import Operations
+from agent.cluster.scale_events import ScaleEvents
 from agent.plane_link.ops import PlaneOps
 from agent.plane_link.reports import Reporter
 from certs import write_atomic
@@ -71,8 +75,17 @@ class EventReports:
     """The events reporter: compares each own record with the one before it."""
 
     def __init__(
-        self, *, home: Path, plane_url: str, node_id: str, clock: Callable[[], float] = time.time
+        self,
+        *,
+        home: Path,
+        plane_url: str,
+        node_id: str,
+        clock: Callable[[], float] = time.time,
+        scale_events: ScaleEvents | None = None,
     ) -> None:
+        self._node_id = node_id
+        self._scale_events = scale_events
+        self._scale_seen = 0  # the last scale event looked at
         self._joined_file = home / JOINED_FILE
         self._plane_url = plane_url
         self._clock = clock
@@ -120,6 +133,13 @@ class EventReports:
                 text = f"{replica.deployment}: {replica.error or 'the engine failed to load'}"
                 self._pending.append(_event("engine-load-failed", replica.id, text, now))
         self._states = states  # replicas gone are forgotten: the map stays the record's size
+        if self._scale_events is not None:
+            for event in self._scale_events.since(self._scale_seen):
+                self._scale_seen = event.seq
+                if event.by == self._node_id:  # its decider's: the plane has each once
+                    self._pending.append(
+                        _event(event.kind, event.deployment, event.message(), event.at)
+                    )
 
     def fields(self, record: NodeRecord) -> dict[str, Any]:
         """The oldest pending events, at most `MAX_EVENTS`."""
@@ -254,10 +274,13 @@ def machinery_reporters(
     node_id: str,
     plane_url: str,
     weights: StoreWeights | None = None,
+    scale_events: ScaleEvents | None = None,
 ) -> tuple[list[Reporter], list[Any]]:
     """The machinery side's sync reporters and `on_desired` handlers, for `plane_link`."""
     ops = PlaneOps(operations, self_id=node_id, home=home)
     cache = CacheReports(deployment_of, weights)
-    events = EventReports(home=home, plane_url=plane_url, node_id=node_id)
+    events = EventReports(
+        home=home, plane_url=plane_url, node_id=node_id, scale_events=scale_events
+    )
     reporters: list[Reporter] = [ops, events, ComponentReports(deployment_of), cache]
     return reporters, [ops.on_desired, cache.on_desired]

@@ -20,6 +20,7 @@ from agent.artifacts.weights import StoreWeights
 from agent.cluster.deployments import Deployments
 from agent.cluster.members import Members
 from agent.cluster.operations import Operations
+from agent.cluster.scale_events import ScaleEvents
 from agent.config import PlaneSettings
 from agent.engines.replicas import ReplicaControl
 from agent.plane_link.deployments import PlaneConverger
@@ -49,6 +50,7 @@ class PlaneParts:
     members: Members
     control: ReplicaControl
     weights: StoreWeights | None = None  # this member's artifacts: the warm set, residency
+    scale_events: ScaleEvents | None = None  # what elastic deployments did (`Scaler.events`)
 
 
 @dataclass
@@ -97,6 +99,7 @@ def plane_link(
         node_id=node_id,
         plane_url=settings.url,
         weights=parts.weights,
+        scale_events=parts.scale_events,
     )
     reporters: list[Reporter] = [*machinery]  # operations, events, components, cache
     reporters.append(ReplicaReporter(parts.control.observed.drifts))  # replicas, facade URL

@@ -1,5 +1,7 @@
 // The Deployments view: /v1/deployments and /v1/replicas, polled. Scale and undeploy call
 // the same API as `nvpair scale` / `nvpair undeploy`; the API's refusal is shown as it says.
+// An elastic deployment's card shows its bounds and what it did lately
+// (/v1/deployments/events: scale-ups, scale-downs, cold starts with their seconds).
 // Below them, the cluster's artifacts (/v1/artifacts): here and on each member, a fetch's
 // progress as it goes.
 
@@ -8,6 +10,7 @@ import { h, fill, fmtBytes, fmtTime, shortId } from './dom.js';
 import { shared, showError, Poller } from './shared.js';
 
 const POLL_MS = 3000;
+const EVENTS_SHOWN = 5; // per deployment, the newest
 const cards = new Map(); // name -> {sig, el, info, input, message}
 
 const poller = new Poller(POLL_MS, refresh);
@@ -16,8 +19,10 @@ async function refresh() {
   const error = document.getElementById('deployments-error');
   let declared;
   let replicas;
+  let events;
   try {
-    [declared, replicas] = await Promise.all([getJSON('/v1/deployments'), getJSON('/v1/replicas')]);
+    [declared, replicas, events] = await Promise.all([
+      getJSON('/v1/deployments'), getJSON('/v1/replicas'), getJSON('/v1/deployments/events')]);
     showError(error, '');
   } catch (exc) {
     showError(error, `Deployments: ${exc.message}`);
@@ -34,7 +39,8 @@ async function refresh() {
       card = newCard(d.name);
       cards.set(d.name, card);
     }
-    update(card, d, mine);
+    const told = events.filter((e) => e.deployment === d.name).slice(0, EVENTS_SHOWN);
+    update(card, d, mine, told);
     const want = previous ? previous.nextSibling : box.firstChild;
     if (card.el !== want) box.insertBefore(card.el, want);
     previous = card.el;
@@ -138,7 +144,7 @@ function newCard(name) {
   return card;
 }
 
-function update(card, d, replicas) {
+function update(card, d, replicas, events) {
   const states = d.replicaStates || {};
   const ready = states.ready || 0;
   card.el.dataset.desired = String(d.replicas);
@@ -146,7 +152,7 @@ function update(card, d, replicas) {
   card.el.dataset.authority = d.authority || '';
   if (!card.dirty && document.activeElement !== card.input) card.input.value = String(d.replicas);
   const { updatedAt, ...shown } = d;
-  const sig = JSON.stringify([shown, replicas.map(({ loadAt, running, waiting, kvUsage, ...r }) => r)]);
+  const sig = JSON.stringify([shown, replicas.map(({ loadAt, running, waiting, kvUsage, ...r }) => r), events]);
   if (sig === card.sig) return;
   card.sig = sig;
   const stateText = Object.entries(states).map(([s, n]) => `${n} ${s}`).join(', ') || 'no replicas yet';
@@ -165,8 +171,23 @@ function update(card, d, replicas) {
       h('span', { class: 'meta' }, [d.engine, d.source, `${d.gpus} GPU(s), TP ${d.tp}`, `v${d.version}`].filter(Boolean).join(' · '),
         d.authority && d.authority !== 'managed' ? ` · ${d.authority}` : '', wants ? ` · ${wants}` : '')),
     h('p', { class: 'states' }, stateText, ` · updated ${fmtTime(d.updatedAt)}`),
+    d.elastic ? elasticPart(d.elastic, events) : null,
     replicas.length ? replicaTable(replicas) : null,
     ...replicas.filter((r) => r.state === 'failed').map(failedLog));
+}
+
+function elasticPart(bounds, events) {
+  return h('div', { class: 'elastic' },
+    h('p', { class: 'bounds' }, `scales on load: ${bounds.min} to ${bounds.max} replica(s) · last change: ${bounds.reason}`),
+    events.length
+      ? h('ul', { class: 'scale-events' }, events.map((e) => h('li', { class: 'scale-event', 'data-kind': e.kind }, eventText(e))))
+      : null);
+}
+
+function eventText(e) {
+  if (e.kind === 'cold-start') return `${fmtTime(e.at)} cold start: a replica ready in ${Number(e.seconds).toFixed(1)} s`;
+  const by = shared.nodeName(e.by);
+  return `${fmtTime(e.at)} ${e.kind === 'scale-up' ? 'scaled up' : 'scaled down'} ${e.previous} → ${e.replicas} (${e.reason}) by ${by}`;
 }
 
 function replicaTable(replicas) {

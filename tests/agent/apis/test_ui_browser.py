@@ -4,7 +4,8 @@ ui`'s one-time link; requests sent through member b with the `openai` client. Th
 appear, run and finish on a's page without a reload, a failed job shows its error, the
 Nodes and Cluster views match `/v1/nodes` and `/v1/members`, scaling from the page changes
 the replicas, a failed replica shows its log's last lines and undeploying it from the page
-takes it away; without the secret the page is refused, a POST from another Origin is
+takes it away; an elastic deployment's card shows its bounds, its scale-up from zero and
+the cold start's seconds; without the secret the page is refused, a POST from another Origin is
 refused, and every request the page makes goes to the agent itself. Screenshots of the
 views are written to test-artifacts/ui/ (docs/ui.md, "Testing the page")."""
 
@@ -290,6 +291,44 @@ async def test_scaling_from_the_page_changes_the_replicas(ui: UiPage, trio: list
     await stuck.locator("button.undeploy-confirm").click()
     await expect(stuck).to_have_count(0, timeout=EXPECT_MS)
     assert "stuck" not in [d["name"] for d in await trio[0].get("/v1/deployments")]
+
+
+async def test_an_elastic_deployment_shows_its_bounds_scale_up_and_cold_start(
+    ui: UiPage, trio: list[Node]
+) -> None:
+    a, b, _ = trio
+    lazy = {"name": "lazy", "engine": "mock", "gpus": 0, "minReplicas": 0, "maxReplicas": 1,
+            "scaleDownAfterS": 600, "idleToZeroS": 600}  # fmt: skip
+    code, text = await post(a, "/v1/deployments", lazy)
+    assert code == 201, text
+    await ui.show("deployments")
+    card = ui.page.locator('.deployment[data-name="lazy"]')
+    await expect(card.locator(".bounds")).to_contain_text("0 to 1 replica(s)", timeout=EXPECT_MS)
+    await expect(card.locator(".scale-event")).to_have_count(0)  # nothing done yet
+    asker = client(b)
+
+    async def listed() -> bool:
+        return "lazy" in {m.id async for m in asker.models.list()}
+
+    try:
+        await eventually(listed, "b lists lazy at zero")
+        answer = await asker.chat.completions.create(
+            model="lazy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    finally:
+        await asker.close()
+    assert answer.model == "lazy"
+    up = card.locator('.scale-event[data-kind="scale-up"]')
+    await expect(up).to_contain_text("0 → 1 (waiting)", timeout=EXPECT_MS)
+    cold = card.locator('.scale-event[data-kind="cold-start"]')
+    await expect(cold).to_contain_text(
+        re.compile(r"a replica ready in \d+\.\d s"), timeout=EXPECT_MS
+    )
+    (told,) = [e for e in await a.get("/v1/deployments/events?deployment=lazy")
+               if e["kind"] == "cold-start"]  # fmt: skip
+    assert f"{told['seconds']:.1f} s" in (await cold.text_content() or "")
+    code, _, err = await a.cli("undeploy", "lazy")
+    assert code == 0, err
 
 
 async def test_artifacts_and_where_they_are_show_without_a_reload(

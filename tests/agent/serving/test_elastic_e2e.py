@@ -109,6 +109,19 @@ async def test_twenty_requests_at_zero_start_one_replica_and_all_answer(trio: li
         return await decider.metric("nvpair_cold_start_seconds_count") == 1
 
     await eventually(timed, "the decider timed the cold start")
+
+    async def told_everywhere() -> bool:  # every member saw the change and timed the start
+        for node in trio:
+            kinds = [e["kind"] for e in await node.get("/v1/deployments/events?deployment=cold")]
+            if kinds != ["cold-start", "scale-up"]:  # the newest first
+                return False
+        return True
+
+    await eventually(told_everywhere, "every member tells the scale-up and the cold start")
+    code, out, err = await a.cli("explain", "--deployment", "cold")
+    assert code == 0, err
+    assert "scale-up 0 -> 1 (waiting)" in out
+    assert "cold start: a replica ready in" in out
     code, _, err = await a.cli("undeploy", "cold")
     assert code == 0, err
 
