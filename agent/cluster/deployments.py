@@ -87,8 +87,10 @@ class Deployments(SignedFacts[Deployment]):
                     raise DeploymentRefused(
                         f"replicas: {request.replicas} is outside {elastic.min}..{elastic.max}"
                     )
-            elif held is not None and not held.deleted and held.scaling is not None:
-                replicas = max(elastic.min, min(elastic.max, held.replicas))  # kept, in bounds
+            elif held is not None and not held.deleted:
+                # Kept, moved inside the bounds -- a fixed count given bounds too: what runs
+                # goes on running, and the load moves it from there.
+                replicas = max(elastic.min, min(elastic.max, held.replicas))
             else:
                 replicas = elastic.min
         try:

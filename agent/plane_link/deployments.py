@@ -12,6 +12,13 @@ Between new states the converger runs again on the state held every `RECONVERGE_
 plane deployment scaled or undeployed in the cluster (`nvpair scale`) returns to what the
 plane wants; a converged cluster costs a comparison.
 
+A plane deployment whose workload follows its load (`minReplicas` set) is declared elastic:
+its share of the workload's min and max as bounds. The cluster's own decider then moves its
+count on load (`agent.cluster.scaler`), so the converger leaves the count alone and
+redeclares only when the bounds or the rest of the spec differ. Until every member knows
+elastic deployments (the `elastic-deployments` feature) it is declared at its max, a fixed
+count: the plane reserved that much for it.
+
 A cluster deployment of the same name that the plane did not place (declared with
 `nvpair deploy`, another id) is left alone and reported (`conflicts`, logged once): the
 operator of the cluster decides, by undeploying it, and the plane's is declared then.
@@ -23,7 +30,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+import msgspec
 
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from facts.deployments import Constraints, Deployment
@@ -63,9 +72,18 @@ class Undeploy:
 Action = Declare | Scale | Undeploy
 
 
-def request_for(d: DesiredDeployment) -> DeploymentRequest:
-    """The cluster declaration of a plane deployment (observed: its url, on its node)."""
+def request_for(d: DesiredDeployment, *, elastic: bool = False) -> DeploymentRequest:
+    """The cluster declaration of a plane deployment (observed: its url, on its node); with
+    `elastic` (the cluster knows bounds), one on load gets its shares of min and max."""
     observed = d.authority == "observed"
+    bounds: dict[str, Any] = {}
+    on_load = isinstance(d.minReplicas, int) and not observed
+    if elastic and on_load and not d.paused and d.replicas > 0:
+        bounds = {"replicas": None, "minReplicas": d.minReplicas, "maxReplicas": d.replicas}
+    return msgspec.structs.replace(_request(d, observed), **bounds)
+
+
+def _request(d: DesiredDeployment, observed: bool) -> DeploymentRequest:
     return DeploymentRequest(
         name=d.name,
         engine=d.engine,
@@ -86,7 +104,20 @@ def request_for(d: DesiredDeployment) -> DeploymentRequest:
     )
 
 
+def _bounds(held: Deployment) -> tuple[int, int] | None:
+    e = held.scaling
+    return None if e is None else (e.min, e.max)
+
+
+def _wanted_bounds(want: DeploymentRequest) -> tuple[int, int] | None:
+    if want.minReplicas is None or want.maxReplicas is None:
+        return None
+    return (want.minReplicas, want.maxReplicas)
+
+
 def _same_spec(held: Deployment, want: DeploymentRequest) -> bool:
+    if _bounds(held) != _wanted_bounds(want):
+        return False
     return (
         held.engine,
         held.source,
@@ -111,16 +142,21 @@ def _same_spec(held: Deployment, want: DeploymentRequest) -> bool:
 
 
 def plan(
-    desired: Collection[DesiredDeployment], live: Collection[Deployment], placed: Collection[str]
+    desired: Collection[DesiredDeployment],
+    live: Collection[Deployment],
+    placed: Collection[str],
+    *,
+    elastic: bool = False,
 ) -> tuple[list[Action], dict[str, str]]:
-    """What to do to make `live` what the plane wants, and the names left alone (why)."""
+    """What to do to make `live` what the plane wants, and the names left alone (why);
+    `elastic`: the cluster takes deployments with bounds (`request_for`)."""
     by_name = {d.name: d for d in live}
     actions: list[Action] = []
     conflicts: dict[str, str] = {}
     wanted_ids = {d.id for d in desired}
     wanted_names = {d.name for d in desired}
     for d in desired:
-        want = request_for(d)
+        want = request_for(d, elastic=elastic)
         held = by_name.get(d.name)
         if held is None:
             actions.append(Declare(d.id, want))
@@ -131,8 +167,8 @@ def plan(
             )
         elif held.id != d.id or not _same_spec(held, want):
             actions.append(Declare(d.id, want))
-        elif held.replicas != (count := 0 if d.paused else d.replicas):
-            actions.append(Scale(d.name, count))
+        elif _wanted_bounds(want) is None and held.replicas != (count := want.replicas or 0):
+            actions.append(Scale(d.name, count))  # on load, the count is the cluster's
     for held in live:
         if held.id in placed and held.id not in wanted_ids and held.name not in wanted_names:
             actions.append(Undeploy(held.name))
@@ -142,16 +178,25 @@ def plan(
 class PlaneConverger:
     """An `on_desired` handler: converges the cluster's deployments on each state."""
 
-    def __init__(self, deployments: Deployments, *, placed: Callable[[], Collection[str]]) -> None:
+    def __init__(
+        self,
+        deployments: Deployments,
+        *,
+        placed: Callable[[], Collection[str]],
+        elastic: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._deployments = deployments
         self._placed = placed
+        self._elastic = elastic  # every member knows elastic deployments (the feature gate)
         self.conflicts: dict[str, str] = {}  # deployment name -> why it is left alone
         self.applied = 0  # versions made since start
         self.last_error: str | None = None
 
     async def __call__(self, state: DesiredState) -> None:
         """Converge on `state` (its deployments; the rest is other handlers')."""
-        actions, conflicts = plan(state.deployments, self._deployments.live(), self._placed())
+        actions, conflicts = plan(
+            state.deployments, self._deployments.live(), self._placed(), elastic=self._elastic()
+        )
         for name, why in conflicts.items():
             if self.conflicts.get(name) != why:
                 log.warning("plane deployment %s: %s", name, why)

@@ -116,7 +116,11 @@ def plane_link(
     link.on_desired.extend(handlers)  # plane operations this node carries out; the warm set
     link.loops["plane-sync"] = sync.run
     link.down = down = PlaneDown(settings, home=home, handlers=link.on_desired)
-    link.converger = converger = PlaneConverger(parts.deployments, placed=down.placed)
+    link.converger = converger = PlaneConverger(
+        parts.deployments,
+        placed=down.placed,
+        elastic=lambda: parts.members.gate().allows("elastic-deployments"),
+    )
     link.on_desired.insert(0, converger)  # the deployments first (docs: the channel)
     link.loops["plane-down"] = down.run
     link.loops["plane-converge"] = lambda: converger.run(lambda: down.state)

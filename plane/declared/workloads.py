@@ -73,6 +73,9 @@ class WorkloadCreate(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     maxReplicas: _Count | None = None  # default: replicas
     priorityClass: _Short | None = None  # a name or a prc_ id
     constraints: Constraints = Constraints()
+    # Its count follows its load in each cluster (issue 30): the plane places maxReplicas
+    # (`replicas` is then max) and each cluster scales its share between its part of min and it.
+    onLoad: bool = False
 
 
 class WorkloadPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -83,6 +86,7 @@ class WorkloadPatch(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     maxReplicas: _Count | None = None
     paused: bool | None = None
     priorityClass: _Short | None = None
+    onLoad: bool | None = None
 
 
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")  # workloads.name's CHECK
@@ -132,6 +136,11 @@ def decode_create(body: bytes) -> WorkloadCreate:
         raise BadInput(f"serving.tp: {s.tp} is more than serving.gpus ({s.gpus})")
     low = asked.minReplicas if asked.minReplicas is not None else min(1, asked.replicas)
     high = asked.maxReplicas if asked.maxReplicas is not None else max(asked.replicas, low)
+    if asked.onLoad:  # placed at its max; each cluster's count follows the load below it
+        check_scale(high, low, high)
+        if high == 0:
+            raise BadInput("maxReplicas: a workload on load needs a max of 1 or more")
+        return msgspec.structs.replace(asked, minReplicas=low, maxReplicas=high, replicas=high)
     check_scale(asked.replicas, low, high)
     return msgspec.structs.replace(asked, minReplicas=low, maxReplicas=high)
 

@@ -3,7 +3,8 @@
     POST   /v1/workloads                  admin or tenant -> 201 {workload, placement}
     GET    /v1/workloads                  admin: all; a tenant: its own
     GET    /v1/workloads/{id|name}
-    PATCH  /v1/workloads/{id|name}  {replicas, minReplicas, maxReplicas, paused, priorityClass}
+    PATCH  /v1/workloads/{id|name}  {replicas, minReplicas, maxReplicas, onLoad, paused,
+                                     priorityClass}
     DELETE /v1/workloads/{id|name}        its deployments go (the clusters undeploy)
     GET    /v1/workloads/{id|name}/explain
 
@@ -51,7 +52,8 @@ def mount(app: web.Application, context: ApiContext) -> None:
 
 _VIEW: Final = (
     b"SELECT w.id, w.name, w.project_id, w.artifact_id, w.kind, w.serving, w.serving_digest, "
-    b"w.replicas, w.min_replicas, w.max_replicas, w.priority_class_id, w.constraints, w.paused, "
+    b"w.replicas, w.min_replicas, w.max_replicas, w.on_load, w.priority_class_id, w.constraints, "
+    b"w.paused, "
     b"p.tenant_id, coalesce((SELECT json_agg(json_build_object('id', d.id, 'cluster', "
     b"d.cluster_id, 'replicas', d.replicas) ORDER BY d.cluster_id) FROM deployments d "
     b"WHERE d.workload_id = w.id), '[]') "
@@ -62,7 +64,7 @@ _VIEW: Final = (
 def _view(row: tuple[Any, ...]) -> dict[str, Any]:
     keys = (
         "id", "name", "project", "artifact", "kind", "serving", "servingDigest", "replicas",
-        "minReplicas", "maxReplicas", "priorityClass", "constraints", "paused", "tenant",
+        "minReplicas", "maxReplicas", "onLoad", "priorityClass", "constraints", "paused", "tenant",
         "deployments",
     )  # fmt: skip
     return dict(zip(keys, row, strict=True))
@@ -119,7 +121,8 @@ class _Routes:
             await conn.execute(
                 b"INSERT INTO workloads (id, project_id, artifact_id, kind, serving_digest, "
                 b"serving, min_replicas, max_replicas, priority_class_id, name, replicas, "
-                b"constraints) VALUES (%s, %s, %s, 'service', %s, %s, %s, %s, %s, %s, %s, %s)",
+                b"constraints, on_load) "
+                b"VALUES (%s, %s, %s, 'service', %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     workload_id,
                     project,
@@ -132,6 +135,7 @@ class _Routes:
                     asked.name,
                     asked.replicas,
                     msgspec.json.encode(asked.constraints).decode(),
+                    asked.onLoad,
                 ),
             )
             workload = await load_workload(conn, workload_id, lock=True)
@@ -169,10 +173,12 @@ class _Routes:
                     b"UPDATE workloads SET priority_class_id = %s WHERE id = %s",
                     (await _priority(conn, patch.priorityClass), workload_id),
                 )
-            if patch.minReplicas is not None or patch.maxReplicas is not None:
+            bounds = (patch.minReplicas, patch.maxReplicas, patch.onLoad)
+            if bounds != (None, None, None):
                 await set_bounds(
-                    conn, workload_id, patch.minReplicas, patch.maxReplicas, patch.replicas
-                )
+                    conn, workload_id, patch.minReplicas, patch.maxReplicas, patch.replicas,
+                    on_load=patch.onLoad,
+                )  # fmt: skip
             if patch.replicas is not None:
                 await scale_workload(conn, workload_id, patch.replicas)
             if patch.paused is not None:

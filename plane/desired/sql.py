@@ -15,6 +15,7 @@ from plane.db.connection import Conn
 from plane.desired.routes_sql import routes
 from plane.desired.state import DesiredDeployment, DesiredState
 from plane.machinery.sql import pending_operations, warm_set
+from plane.placement.apportion import min_shares
 
 __all__ = ["declare_observed", "deployment_of", "deployments_of", "desired_state"]
 
@@ -22,7 +23,10 @@ __all__ = ["declare_observed", "deployment_of", "deployments_of", "desired_state
 # loads is its `source`, else the artifact's first storage location.
 _COLUMNS: Final = b"""
 SELECT d.id, w.id, w.name, w.serving, coalesce(a.locations[1], ''), d.replicas,
-       w.constraints, d.authority, d.url, d.node, w.paused
+       w.constraints, d.authority, d.url, d.node, w.paused, w.on_load, w.min_replicas,
+       d.cluster_id,
+       CASE WHEN w.on_load THEN (SELECT json_object_agg(o.cluster_id, o.replicas)
+                                 FROM deployments o WHERE o.workload_id = w.id) END
 FROM deployments d
 JOIN workloads w ON w.id = d.workload_id
 JOIN artifacts a ON a.id = w.artifact_id
@@ -44,7 +48,8 @@ def _int(value: Any, default: int) -> int:
 def desired_deployment(row: tuple[Any, ...]) -> DesiredDeployment:
     """One `_DESIRED` row as the wire says it. A serving configuration is the workload
     API's to validate; here a missing or odd field takes the wire's default."""
-    dep_id, wkl_id, name, serving, source, replicas, constraints, authority, url, node, paused = row
+    dep_id, wkl_id, name, serving, source, replicas, constraints, authority, url, node = row[:10]
+    paused, on_load, low, cluster_id, shares = row[10:]
     serving = serving if isinstance(serving, dict) else {}
     constraints = constraints if isinstance(constraints, dict) else {}
     args = serving.get("args")
@@ -70,9 +75,17 @@ def desired_deployment(row: tuple[Any, ...]) -> DesiredDeployment:
             "url": url,
             "node": node,
             "paused": bool(paused),
+            **({"minReplicas": _min_share(shares, int(low), cluster_id)} if on_load else {}),
         },
         DesiredDeployment,
     )
+
+
+def _min_share(shares: Any, low: int, cluster_id: str) -> int:
+    """This cluster's part of a workload on load's minReplicas, over every cluster's share
+    of its max (`plane.placement.apportion.min_shares`: the same on every read)."""
+    held = {str(c): int(n) for c, n in shares.items()} if isinstance(shares, dict) else {}
+    return min_shares(held, low).get(cluster_id, 0)
 
 
 async def desired_state(conn: Conn, cluster_id: str) -> DesiredState:

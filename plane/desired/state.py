@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Final, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from facts.deployments import Constraints
 
@@ -72,6 +72,10 @@ class DesiredDeployment(Struct, kw_only=True, frozen=True):
     url: Annotated[str, Meta(max_length=2048)] = ""  # observed: the engine that runs
     node: _Short = ""  # observed: the node (id or name) it runs on
     paused: bool = False  # paused: 0 replicas run, the declaration stays
+    # Its workload follows its load (issue 30): `replicas` is then this cluster's share of
+    # the max, and this its share of the min; the cluster scales between them on load.
+    # Absent otherwise (an agent of 0.1.0 ignores it and runs `replicas`, the max).
+    minReplicas: Annotated[int, Meta(ge=0, le=1024)] | UnsetType = UNSET
 
 
 class RouteTarget(Struct, kw_only=True, frozen=True):

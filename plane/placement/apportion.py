@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 
-__all__ = ["apportion", "scale_down", "scale_up"]
+__all__ = ["apportion", "min_shares", "scale_down", "scale_up"]
 
 
 def apportion(total: int, weights: Mapping[str, int], caps: Mapping[str, int]) -> dict[str, int]:
@@ -68,3 +68,11 @@ def scale_down(current: Mapping[str, int], removed: int) -> dict[str, int]:
         else:
             del shares[cid]
     return shares
+
+
+def min_shares(shares: Mapping[str, int], low: int) -> dict[str, int]:
+    """A workload on load's `low` (its minReplicas) divided over its clusters' shares of its
+    max by the same method, weights and caps the shares: each cluster's min, never above
+    its share; every cluster of `shares` is in the answer (0 where it got none)."""
+    given = apportion(low, shares, shares)
+    return {cid: given.get(cid, 0) for cid in shares}

@@ -92,6 +92,42 @@ async def test_a_cluster_edit_of_a_plane_deployment_is_undone_on_the_next_round(
     assert store.get("chat").replicas == 2  # type: ignore[union-attr]
 
 
+async def test_a_workload_on_load_is_declared_with_its_shares_as_bounds_and_its_count_left(
+    tmp_path: Path,
+) -> None:
+    store = Deployments(tmp_path, sign=_unsigned)
+    lazy = _desired("lazy", 3, minReplicas=1)  # this cluster's shares: max 3, min 1
+    gate = {"open": False}
+    converge = PlaneConverger(store, placed=lambda: {lazy.id}, elastic=lambda: gate["open"])
+    await converge(_state(lazy))
+    held = store.get("lazy")
+    assert held is not None
+    assert (held.scaling, held.replicas) == (None, 3)  # a member without bounds: its max
+    gate["open"] = True
+    await converge(_state(lazy))
+    held = store.get("lazy")
+    assert held is not None
+    assert held.scaling is not None
+    assert (held.scaling.min, held.scaling.max, held.replicas) == (1, 3, 3)
+    store.scale("lazy", 1, "quiet")  # the cluster's decider, on load
+    versions = [d.version for d in store.all()]
+    await converge(_state(lazy))  # the count is the cluster's now: no version
+    assert [d.version for d in store.all()] == versions
+    assert store.get("lazy").replicas == 1  # type: ignore[union-attr]
+    # New shares are new bounds; the count moves inside them.
+    actions, _ = plan([msgspec.structs.replace(lazy, minReplicas=2)], store.live(), {lazy.id},
+                      elastic=True)  # fmt: skip
+    assert [type(a) for a in actions] == [Declare]
+    await converge(_state(msgspec.structs.replace(lazy, minReplicas=2)))
+    held = store.get("lazy")
+    assert held is not None
+    assert held.scaling is not None
+    assert (held.scaling.min, held.scaling.max, held.replicas) == (2, 3, 2)
+    # Paused: a fixed 0, as any paused deployment; a fixed workload never gets bounds.
+    assert request_for(msgspec.structs.replace(lazy, paused=True), elastic=True).replicas == 0
+    assert request_for(_desired("fixed", 2), elastic=True).minReplicas is None
+
+
 def test_a_cluster_deployment_not_from_the_plane_is_left_alone_and_reported(
     tmp_path: Path,
 ) -> None:

@@ -219,6 +219,57 @@ async def test_create_scale_explain_delete(plane: Plane, pg_dsn: str) -> None:
     assert shares(small) == {b: 1}
 
 
+async def test_a_workload_on_load_is_placed_at_its_max_and_its_clusters_share_its_min(
+    plane: Plane, pg_dsn: str
+) -> None:
+    w = await _world(plane, pg_dsn)
+    key = w.keys["t1"]
+    a, b = w.clusters["a"], w.clusters["b"]
+
+    async def told(cluster: str) -> dict[str, Any]:
+        status, state = await plane.call("GET", "/v1/desired", w.tokens[cluster])
+        assert status == 200, state
+        (deployment,) = state["deployments"]
+        return dict(deployment)
+
+    # The quota (12 H100) counts the max: 4 replicas of 4 GPUs are refused though the min,
+    # 1, would fit -- a cluster must be able to reach its max share.
+    ask = body(w, onLoad=True, minReplicas=1, maxReplicas=4)
+    status, refused = await plane.call("POST", "/v1/workloads", key, ask)
+    assert status == 409, refused
+    assert "asked 16" in refused["error"]
+    status, made = await plane.call("POST", "/v1/workloads", key, ask | {"maxReplicas": 3})
+    assert status == 201, made
+    assert (made["onLoad"], made["replicas"], shares(made)) == (True, 3, {a: 2, b: 1})
+    # Each cluster: its share of the max as replicas, its part of the min (Webster over the
+    # shares: a's 2 outweigh b's 1).
+    assert [(d["replicas"], d["minReplicas"]) for d in (await told("a"), await told("b"))] == [
+        (2, 1), (1, 0),
+    ]  # fmt: skip
+    # Its count is its clusters': a replicas change is refused, naming what to change.
+    status, no = await plane.call("PATCH", "/v1/workloads/llama-t1", key, {"replicas": 2})
+    assert status == 400
+    assert no["error"].startswith("replicas: ")
+    assert "maxReplicas" in no["error"]
+    # A new min is told to the clusters, their shares of the max unchanged.
+    gen = await generations(pg_dsn)
+    status, more = await plane.call("PATCH", "/v1/workloads/llama-t1", key, {"minReplicas": 3})
+    assert status == 200, more
+    assert (await generations(pg_dsn))[b] > gen[b]
+    assert [(d["replicas"], d["minReplicas"]) for d in (await told("a"), await told("b"))] == [
+        (2, 2), (1, 1),
+    ]  # fmt: skip
+    # A lower max re-places only the delta; off load, the count stays what was placed.
+    status, fewer = await plane.call(
+        "PATCH", "/v1/workloads/llama-t1", key, {"minReplicas": 0, "maxReplicas": 2}
+    )
+    assert status == 200, fewer
+    assert (fewer["replicas"], shares(fewer)) == (2, {a: 1, b: 1})
+    status, fixed = await plane.call("PATCH", "/v1/workloads/llama-t1", key, {"onLoad": False})
+    assert (status, fixed["onLoad"], fixed["replicas"]) == (200, False, 2)
+    assert "minReplicas" not in await told("a")  # a fixed count again: no min to share
+
+
 async def _cli(argv: list[str], key: str) -> str:
     def run() -> str:
         out = io.StringIO()

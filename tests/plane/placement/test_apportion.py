@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from plane.placement.apportion import apportion, scale_down, scale_up
+from plane.placement.apportion import apportion, min_shares, scale_down, scale_up
 
 
 def test_known_answers() -> None:
@@ -62,3 +62,18 @@ def test_scale_down_takes_from_the_largest_and_drops_zero_shares() -> None:
         after = scale_down(current, removed)
         assert sum(after.values()) == sum(current.values()) - removed
         assert all(0 < after[k] <= current[k] for k in after)
+
+
+def test_a_min_is_shared_over_the_shares_of_the_max_never_past_one() -> None:
+    assert min_shares({"a": 2, "b": 1}, 1) == {"a": 1, "b": 0}
+    assert min_shares({"a": 2, "b": 2}, 2) == {"a": 1, "b": 1}  # spread, not piled on a
+    assert min_shares({"a": 1, "b": 1}, 5) == {"a": 1, "b": 1}  # at most the shares
+    rng = random.Random(11)
+    for _ in range(500):
+        shares = {f"clu_{i}": rng.randint(0, 6) for i in range(rng.randint(1, 6))}
+        low = rng.randint(0, sum(shares.values()) + 2)
+        given = min_shares(shares, low)
+        assert set(given) == set(shares)
+        assert all(0 <= given[c] <= shares[c] for c in shares)
+        assert sum(given.values()) == min(low, sum(shares.values()))
+        assert min_shares(dict(reversed(list(shares.items()))), low) == given  # any order

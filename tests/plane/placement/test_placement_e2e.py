@@ -5,7 +5,9 @@ whose capacity the plane knows only from their signed syncs.
 A workload that fits is split across the clusters as the apportionment says and its replicas
 come up and are reported back; a scale change moves only the delta; a one-domain TP-4
 workload never goes where no domain has 4 free devices; a workload past its project's quota
-is refused naming the quota; a tenant cannot read or change another tenant's objects."""
+is refused naming the quota; a workload on load is declared in each cluster with its shares
+as bounds, scales from zero in the cluster that gets a request, and the plane hears of the
+scale-up and the cold start; a tenant cannot read or change another tenant's objects."""
 
 from __future__ import annotations
 
@@ -210,6 +212,46 @@ async def test_one_domain_tp4_goes_only_where_a_domain_has_four_free(fleet: Flee
     assert H100 in answer["error"], answer
     status, _ = await fleet.call("GET", "/v1/workloads/more", token=fleet.key)
     assert status == 404
+
+
+async def test_a_workload_on_load_scales_from_zero_in_its_cluster_and_the_plane_hears(
+    fleet: Fleet,
+) -> None:
+    body = {
+        "name": "lazy", "project": fleet.project, "artifact": fleet.artifact,
+        "serving": {"engine": "mock", "gpus": 0}, "onLoad": True, "minReplicas": 0,
+        "maxReplicas": 2,
+    }  # fmt: skip
+    placed = await fleet.ok("POST", "/v1/workloads", body, token=fleet.key)
+    assert placed["replicas"] == 2  # placed at its max: one per cluster
+    (east_clu, east), (west_clu, west) = fleet.clusters["east"], fleet.clusters["west"]
+    assert {d["cluster"]: d["replicas"] for d in placed["deployments"]} == {
+        east_clu: 1, west_clu: 1,
+    }  # fmt: skip
+
+    async def bounded(node: Node) -> bool:  # each cluster: its shares as bounds, at zero
+        held = {d["name"]: d for d in await node.get("/v1/deployments")}.get("lazy")
+        return bool(held and held["elastic"] and (held["elastic"]["min"], held["elastic"]["max"],
+                    held["replicas"]) == (0, 1, 0))  # fmt: skip
+
+    for node in (east, west):
+        await eventually(lambda n=node: bounded(n), f"{node.name} declares lazy 0..1 at zero")
+    url = f"http://127.0.0.1:{east.ports['facade']}/v1/chat/completions"
+    ask = {"model": "lazy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as session, session.post(url, json=ask) as answer:
+        assert answer.status == 200, await answer.text()
+    east_held = {d["name"]: d for d in await east.get("/v1/deployments")}["lazy"]
+    assert (east_held["replicas"], east_held["elastic"]["reason"]) == (1, "waiting")
+    assert await bounded(west)  # the control: west had no request, it stays at zero
+
+    async def heard() -> bool:  # east's decider tells the plane of its scale-up and cold start
+        rows = (await fleet.ok("GET", f"/v1/events?cluster={east_clu}"))["items"]
+        told = {(e["kind"], e["about"]) for e in rows}
+        return {("scale-up", "lazy"), ("cold-start", "lazy")} <= told
+
+    await eventually(heard, "the plane lists lazy's scale-up and cold start")
+    assert (await fleet.ok("GET", "/v1/workloads/lazy", token=fleet.key))["replicas"] == 2
+    await fleet.ok("DELETE", "/v1/workloads/lazy", token=fleet.key)
 
 
 async def test_a_tenant_cannot_read_or_change_another_tenants_objects(fleet: Fleet) -> None:
