@@ -145,10 +145,13 @@ class Agent:
         # Fired by parts built before the ones that follow them (agent/core/nudge.py).
         record_changed = Nudge("record-changed")  # this node's record: push it at once
         loads_moved = Nudge("loads-moved")  # other members' loads: waiting requests look
+        declared_changed = Nudge("declared-changed")  # a deployment: the replicas, a round now
 
         self.store, self.writer, usage = store, writer, usage = await self._stores()
         self.supervisor = supervisor = self._manager(bind)
-        deployments, api_keys = self._cluster_facts(identity, record_changed, usage)
+        deployments, api_keys = self._cluster_facts(
+            identity, record_changed, usage, declared_changed
+        )
         speaks = self._speaks(node_id)
         artifacts = Artifacts(  # weights, by digest: facts like deployments (issue 28)
             config.home,
@@ -211,6 +214,7 @@ class Agent:
             read_gpus=None if config.simulate_gpus else gpu_reader(node_id),
         )
         record_changed.follow(heartbeat.push_now)
+        declared_changed.follow(control.poke)
         load = LoadPoller(self._remote_load, on_refresh=loads_moved)
         view, facade = self._serving(
             bind, members, engines, control, deployments, api_keys, client, usage, load, waits
@@ -218,6 +222,7 @@ class Agent:
         facade.anchor_key = anchor_key(identity.ca.public_bytes(Encoding.DER))
         self.facade = facade
         loads_moved.follow(facade.waits.poke)
+        heartbeat.on_renewed = facade.waits.poke  # a replica here ready: waiting ones look
         scaler = Scaler(
             self_id=node_id,
             deployments=deployments,
@@ -424,19 +429,24 @@ class Agent:
         return supervisor
 
     def _cluster_facts(
-        self, identity: Identity, record_changed: Nudge, usage: UsageBook
+        self, identity: Identity, record_changed: Nudge, usage: UsageBook, declared: Nudge
     ) -> tuple[Deployments, ApiKeys]:
         """The signed deployments and API keys; one changing is in the next push at once,
-        and its series in /metrics at zero before its first request."""
+        and its series in /metrics at zero before its first request; a deployment changing
+        fires `declared` too (the replica controller's round: a scale-up starts now)."""
 
         def known_changed() -> None:
             record_changed()
             usage.metrics.sync()
 
+        def deployment_changed() -> None:
+            known_changed()
+            declared()
+
         deployments = Deployments(
             self.config.home,
             sign=lambda d: sign_statement(d, identity.key, identity.cert),
-            on_change=known_changed,
+            on_change=deployment_changed,
         )
         return deployments, ApiKeys.signed_by(identity, self.config.home, known_changed)
 

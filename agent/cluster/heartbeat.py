@@ -168,6 +168,9 @@ class Heartbeat:
         self._resync: set[str] = set()
         self.pushes_ok = 0
         self.pushes_failed = 0
+        # Called when this node's own record changed and the members' view holds it (a
+        # replica here became ready: requests waiting here look again now).
+        self.on_renewed: Callable[[], object] = lambda: None
 
     def push_now(self) -> None:
         """Something changed: renew and push without waiting for the next beat."""
@@ -195,8 +198,11 @@ class Heartbeat:
                 beats += 1
                 if self._read_gpus is not None and beats % GPU_REFRESH_BEATS == 0:
                     self._own.state.gpus = await self._read_gpus()
-                changed = self._own.renew_if_changed() or changed
+                renewed = self._own.renew_if_changed()
+                changed = renewed or changed
                 self._members.offer([self._own.current])
+                if renewed:
+                    self.on_renewed()
                 forced, self._forced = self._forced, False
                 peers = [p.nodeId for p in self._members.peers()]
                 for node_id in peers:

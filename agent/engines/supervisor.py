@@ -80,6 +80,9 @@ log = logging.getLogger(__name__)
 MAX_REPLICAS: Final = 64  # per node: more GPUs than any node has
 MAX_RESTARTS: Final = 100  # over a replica's life, even when each crash is a minute apart
 POLL_S: Final = 0.2
+# A loading engine is probed this often: its port opening is the last step of a cold start
+# that requests wait on (issue 30), and a probe of a closed local port costs next to nothing.
+READY_POLL_S: Final = 0.1
 MAX_MOVES: Final = 10  # ports in a row found taken before it is ready: something else is wrong
 
 _S = ReplicaState
@@ -326,7 +329,7 @@ class EngineSupervisor:
                 # only how busy this machine was (2.1 s for a 2 s limit).
                 return _NotReady(replica.template.ready_timeout_s, verdict.why)
             replica.files.rotate_if_large()
-            await asyncio.sleep(self._poll_s)
+            await asyncio.sleep(min(self._poll_s, READY_POLL_S))
 
     async def _until_exit(self, replica: ReplicaRun, process: ProcessId) -> Exit:
         while (ended := exit_of(process)) is None:

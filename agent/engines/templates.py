@@ -262,7 +262,7 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
         ),
         _builtin(
             "mock",
-            "-m agent mock-engine --model {served} --weights {model} --port {port}",
+            "-m agent.mock mock-engine --model {served} --weights {model} --port {port}",
             "/health",
             MOCK_READY_S,
             program=_literal(sys.executable),  # this Python: the mock is part of nvpair

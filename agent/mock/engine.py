@@ -34,6 +34,7 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -421,7 +422,8 @@ def add_command(commands: Any) -> None:
         "--startup-s",
         type=float,
         default=0.0,
-        help="load for this long before the port opens, as a real engine loads its weights",
+        help="the port opens this long after the process started, as a real engine's once "
+        "it has imported itself and loaded its weights (its own start-up counts)",
     )
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument(
@@ -437,6 +439,17 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--api-key", default=os.environ.get(KEY_ENV, ""), help="401 without it")
     parser.add_argument("--flavour", choices=FLAVOURS, default="openai", help="ollama: its routes")
     parser.set_defaults(run=_run)
+
+
+def _since_start() -> float:
+    """Seconds since this process started (Linux: /proc), or 0 where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, since boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - started)
 
 
 def _weights_said(weights: str) -> str:
@@ -467,7 +480,8 @@ def _run(args: argparse.Namespace) -> int:
     async def serve() -> None:
         if args.startup_s:
             print(f"mock engine loading for {args.startup_s:g}s", flush=True)
-            await asyncio.sleep(args.startup_s)  # the modelled load: nothing listens meanwhile
+            # The modelled load, from the process's start: nothing listens meanwhile.
+            await asyncio.sleep(max(0.0, args.startup_s - _since_start()))
         engine = MockEngine(
             model=args.model,
             port=args.port,

@@ -342,7 +342,8 @@ async def start_engine(model: str, *flags: str) -> Engine:
     """Start a mock engine serving `model` (comma-separated names) and wait until it serves."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "mock-engine", "--port", str(port), "--model", model, *flags,
+        sys.executable, "-m", "agent.mock", "mock-engine", "--port", str(port), "--model", model,
+        *flags,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stdout is not None

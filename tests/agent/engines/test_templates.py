@@ -58,7 +58,7 @@ def test_sglang_llamacpp_and_mock_command_lines() -> None:
     ]  # fmt: skip
     mock, _ = render(BUILTIN_TEMPLATES["mock"], _spec(extra_args=("--latency-ms", "5")))
     assert mock == [
-        sys.executable, "-m", "agent", "mock-engine", "--model", "llama",
+        sys.executable, "-m", "agent.mock", "mock-engine", "--model", "llama",
         "--weights", "/models/llama-8b", "--port", "18005", "--latency-ms", "5",
     ]  # fmt: skip
     # The mock's /health answers without its API key, as the real engines' do.

@@ -124,8 +124,8 @@ async def test_a_startup_delay_keeps_the_port_closed_until_the_engine_has_loaded
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = ["--model", "m", "--port", str(port), "--startup-s", "3"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "mock-engine", *argv, stdout=asyncio.subprocess.PIPE
+    proc = await asyncio.create_subprocess_exec(  # the mock alone, as the template starts it
+        sys.executable, "-m", "agent.mock", "mock-engine", *argv, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert proc.stdout is not None
@@ -138,3 +138,16 @@ async def test_a_startup_delay_keeps_the_port_closed_until_the_engine_has_loaded
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_the_startup_delay_counts_from_the_process_start() -> None:
+    # A real engine's load time includes its own imports: `--startup-s` is the time from
+    # the process's start, so the mock waits that long less what its start-up took.
+    code = (
+        "import time; time.sleep(0.3); from agent.mock.engine import _since_start as s; print(s())"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    assert float(out) >= 0.3  # at least the sleep before it was asked
