@@ -4,9 +4,10 @@ agents (issue 30, item 6).
 Setup: three real agents (`python -m agent agent run`, simulated GPUs `l4:2` each: six GPUs)
 formed as the agent tests form them (`tests/agent/harness.py`), the wait line's timeout
 raised to 120 s (`[agent] wait_timeout_s`) for cold starts. Three models, each a
-deployment of one-GPU mock engines (`python -m agent mock-engine`) that load for
-`--startup-s` before their port opens (as a real engine loads its weights; the prefix
-model off), answer after `--latency-ms`, and take `MAX_IN_FLIGHT` requests at once.
+deployment of one-GPU mock engines (`python -m agent.mock mock-engine`) whose port opens
+`--startup-s` after their process started (as a real engine's does once it has imported
+itself and loaded its weights: that is the cold-start delay the goal is measured against;
+the prefix model off), answer after `--latency-ms`, and take `MAX_IN_FLIGHT` requests at once.
 
 - **fixed**: each model at its max, two replicas, all day (what an owner without scaling
   runs so the 10:00 burst is served).
