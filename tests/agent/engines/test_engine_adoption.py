@@ -23,7 +23,7 @@ from agent.engines.proc_state import NoFreePort
 from agent.engines.supervisor import ReplicaState
 from tests.agent.engine_harness import Harness, open_harness, serves, state_of
 from tests.fixtures.waiting import eventually
-from tests.workload_manager.cluster_harness import free_port
+from tests.workload_manager.cluster_harness import engine_ports
 
 
 @pytest.fixture
@@ -138,7 +138,9 @@ async def test_files_are_private_under_umask_000(harness: Harness) -> None:
 
 
 def test_the_port_pool_skips_ports_in_use_and_held() -> None:
-    low = free_port()
+    # Three ports of this worker's own band: `free_port`'s neighbours are other workers'
+    # ports, one of which another worker's agent may hold (seen at -n 4).
+    low, _ = engine_ports(3)
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", low))
         listener.listen()
