@@ -233,6 +233,8 @@ class Agent:
             enabled=lambda: members.gate().allows("elastic-deployments"),
         )
 
+        deployments.on_version = scaler.events.changed  # what elastic deployments did
+
         def line_started(model: str) -> None:
             # A cold start: the members hear of this line now (the decider may be another
             # member), and this member decides now if it decides.

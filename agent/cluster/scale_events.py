@@ -1,15 +1,15 @@
 """What elastic deployments did, as every member saw it (issue 30, item 4): scale-ups,
 scale-downs and cold starts with their duration, for the page and the plane.
 
-Every member sees every version of a deployment its decider signs (the count, the reason,
-who signed it and when), so every member keeps the same list: `saw` is handed each
-elastic deployment once a sampling round, and a count that differs from the one it held
-before is a `scale-up` or `scale-down` stamped with the version's own time and signer. A
-count that left zero starts a cold start; the first round that sees a replica of it ready
-ends it: a `cold-start` event with the seconds from the version to that round (each member
-times it from its own view; within a sampling period and the records' delay of one another).
-The first sighting of a deployment is not a change (a member that starts or joins late
-does not report what it did not see happen).
+Every member takes every version of a deployment its decider signs (the count, the reason,
+who signed it and when), so every member keeps the same list: `changed` is handed each
+version as it is taken, with the one it replaced (`SignedFacts.on_version`), and a count
+that differs is a `scale-up` or `scale-down` stamped with the version's own time and signer.
+A count that left zero starts a cold start; the first sampling round (`saw`) that sees a
+replica of it ready ends it: a `cold-start` event with the seconds from the version to that
+round (each member times it from its own view; within a sampling period and the records'
+delay of one another). A member's first version of a deployment is not a change (a member
+that starts or joins late does not report what it did not see happen).
 
 The list is bounded (`MAX_EVENTS`, the newest kept). Nothing in it comes from a request:
 names, counts, reasons and member ids only.
@@ -66,58 +66,55 @@ class ScaleEvent:
         return f"{self.deployment}: {self.previous} -> {self.replicas} replica(s) ({self.reason})"
 
 
-@dataclass(slots=True)
-class _Seen:
-    version: int
-    replicas: int
-    cold_since: float | None  # wall seconds of the version that left zero, until ready
-    cold_by: str
-    cold_reason: str
-
-
 class ScaleEvents:
     """The bounded list of what elastic deployments did, as this member saw it."""
 
     def __init__(self, *, limit: int = MAX_EVENTS) -> None:
         self.events: deque[ScaleEvent] = deque(maxlen=limit)
-        self._seen: dict[str, _Seen] = {}
+        # Deployment -> (wall seconds, signer, reason) of the version that left zero, until
+        # a replica of it is seen ready.
+        self._cold: dict[str, tuple[float, str, str]] = {}
         self._seq = itertools.count(1)
 
+    def changed(self, before: Deployment | None, taken: Deployment) -> None:
+        """A version was taken here (`SignedFacts.on_version`): `before` is the one it
+        replaced, None for the first of its name here -- not a change this member saw."""
+        if taken.deleted:
+            self._cold.pop(taken.name, None)
+            return
+        bounds = taken.scaling
+        if before is None or before.deleted or bounds is None:
+            return
+        if taken.replicas == before.replicas:
+            return
+        kind: Kind = "scale-up" if taken.replicas > before.replicas else "scale-down"
+        self._add(
+            int(taken.updatedAt), taken.name, kind, taken.replicas, before.replicas,
+            bounds.reason, taken.by,
+        )  # fmt: skip
+        if before.replicas == 0:
+            if len(self._cold) >= MAX_TRACKED:
+                self._cold.pop(next(iter(self._cold)))
+            self._cold[taken.name] = (taken.updatedAt / 1000, taken.by, bounds.reason)
+        elif taken.replicas == 0:
+            self._cold.pop(taken.name, None)  # back to zero before a replica came up
+
     def saw(self, deployment: Deployment, *, ready: int, now_s: float) -> None:
-        """One round's view of an elastic `deployment` with `ready` replicas ready."""
-        bounds = deployment.scaling
-        reason = bounds.reason if bounds is not None else ""
-        at_s = deployment.updatedAt / 1000
-        seen = self._seen.get(deployment.name)
-        if seen is None:
-            if len(self._seen) >= MAX_TRACKED:
-                self._seen.pop(next(iter(self._seen)))
-            seen = self._seen[deployment.name] = _Seen(
-                deployment.version, deployment.replicas, None, "", ""
-            )
-        elif deployment.version != seen.version:
-            if deployment.replicas != seen.replicas:
-                kind: Kind = "scale-up" if deployment.replicas > seen.replicas else "scale-down"
-                self._add(
-                    int(deployment.updatedAt), deployment.name, kind, deployment.replicas,
-                    seen.replicas, reason, deployment.by,
-                )  # fmt: skip
-                if seen.replicas == 0:
-                    seen.cold_since, seen.cold_by, seen.cold_reason = at_s, deployment.by, reason
-                elif deployment.replicas == 0:
-                    seen.cold_since = None  # back to zero before a replica came up
-            seen.version, seen.replicas = deployment.version, deployment.replicas
-        if ready and seen.cold_since is not None:
-            took = max(0.0, now_s - seen.cold_since)
-            self._add(
-                int(now_s * 1000), deployment.name, "cold-start", deployment.replicas, 0,
-                seen.cold_reason, seen.cold_by, round(took, 3),
-            )  # fmt: skip
-            seen.cold_since = None
+        """One sampling round's view of `deployment`: `ready` replicas ready. The first
+        round that sees one ready after a scale-up from zero ends that cold start."""
+        cold = self._cold.get(deployment.name)
+        if not ready or cold is None:
+            return
+        since, by, reason = cold
+        del self._cold[deployment.name]
+        self._add(
+            int(now_s * 1000), deployment.name, "cold-start", deployment.replicas, 0, reason,
+            by, round(max(0.0, now_s - since), 3),
+        )  # fmt: skip
 
     def forget(self, name: str) -> None:
-        """`name` is no longer an elastic deployment: a later one of that name starts anew."""
-        self._seen.pop(name, None)
+        """`name` is no longer an elastic deployment: no cold start of it is pending."""
+        self._cold.pop(name, None)
 
     def since(self, seq: int) -> list[ScaleEvent]:
         """The events kept that came after `seq`, oldest first."""

@@ -66,6 +66,9 @@ class SignedFacts(ABC, Generic[F]):
         self._decoder = msgspec.json.Decoder(self.kind.struct)
         self.lost = False  # the file could not be read and no member has pushed since
         self.changes = 0
+        # Called with each version taken (merged or made here) and the one it replaced
+        # (None: the first of its key here), before `on_change`.
+        self.on_version: Callable[[F | None, F], None] = lambda _before, _taken: None
         self.held.merge(self._load(), self._now_ms())
 
     @abstractmethod
@@ -111,11 +114,17 @@ class SignedFacts(ABC, Generic[F]):
     def merge(self, offered: Iterable[F | Kept[F]]) -> list[F]:
         """Take the newer versions a member pushed, as signed (signatures checked by the
         caller)."""
+        offered = list(offered)
+        kind = self.kind
+        before: dict[str, F | None] = {}
+        for item in offered:
+            fact = item.fact if isinstance(item, Kept) else item
+            before.setdefault(kind.key(fact), self.held.get(kind.key(fact)))
         taken = self.held.merge(offered, self._now_ms())
         if taken:
             self.lost = False
-            kind = self.kind
             for f in taken:
+                self.on_version(before.get(kind.key(f)), f)
                 log.info(
                     "%s %s %s (version %d, by %s)",
                     kind.what,
@@ -144,5 +153,6 @@ class SignedFacts(ABC, Generic[F]):
                 f"the cluster holds {self.held.capacity} {self.kind.what}s, none expired or "
                 "removed: remove one first"
             )
+        self.on_version(held, signed)
         self._changed()
         return signed
