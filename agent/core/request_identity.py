@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
@@ -43,8 +44,19 @@ _PASSED: Final = ("x-request-id", "retry-after")
 _PASSED_PREFIXES: Final = ("openai-", "x-ratelimit-")
 _KEY: Final = web.RequestKey("nvpair_request_id", str)
 
-_MINT_PREFIX: Final = f"req_{ULID()}-"
 _minted = itertools.count(1)
+_mint_prefix = ""
+
+
+def _new_prefix() -> None:
+    """This process's own prefix of minted ids: a process forked from one that had it
+    (a server that forks agents) must not mint the ids its parent or siblings do."""
+    global _mint_prefix, _minted
+    _mint_prefix, _minted = f"req_{ULID()}-", itertools.count(1)
+
+
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)
 
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_request_id", default="")
 
@@ -53,7 +65,7 @@ def identify(request: web.Request) -> str:
     """Take the request's `X-Request-Id` (a well-formed one) or mint one; from here on the
     handler's calls carry it (`outgoing`) and its answer says it (`stamp`)."""
     given = request.headers.get(HEADER, "")
-    request_id = given if _ID.fullmatch(given) else f"{_MINT_PREFIX}{next(_minted)}"
+    request_id = given if _ID.fullmatch(given) else f"{_mint_prefix}{next(_minted)}"
     request[_KEY] = request_id
     _current.set(request_id)
     return request_id
