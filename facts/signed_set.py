@@ -108,13 +108,21 @@ class SignedSet(Generic[F]):
         self._raw[key] = Kept.made(fact).raw if raw is None else raw
         return True
 
-    def merge(self, offered: Iterable[F | Kept[F]], now_ms: int) -> list[F]:
-        """Offer every fact (made here, or kept as received); the ones taken."""
+    def merge(
+        self,
+        offered: Iterable[F | Kept[F]],
+        now_ms: int,
+        replaced: Callable[[F | None, F], object] = lambda _before, _taken: None,
+    ) -> list[F]:
+        """Offer every fact (made here, or kept as received); the ones taken, each handed to
+        `replaced` with the version it replaced (None: the first of its key here)."""
         taken = []
         for item in offered:
             kept = item if isinstance(item, Kept) else Kept.made(item)
+            before = self._by_key.get(self.kind.key(kept.fact))
             if self.offer(kept.fact, now_ms, kept.raw):
                 taken.append(kept.fact)
+                replaced(before, kept.fact)
         return taken
 
     def _make_room(self, now_ms: int) -> bool:

@@ -233,8 +233,6 @@ class Agent:
             enabled=lambda: members.gate().allows("elastic-deployments"),
         )
 
-        deployments.on_version = scaler.events.changed  # what elastic deployments did
-
         def line_started(model: str) -> None:
             # A cold start: the members hear of this line now (the decider may be another
             # member), and this member decides now if it decides.

@@ -137,6 +137,7 @@ class Scaler:
         self._cold: set[str] = set()  # elastic deployments with no replica ready, last sampled
         self._woken = asyncio.Event()
         self.events = ScaleEvents()  # scale-ups, -downs and cold starts, as seen here
+        deployments.on_version = self.events.changed  # each version, as it is taken
 
     async def run(self) -> None:
         """Sample and decide every `SAMPLE_S`, and at once when woken (`wake`), until
@@ -190,12 +191,12 @@ class Scaler:
             )
             _add(track.samples, sample, _bucket_s(bounds))
             self.events.saw(deployment, ready=sample.ready, now_s=now)
+            if sample.ready and deployment.name in self._cold_since:
+                self.cold_starts.observe(now - self._cold_since.pop(deployment.name))
             if sample.ready:
                 self._cold.discard(deployment.name)
             else:
                 self._cold.add(deployment.name)
-            if sample.ready and deployment.name in self._cold_since:
-                self.cold_starts.observe(now - self._cold_since.pop(deployment.name))
             wish = self._wish(deployment, bounds, track, now)  # room aside
             wishes.append((deployment, wish, sample))
         # Every elastic deployment's wish, shared over the free GPUs by one rule

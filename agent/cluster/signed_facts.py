@@ -114,17 +114,11 @@ class SignedFacts(ABC, Generic[F]):
     def merge(self, offered: Iterable[F | Kept[F]]) -> list[F]:
         """Take the newer versions a member pushed, as signed (signatures checked by the
         caller)."""
-        offered = list(offered)
-        kind = self.kind
-        before: dict[str, F | None] = {}
-        for item in offered:
-            fact = item.fact if isinstance(item, Kept) else item
-            before.setdefault(kind.key(fact), self.held.get(kind.key(fact)))
-        taken = self.held.merge(offered, self._now_ms())
+        taken = self.held.merge(offered, self._now_ms(), self.on_version)
         if taken:
             self.lost = False
+            kind = self.kind
             for f in taken:
-                self.on_version(before.get(kind.key(f)), f)
                 log.info(
                     "%s %s %s (version %d, by %s)",
                     kind.what,

@@ -30,9 +30,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Final
-
-import msgspec
+from typing import Final
 
 from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Deployments
 from facts.deployments import Constraints, Deployment
@@ -76,14 +74,8 @@ def request_for(d: DesiredDeployment, *, elastic: bool = False) -> DeploymentReq
     """The cluster declaration of a plane deployment (observed: its url, on its node); with
     `elastic` (the cluster knows bounds), one on load gets its shares of min and max."""
     observed = d.authority == "observed"
-    bounds: dict[str, Any] = {}
-    on_load = isinstance(d.minReplicas, int) and not observed
-    if elastic and on_load and not d.paused and d.replicas > 0:
-        bounds = {"replicas": None, "minReplicas": d.minReplicas, "maxReplicas": d.replicas}
-    return msgspec.structs.replace(_request(d, observed), **bounds)
-
-
-def _request(d: DesiredDeployment, observed: bool) -> DeploymentRequest:
+    low = d.minReplicas if isinstance(d.minReplicas, int) else None
+    on_load = elastic and low is not None and not observed and not d.paused and d.replicas > 0
     return DeploymentRequest(
         name=d.name,
         engine=d.engine,
@@ -91,7 +83,9 @@ def _request(d: DesiredDeployment, observed: bool) -> DeploymentRequest:
         args=list(d.args),
         gpus=d.gpus,
         tp=d.tp,
-        replicas=0 if d.paused else d.replicas,
+        replicas=None if on_load else (0 if d.paused else d.replicas),
+        minReplicas=low if on_load else None,
+        maxReplicas=d.replicas if on_load else None,
         maxInFlight=d.maxInFlight,
         constraints=Constraints(
             node=d.node if observed else d.constraints.node,

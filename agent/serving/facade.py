@@ -228,14 +228,12 @@ class Facade:
         if isinstance(routed, web.StreamResponse):
             return routed  # served by another cluster, or refused
         raw, model = routed
-        cold = self._cold(model)
-        timeout_s = (
-            max(self._elastic().get(model, 0.0), self.waits.line.timeout_s) if cold else None
+        entered = self.waits.enter(
+            model, lambda: self._place(model, anchor), lambda: self._cold_timeout(model)
         )
-        entered = self.waits.enter(model, lambda: self._place(model, anchor), timeout_s)
         if isinstance(entered, Refusal):
             return refused(entered, model)
-        cold = cold and isinstance(entered, Ticket)
+        cold = isinstance(entered, Ticket) and self._cold(model)
         entered_at = time.monotonic()
         kind = entered[0].kind if isinstance(entered, list) else "unknown"  # unknown: waiting
         raw, strip = ask_for_usage(raw, path)  # streamed: ask the engine for usage
@@ -324,6 +322,14 @@ class Facade:
         if placed in _COLD and model in self._elastic():
             return Refusal.QUEUE_FULL  # a cold start: wait in line while a replica starts
         return placed
+
+    def _cold_timeout(self, model: str) -> float | None:
+        """How long a request joining `model`'s line may wait: its deployment's cold-start
+        timeout when that is longer than the line's and no replica is ready; None, the
+        line's own. Asked only of a request that joins the line, never on the way past it."""
+        if not self._cold(model):
+            return None
+        return max(self._elastic().get(model, 0.0), self.waits.line.timeout_s)
 
     def _cold(self, model: str) -> bool:
         """Whether `model` is an elastic deployment with no replica ready anywhere now."""

@@ -62,18 +62,18 @@ class WaitQueue(Generic[T]):
         self,
         model: str,
         place: Callable[[], list[T] | Refusal],
-        timeout_s: float | None = None,
+        timeout_s: Callable[[], float | None] = lambda: None,
     ) -> list[T] | Refusal | Ticket:
         """Targets now, a refusal now (no job: `QUEUE_FULL` when the line is full too), or a
-        place in line (the request becomes a queued job and calls `wait`), for `timeout_s`
-        at most (default: the line's)."""
+        place in line (the request becomes a queued job and calls `wait`), for what
+        `timeout_s` says when it joins (None: the line's own) at most."""
         self.line.heads(self._clock())  # drops abandoned heads first
         if not self.line.waiting(model):
             placed = place()
             if placed is not Refusal.QUEUE_FULL:
                 return placed
         started = not self.line.waiting(model)
-        ticket = self.line.join(model, self._clock(), timeout_s)
+        ticket = self.line.join(model, self._clock(), timeout_s())
         if ticket is None:
             return Refusal.QUEUE_FULL
         if started:
