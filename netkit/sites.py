@@ -49,6 +49,7 @@ Port 0 asks the kernel for a free port, which tests use.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import resource
@@ -299,7 +300,13 @@ def _waiting(handler: RequestHandler) -> bool:
     # Waiting for a request's headers (the first or the next on a kept-alive connection):
     # the state aiohttp's own keep-alive closes on. `_waiter` is its private future.
     waiter = getattr(handler, "_waiter", None)
-    return waiter is not None and not waiter.done()
+    if waiter is not None:
+        return not waiter.done()
+    # Or not started yet: before Python 3.12 the handler's task first runs a loop turn after
+    # `connection_made`, and a burst the listener accepts at once is admitted in one turn --
+    # without this, its last ones would find the first "busy" and be refused, not make room.
+    task = getattr(handler, "_task_handler", None)
+    return task is not None and inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED
 
 
 class _Book:
