@@ -26,6 +26,10 @@
     ca = "plane-ca.pem"         # verifies an https plane (relative to NVPAIR_HOME)
     interval_s = 2.0            # sync up and fetch the desired state this often
 
+    [tracing]                   # spans of every request (docs/metrics.md, "Tracing")
+    otlp_endpoint = "http://collector:4318/v1/traces"
+    sample_ratio = 1.0          # of the traces that start here
+
     [engines]                   # engines the agent launches (docs/engines.md)
     port_range = "18000-18999"
     [templates.mine]            # a custom launch template (agent/engines/config.py)
@@ -65,6 +69,7 @@ __all__ = [
     "ConfigError",
     "EngineSpec",
     "PlaneSettings",
+    "TracingTable",
     "load_config",
     "nvpair_home",
     "parse_advertise",
@@ -142,10 +147,20 @@ class RoutingTable(Struct, forbid_unknown_fields=True, frozen=True):
     policy: Literal["prefix", "load", "round-robin"] = "prefix"
 
 
+class TracingTable(Struct, forbid_unknown_fields=True, frozen=True):
+    """`[tracing]`: a trace of every request, its spans sent to an OpenTelemetry collector
+    over OTLP/HTTP (docs/metrics.md, "Tracing"); off without `otlp_endpoint`."""
+
+    otlp_endpoint: _Url | None = None  # http://collector:4318/v1/traces
+    sample_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0  # of traces started here
+    service_name: _Text = "nvpair-agent"
+
+
 class _File(Struct, forbid_unknown_fields=True, frozen=True):
     agent: _AgentTable = _AgentTable()
     artifacts: ArtifactsTable = ArtifactsTable()
     routing: RoutingTable = RoutingTable()
+    tracing: TracingTable = TracingTable()
     plane: PlaneSettings | None = None
     engines: EnginesTable = EnginesTable()
     templates: Annotated[dict[str, dict[str, Any]], Meta(max_length=256)] = {}
@@ -184,6 +199,7 @@ class AgentConfig:
     # [artifacts]: where the store is and its disk budget (docs/artifacts.md)
     artifacts: ArtifactsTable = dataclasses.field(default_factory=ArtifactsTable)
     routing: RoutingTable = dataclasses.field(default_factory=RoutingTable)  # [routing]
+    tracing: TracingTable = dataclasses.field(default_factory=TracingTable)  # [tracing]
 
     @property
     def artifacts_path(self) -> Path:
@@ -299,7 +315,18 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         launch=_launch_settings(path, parsed),
         artifacts=parsed.artifacts,
         routing=parsed.routing,
+        tracing=_tracing(path, parsed.tracing),
     )
+
+
+def _tracing(path: Path, table: TracingTable) -> TracingTable:
+    endpoint = table.otlp_endpoint
+    if endpoint is not None and not re.match(r"https?://[^/\s]+", endpoint):
+        raise ConfigError(
+            f"{path}: tracing.otlp_endpoint: an http:// or https:// URL "
+            f"(http://collector:4318/v1/traces), not {endpoint[:64]!r}"
+        )
+    return table
 
 
 def _refuse(problem: str | None) -> None:

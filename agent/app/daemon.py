@@ -67,6 +67,7 @@ from agent.engines.supervisor import EngineSupervisor
 from agent.engines.weights import Weights
 from agent.metrics.artifacts import ArtifactMetrics
 from agent.metrics.serving import serving_metrics
+from agent.metrics.traces import TraceMetrics, start_tracing
 from agent.plane_link.link import PlaneParts, plane_link, plane_routes
 from agent.serving.cluster_limits import ClusterLimits
 from agent.serving.facade import Facade, facade_address
@@ -142,6 +143,7 @@ class Agent:
         identity = self.cluster.load_identity()
         self.node_id = node_id = identity.node.node_id
         bind = os.environ.get("NVPAIR_BIND") or None
+        traces = start_tracing(config.tracing, node_id, config.name, stack)  # [tracing]
         # Fired by parts built before the ones that follow them (agent/core/nudge.py).
         record_changed = Nudge("record-changed")  # this node's record: push it at once
         loads_moved = Nudge("loads-moved")  # other members' loads: waiting requests look
@@ -398,6 +400,7 @@ class Agent:
         local_api.registry.register(usage.metrics)
         local_api.registry.register(serving_metrics(facade, control, deployments, view, scaler))
         local_api.registry.register(ArtifactMetrics(fetches.counters, fetches.running))
+        local_api.registry.register(TraceMetrics(traces))
         self._write_state(local_api.url)
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 

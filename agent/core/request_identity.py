@@ -4,7 +4,8 @@ The facade takes the client's `X-Request-Id` (or mints one, `req_` + this proces
 a counter: unique across restarts and members, and a counter is cheap) when a request
 comes in; the engine receives it -- across the node API too, when the request is forwarded
 -- and the client gets it back on the answer, so one id finds the request in the client's
-logs, the engine's and ours. It travels in a context variable set for the request's handler
+logs, the engine's and ours (and, with tracing on, the calls carry the trace's context too).
+It travels in a context variable set for the request's handler
 task: the calls to the engine and to the member that runs it are made in that task, so
 neither the routing code between them nor its signatures need to carry it.
 
@@ -25,6 +26,8 @@ from typing import Final
 from aiohttp import web
 from multidict import CIMultiDictProxy
 from ulid import ULID
+
+from netkit import tracing
 
 __all__ = [
     "HEADER",
@@ -77,9 +80,13 @@ def current() -> str:
 
 
 def outgoing() -> dict[str, str]:
-    """The header a call made for this request carries."""
+    """The headers a call made for this request carries: its id and, when tracing is on,
+    the W3C trace context of the span the call is made in (netkit.tracing)."""
     request_id = _current.get()
-    return {HEADER: request_id} if request_id else {}
+    headers = {HEADER: request_id} if request_id else {}
+    if tracing.on():
+        headers.update(tracing.injected())
+    return headers
 
 
 def passed_back(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> dict[str, str]:

@@ -49,6 +49,7 @@ from prometheus_client import (
 from agent.mock.flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
 from agent.mock.prefix_cache import PrefixCache
 from agent.mock.routes import add_routes
+from netkit import tracing
 from netkit.sites import start_runner
 from workload_manager import VERSION
 
@@ -232,9 +233,13 @@ class MockEngine:
             return _error(404, f"model {model!r} not found", "invalid_request_error")
         self.requests += 1
         self.in_flight += 1
+        # As vLLM with --otlp-traces-endpoint: a span of the caller's trace (`traceparent`).
+        parent = tracing.extracted(request.headers)
+        attributes = {"gen_ai.request.model": model, "gen_ai.request.max_tokens": tokens}
         try:
-            async with self._slot(model):
-                answer = await self._answer(request, body, model, tokens, chat=chat)
+            with tracing.span("llm_request", kind="server", parent=parent, attributes=attributes):
+                async with self._slot(model):
+                    answer = await self._answer(request, body, model, tokens, chat=chat)
             if answer.status < 400:
                 self.succeeded[model] += 1
             return answer
@@ -438,6 +443,9 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument("--api-key", default=os.environ.get(KEY_ENV, ""), help="401 without it")
     parser.add_argument("--flavour", choices=FLAVOURS, default="openai", help="ollama: its routes")
+    parser.add_argument(
+        "--otlp-traces-endpoint", help="spans of requests to this OTLP/HTTP URL, as vLLM's flag"
+    )
     parser.set_defaults(run=_run)
 
 
@@ -500,12 +508,16 @@ def _run(args: argparse.Namespace) -> int:
             prefill_ms_per_unit=args.prefill_ms_per_unit,
         )
         await engine.start()
+        if args.otlp_traces_endpoint:
+            where = f"{engine.host}:{engine.port}"
+            tracing.configure(args.otlp_traces_endpoint, service="mock-engine", instance=where)
         loads = _weights_said(args.weights)
         print(f"mock engine serving {engine.models} on {engine.url}{loads}", flush=True)
         try:
             await asyncio.Event().wait()
         finally:
             await engine.aclose()
+            await asyncio.to_thread(tracing.shutdown)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())

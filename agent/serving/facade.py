@@ -63,6 +63,7 @@ from agent.serving.usage import Meter, ask_for_usage
 from agent.serving.view import SchedulingView
 from agent.serving.wait_line import Ticket
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
+from netkit import tracing
 from netkit.sites import start_runner
 from scheduler import Cluster, Load, Refusal
 from scheduler.prefix import anchor_of
@@ -210,9 +211,27 @@ class Facade:
 
     def _route(self, path: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
+            if tracing.on():
+                return await self._traced(request, path)
             return await self._infer(request, path)
 
         return handle
+
+    async def _traced(self, request: web.Request, path: str) -> web.StreamResponse:
+        """`_infer` in a span of the request's trace (the client's, when it sent one)."""
+        attributes = {
+            "http.request.method": "POST",
+            "http.route": path,
+            "nvpair.node.id": self.node_id,
+        }
+        parent = tracing.extracted(request.headers)
+        with tracing.span(
+            f"POST {path}", kind="server", parent=parent, attributes=attributes
+        ) as span:
+            answer = await self._infer(request, path)
+            if span is not None:
+                span.set_attribute("http.response.status_code", answer.status)
+            return answer
 
     async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
         requester = self._requester(request)
@@ -241,15 +260,19 @@ class Facade:
         jobs = self.jobs
         job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit(job)  # workload:submitted
+        if tracing.on():
+            tracing.note(_job_attributes(job.record))
         ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
         try:
-            targets = await self.waits.wait(entered, lambda: self._place(model, anchor))
+            targets = await self._wait(entered, model, anchor, cold)
             if isinstance(targets, Refusal):  # waited too long, or the model went
                 waited = entered.timeout_s if isinstance(entered, Ticket) else 0.0
                 ended, ending = gave_up(targets, model, waited)
                 return ended
             if cold:
                 self.cold_waits.observe(time.monotonic() - entered_at)
+            if tracing.on():
+                _trace_choice(self.policy, targets)
             for attempt, target in enumerate(targets):
                 self._decided(model, "failover" if attempt else target.reason)
                 if attempt:
@@ -276,6 +299,10 @@ class Facade:
                 used = meter.usage.prompt + meter.usage.completion
                 self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
             jobs.emit(job)  # workload:completed, or workload:errored
+            if tracing.on():  # the error is our phrase, as in the job
+                tracing.note(
+                    {"nvpair.job.state": job.record.state.value}, error=job.record.error or None
+                )
 
     async def _read(
         self, request: web.Request, path: str
@@ -299,6 +326,20 @@ class Facade:
             body, self.anchor_key, session=request.headers.get(SESSION_HEADER, "")
         )
         return raw, model, Anchor(digest, session)
+
+    async def _wait(
+        self, entered: list[Target] | Ticket, model: str, anchor: Anchor, cold: bool
+    ) -> list[Target] | Refusal:
+        """The targets once the request's turn comes (at once when it did not wait); a span
+        of the trace for the time it waited."""
+        place = lambda: self._place(model, anchor)  # noqa: E731
+        if not (isinstance(entered, Ticket) and tracing.on()):
+            return await self.waits.wait(entered, place)
+        with tracing.span("nvpair.wait", attributes={"nvpair.wait.cold_start": cold}) as span:
+            targets = await self.waits.wait(entered, place)
+            if span is not None and isinstance(targets, Refusal):
+                span.set_attribute("nvpair.wait.refusal", targets.value)
+            return targets
 
     def _place(self, model: str, anchor: Anchor = NO_ANCHOR) -> list[Target] | Refusal:
         """Where the request runs (best first, for one failover), or why nowhere."""
@@ -409,16 +450,50 @@ class Facade:
             return openai_error(503, "no engine here serves the model", "server_error")
         self.in_flight[self.node_id] = self.in_flight.get(self.node_id, 0) + 1
         try:
+            if not tracing.on():
+                return await self._run_here(request, url, path, raw, sent)
+            # The span of the hop (the origin's context) and, in it, the engine's call.
+            parent = tracing.extracted(request.headers)
+            attributes = {"nvpair.node.id": self.node_id, "gen_ai.request.model": str(model)}
+            with tracing.span(
+                "nvpair.forwarded", kind="server", parent=parent, attributes=attributes
+            ):
+                call = {"nvpair.replica": replica} if replica else {}
+                with tracing.span("nvpair.engine", kind="client", attributes=call) as span:
+                    answer = await self._run_here(request, url, path, raw, sent)
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", answer.status)
+                    return answer
+        finally:
+            self.in_flight[self.node_id] -= 1
+            self.waits.poke()
+
+    async def _run_here(
+        self, request: web.Request, url: str, path: str, raw: bytes, sent: str
+    ) -> web.StreamResponse:
+        try:
             async with self._engines.post(url, path, raw, sent) as reply:
                 answer, _ = await relay(request, reply, origin=False)
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
-        finally:
-            self.in_flight[self.node_id] -= 1
-            self.waits.poke()
 
     async def _run(
+        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | None, Outcome]:
+        if not tracing.on():
+            return await self._run_on(request, path, raw, target, model)
+        # A span the call is made in: its context goes to the engine or the member.
+        name = "nvpair.engine" if target.node_id == self.node_id else "nvpair.forward"
+        with tracing.span(name, kind="client", attributes=_target_attributes(target)) as span:
+            answer, outcome = await self._run_on(request, path, raw, target, model)
+            if isinstance(outcome, Fail):
+                tracing.failed(span, outcome.error.value)
+            elif span is not None and answer is not None:
+                span.set_attribute("http.response.status_code", answer.status)
+            return answer, outcome
+
+    async def _run_on(
         self, request: web.Request, path: str, raw: bytes, target: Target, model: str
     ) -> tuple[web.StreamResponse | None, Outcome]:
         local = target.node_id == self.node_id
@@ -451,3 +526,42 @@ class Facade:
 
     def _requester(self, request: web.Request) -> Requester:
         return self.keys.requester(request.headers.get("Authorization", ""))
+
+
+def _job_attributes(job: Workload) -> dict[str, str]:
+    """What a request's span says of its job: never its prompt or answer."""
+    attributes = {
+        "gen_ai.request.model": job.model,
+        "nvpair.job.id": job.id,
+        "nvpair.job.run_id": job.runId,
+        "nvpair.job.origin": job.originatedFrom,
+    }
+    if job.requesterId:
+        attributes["nvpair.key"] = job.requesterId  # the key's name, never the key
+    return attributes
+
+
+def _target_attributes(target: Target) -> dict[str, str | float]:
+    attributes: dict[str, str | float] = {"nvpair.target.node_id": target.node_id}
+    if target.replica:
+        attributes["nvpair.target.replica"] = target.replica
+    attributes["nvpair.target.engine"] = target.kind
+    return attributes
+
+
+def _trace_choice(policy: str, targets: list[Target]) -> None:
+    """A span of the replica choice: the policy, the reason, the chosen target and its
+    score, and the next best (a failover's target)."""
+    first = targets[0]
+    attributes: dict[str, str | float] = {
+        "nvpair.route.policy": policy,
+        "nvpair.route.reason": first.reason,
+        "nvpair.route.score": first.score,
+        **_target_attributes(first),
+    }
+    if len(targets) > 1:
+        attributes["nvpair.route.then.node_id"] = targets[1].node_id
+        attributes["nvpair.route.then.replica"] = targets[1].replica
+        attributes["nvpair.route.then.score"] = targets[1].score
+    with tracing.span("nvpair.route", attributes=attributes):
+        pass

@@ -69,6 +69,7 @@ class Target:
     replica: str = ""  # "" : the node's engines (`--engine`)
     kind: str = "unknown"  # the engine kind, for the job record
     reason: str = "load"  # why it was chosen: prefix, session, load (a failover: the second)
+    score: float = 0.0  # its score when chosen (higher is better), for the trace
 
 
 def replica_views(
@@ -124,8 +125,9 @@ def choose(
         if not ranking.ranked:
             return ranking.refusal() or Refusal.REPLICA_NOT_READY
         kinds = {r.replica_id: r.kind for r in replicas}
+        scores = {rid: score for rid, _, score in ranking.ranked}
         return [
-            Target(node, rid, kinds.get(rid, "unknown"), reason)
+            Target(node, rid, kinds.get(rid, "unknown"), reason, scores[rid])
             for rid, node, reason in _replicas_in_order(ranking, anchor, policy, turn)
         ]
     cluster, load = nodes()
@@ -135,7 +137,7 @@ def choose(
     top = ranked.top(2)
     if not top:
         return ranked.refusal() or Refusal.MODEL_NOT_SERVED
-    return [Target(node, "", kind_on(node, model)) for node, _ in top]
+    return [Target(node, "", kind_on(node, model), "load", score) for node, score in top]
 
 
 def _replicas_in_order(

@@ -1,0 +1,242 @@
+"""Traces across members (issue 31, item 2), on two real agents and a real mock engine, each
+sending its spans over OTLP/HTTP to a small receiver the test runs (decoding them with
+opentelemetry-proto): a request entering a and served on b is one trace -- the client's --
+with a's spans, then b's, then the engine's, each the child of the one before it; no span
+holds the prompt; and /metrics counts the spans exported."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+from ..harness import Engine, Node, eventually, make_node, start_cluster, start_engine
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODEL = "traced"
+MARKER = "PROMPT-MARKER-7ace"
+
+
+@dataclass
+class Received:
+    """One span as the receiver got it, with its sender's resource."""
+
+    service: str
+    instance: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, object]
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on 127.0.0.1: every span and every raw body it got."""
+
+    def __init__(self) -> None:
+        self.spans: list[Received] = []
+        self.bodies: list[bytes] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/traces", self._export)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/v1/traces"
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _export(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.bodies.append(body)
+        exported = ExportTraceServiceRequest()
+        exported.ParseFromString(body)
+        for resource_spans in exported.resource_spans:
+            resource = _values(resource_spans.resource.attributes)
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    self.spans.append(
+                        Received(
+                            service=str(resource.get("service.name")),
+                            instance=str(resource.get("service.instance.id")),
+                            name=span.name,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex(),
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
+                            attributes=_values(span.attributes),
+                        )
+                    )
+        answer = ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=answer, content_type="application/x-protobuf")
+
+    def of_trace(self, trace_id: str) -> dict[str, Received]:
+        return {s.name: s for s in self.spans if s.trace_id == trace_id}
+
+
+def _values(attributes: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for kv in attributes:  # type: ignore[attr-defined]  # a repeated KeyValue field
+        assert isinstance(kv, KeyValue)
+        kind = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, kind) if kind else None
+    return out
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def receiver() -> AsyncIterator[Receiver]:
+    started = Receiver()
+    await started.start()
+    yield started
+    await started.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engine(receiver: Receiver) -> AsyncIterator[Engine]:
+    with pytest.MonkeyPatch.context() as env:  # the engine inherits the test's environment
+        env.setitem(os.environ, "OTEL_BSP_SCHEDULE_DELAY", "100")
+        started = await start_engine(MODEL, "--otlp-traces-endpoint", receiver.url)
+    yield started
+    await started.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver, engine: Engine
+) -> AsyncIterator[list[Node]]:
+    root = tmp_path_factory.mktemp("tracing")
+    nodes = [make_node(root, "a", None), make_node(root, "b", None)]
+    nodes[1].extra = ["--engine", f"vllm={engine.url}"]
+    for node in nodes:
+        node.home.mkdir(parents=True)
+        (node.home / "nvpair.toml").write_text(f'[tracing]\notlp_endpoint = "{receiver.url}"\n')
+        node.extra_env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # export each 0.1 s, not each 5 s
+    async for started in start_cluster(nodes):
+
+        async def a_sees_b_serve(a: Node = started[0]) -> bool:
+            models = (await a.get_facade("/v1/models"))["data"]
+            return any(m["id"] == MODEL for m in models)
+
+        await eventually(a_sees_b_serve, "a's facade lists b's model")
+        yield started
+
+
+async def test_a_request_entering_a_and_served_on_b_is_one_trace(
+    cluster: list[Node], receiver: Receiver
+) -> None:
+    a, b = cluster
+    a_id, b_id = await a.node_id(), await b.node_id()
+    # The client's own trace: the request's spans join it.
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": MARKER}], "max_tokens": 3}
+    url = f"http://127.0.0.1:{a.ports['facade']}/v1/chat/completions"
+    headers = {"traceparent": f"00-{trace_id}-{client_span}-01"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json=body, headers=headers) as r,
+    ):
+        assert r.status == 200, await r.text()
+        assert (await r.json())["choices"][0]["message"]["content"] == "tok0 tok1 tok2"
+
+    chain = ["POST /v1/chat/completions", "nvpair.forward", "nvpair.forwarded", "nvpair.engine"]
+    names = {*chain, "nvpair.route", "llm_request"}
+
+    await eventually(
+        lambda: names <= set(receiver.of_trace(trace_id)), "every member's spans of the request"
+    )
+    spans = receiver.of_trace(trace_id)
+    request, route, llm = spans[chain[0]], spans["nvpair.route"], spans["llm_request"]
+    # Each the child of the one before it: the client's span, a's, b's, the engine's.
+    assert request.parent_id == client_span
+    assert route.parent_id == request.span_id
+    for parent, child in itertools.pairwise(chain):
+        assert spans[child].parent_id == spans[parent].span_id, (parent, child)
+    assert llm.parent_id == spans["nvpair.engine"].span_id
+    # ... from the member (or the engine) that did the work, in order.
+    assert [spans[n].instance for n in chain] == [a_id, a_id, b_id, b_id]
+    assert (llm.service, request.service) == ("mock-engine", "nvpair-agent")
+    starts = [spans[n].start_ns for n in [*chain, "llm_request"]]
+    assert starts == sorted(starts)
+    assert request.end_ns >= spans["nvpair.forward"].end_ns >= spans["nvpair.forward"].start_ns
+
+    # What the spans say: the job, the choice and why, the outcome.
+    assert request.attributes["gen_ai.request.model"] == MODEL
+    assert request.attributes["nvpair.job.origin"] == a_id
+    assert request.attributes["nvpair.job.state"] == "completed"
+    assert request.attributes["http.response.status_code"] == 200
+    assert isinstance(request.attributes["nvpair.job.id"], str)
+    assert route.attributes["nvpair.route.reason"] == "load"
+    assert route.attributes["nvpair.target.node_id"] == b_id
+    assert isinstance(route.attributes["nvpair.route.score"], float)
+    assert spans["nvpair.engine"].attributes["http.response.status_code"] == 200
+
+    # The prompt is in no span, nor anywhere in what was exported (the model, which the
+    # same body named, is: the bodies are where the prompt would be).
+    exported = b"".join(receiver.bodies)
+    assert MODEL.encode() in exported
+    assert MARKER.encode() not in exported
+
+
+async def test_a_request_without_a_good_callers_trace_starts_one_and_metrics_count_spans(
+    cluster: list[Node], receiver: Receiver
+) -> None:
+    a, _ = cluster
+    before = len(receiver.spans)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    url = f"http://127.0.0.1:{a.ports['facade']}/v1/chat/completions"
+    # A malformed context is no context: the request is served, and starts a trace.
+    headers = {"traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x" * 600}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json=body, headers=headers) as r,
+    ):
+        assert r.status == 200
+        request_id = r.headers["X-Request-Id"]
+    assert request_id
+
+    def new_root() -> list[Received]:
+        return [
+            s
+            for s in receiver.spans[before:]
+            if s.name == "POST /v1/chat/completions" and s.parent_id == ""
+        ]
+
+    await eventually(lambda: bool(new_root()), "a root span for a request no caller traced")
+    trace_id = new_root()[0].trace_id
+    await eventually(
+        lambda: "llm_request" in receiver.of_trace(trace_id), "the engine's span in its trace"
+    )
+
+    async def exported() -> float:
+        return await a.metric("nvpair_trace_spans_total", outcome="exported")
+
+    async def some_exported() -> bool:
+        return await exported() > 0
+
+    await eventually(some_exported, "a's /metrics counts the spans it exported")
+    a_id = await a.node_id()
+    assert await exported() <= sum(1 for s in receiver.spans if s.instance == a_id)
+    assert await a.metric("nvpair_trace_spans_total", outcome="dropped") == 0
