@@ -15,6 +15,7 @@ from agent.artifacts.fetcher import FetchFailed, FetchFigures, Sources, fetch
 from agent.artifacts.pace import Pace
 from agent.artifacts.store import ArtifactStore, StoreError
 from agent.core.errors import AgentError
+from netkit import tracing
 
 __all__ = ["FETCHES_AT_ONCE", "FetchRefused", "Fetches"]
 
@@ -103,6 +104,19 @@ class Fetches:
         self._spawn(f"fetch {digest[:19]}", self._run(digest, figures))
 
     async def _run(self, digest: str, figures: FetchFigures) -> None:
+        with tracing.span("nvpair.artifact.fetch", attributes={"nvpair.artifact": digest}) as span:
+            outcome = await self._fetch(digest, figures)
+            if span is not None:
+                span.set_attributes(
+                    {
+                        "nvpair.artifact.outcome": outcome,
+                        "nvpair.artifact.pieces_fetched": figures.pieces_fetched,
+                        "nvpair.artifact.pieces_held_before": figures.pieces_held_before,
+                        "nvpair.artifact.pieces_refused": len(figures.pieces_refused),
+                    }
+                )
+
+    async def _fetch(self, digest: str, figures: FetchFigures) -> str:
         began = time.monotonic()
         outcome = "stopped"  # the agent stopping cancels it
         try:
@@ -133,6 +147,7 @@ class Fetches:
         finally:
             del self._running[digest]
             self.counters.ended(outcome, time.monotonic() - began)
+        return outcome
 
     def drop(self, digest: str) -> None:
         """Drop what this member holds of `digest` (FetchRefused while it is being fetched)."""

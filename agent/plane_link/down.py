@@ -36,6 +36,7 @@ from msgspec import Meta, Struct
 from agent.config import PlaneSettings
 from agent.plane_link.sync import PlaneRefused
 from certs import write_atomic
+from netkit import tracing
 from netkit.backoff import Backoff
 from plane.desired.state import DesiredState
 
@@ -169,8 +170,18 @@ class PlaneDown:
     async def _fetch(
         self, session: aiohttp.ClientSession, tls: ssl.SSLContext | bool
     ) -> DesiredState | None:
-        """The new state, or None when the plane says it is the one held (304)."""
-        headers = {"Authorization": f"Bearer {self._token}"}
+        """The new state, or None when the plane says it is the one held (304); a trace of
+        its own (docs/metrics.md, "Tracing")."""
+        with tracing.span("nvpair.plane.desired", kind="client") as span:
+            state = await self._fetch_traced(session, tls)
+            if span is not None:
+                span.set_attribute("nvpair.plane.changed", state is not None)
+            return state
+
+    async def _fetch_traced(
+        self, session: aiohttp.ClientSession, tls: ssl.SSLContext | bool
+    ) -> DesiredState | None:
+        headers = {"Authorization": f"Bearer {self._token}", **tracing.injected()}
         if self.etag and self.state is not None:
             headers["If-None-Match"] = self.etag
         async with session.get(self.url, headers=headers, ssl=tls) as response:

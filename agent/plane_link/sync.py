@@ -38,6 +38,7 @@ from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
 from certs import Identity
 from facts.records import NodeRecord
+from netkit import tracing
 from netkit.backoff import Backoff
 from plane.core.wire import NodeSummary, SyncBatch
 from plane.fleet.node_signing import sign_sync
@@ -159,10 +160,21 @@ class PlaneSync:
             "Content-Type": "application/json",
             **signed,
         }
-        async with session.post(self.url, data=body, headers=headers, ssl=tls) as response:
-            answer = await response.read()
-            if response.status != 200:
-                raise PlaneRefused(f"plane answered {response.status}: {answer[:200]!r}")
+        # A trace of its own (docs/metrics.md, "Tracing"): what was sent, and the answer.
+        with tracing.span("nvpair.plane.sync", kind="client") as span:
+            headers.update(tracing.injected())
+            async with session.post(self.url, data=body, headers=headers, ssl=tls) as response:
+                answer = await response.read()
+                if span is not None:
+                    span.set_attributes(
+                        {
+                            "nvpair.plane.jobs": len(jobs),
+                            "http.response.status_code": response.status,
+                        }
+                    )
+                if response.status != 200:
+                    tracing.failed(span, f"plane answered {response.status}")
+                    raise PlaneRefused(f"plane answered {response.status}: {answer[:200]!r}")
         await self._store.mark_synced(jobs)
         for reporter in self._reporters:
             reporter.sent()

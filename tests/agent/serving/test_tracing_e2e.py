@@ -2,7 +2,8 @@
 sending its spans over OTLP/HTTP to a small receiver the test runs (decoding them with
 opentelemetry-proto): a request entering a and served on b is one trace -- the client's --
 with a's spans, then b's, then the engine's, each the child of the one before it; no span
-holds the prompt; and /metrics counts the spans exported."""
+holds the prompt; and /metrics counts the spans exported. (The plane's calls:
+tests/plane/http/test_plane_traces.py.)"""
 
 from __future__ import annotations
 
@@ -10,17 +11,12 @@ import itertools
 import os
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+from tests.fixtures.otlp import Received, Receiver
 
 from ..harness import Engine, Node, eventually, make_node, start_cluster, start_engine
 
@@ -30,88 +26,10 @@ MODEL = "traced"
 MARKER = "PROMPT-MARKER-7ace"
 
 
-@dataclass
-class Received:
-    """One span as the receiver got it, with its sender's resource."""
-
-    service: str
-    instance: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, object]
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1: every span and every raw body it got."""
-
-    def __init__(self) -> None:
-        self.spans: list[Received] = []
-        self.bodies: list[bytes] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/traces", self._export)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}/v1/traces"
-
-    async def aclose(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _export(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        self.bodies.append(body)
-        exported = ExportTraceServiceRequest()
-        exported.ParseFromString(body)
-        for resource_spans in exported.resource_spans:
-            resource = _values(resource_spans.resource.attributes)
-            for scope in resource_spans.scope_spans:
-                for span in scope.spans:
-                    self.spans.append(
-                        Received(
-                            service=str(resource.get("service.name")),
-                            instance=str(resource.get("service.instance.id")),
-                            name=span.name,
-                            trace_id=span.trace_id.hex(),
-                            span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            start_ns=span.start_time_unix_nano,
-                            end_ns=span.end_time_unix_nano,
-                            attributes=_values(span.attributes),
-                        )
-                    )
-        answer = ExportTraceServiceResponse().SerializeToString()
-        return web.Response(body=answer, content_type="application/x-protobuf")
-
-    def of_trace(self, trace_id: str) -> dict[str, Received]:
-        return {s.name: s for s in self.spans if s.trace_id == trace_id}
-
-
-def _values(attributes: object) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for kv in attributes:  # type: ignore[attr-defined]  # a repeated KeyValue field
-        assert isinstance(kv, KeyValue)
-        kind = kv.value.WhichOneof("value")
-        out[kv.key] = getattr(kv.value, kind) if kind else None
-    return out
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def receiver() -> AsyncIterator[Receiver]:
-    started = Receiver()
-    await started.start()
-    yield started
-    await started.aclose()
+    async with Receiver.running() as started:
+        yield started
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -125,7 +43,9 @@ async def engine(receiver: Receiver) -> AsyncIterator[Engine]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster(
-    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver, engine: Engine
+    tmp_path_factory: pytest.TempPathFactory,
+    receiver: Receiver,
+    engine: Engine,
 ) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("tracing")
     nodes = [make_node(root, "a", None), make_node(root, "b", None)]
