@@ -10,6 +10,7 @@
     facade_port = 14323
     simulate_gpus = "h100-80gb-sxm:8,l4:2"
     log_level = "info"
+    log_format = "text"         # or "json": one object a line, for log shippers
     heartbeat_s = 2.0
     job_retention_h = 168
     queue_limit = 32
@@ -104,6 +105,7 @@ class _AgentTable(Struct, forbid_unknown_fields=True, frozen=True):
     facade_port: _Port = 14323
     simulate_gpus: Annotated[str, Meta(max_length=1024)] | None = None
     log_level: Literal["error", "warn", "info", "debug"] = "info"
+    log_format: Literal["text", "json"] = "text"
     heartbeat_s: Annotated[float, Meta(gt=0, le=600)] = 2.0
     job_retention_h: Annotated[float, Meta(gt=0, le=24 * 3650)] = 168.0
     engines: Annotated[list[str | EngineTable], Meta(max_length=64)] = []
@@ -182,6 +184,7 @@ class AgentConfig:
     facade_port: int = 14323
     simulate_gpus: str | None = None
     log_level: str = "info"
+    log_format: str = "text"  # or json: one object a line (netkit.logs)
     heartbeat_s: float = 2.0
     job_retention_h: float = 168.0
     engines: tuple[tuple[str, str, str], ...] = ()  # (name, kind, base URL)
@@ -301,6 +304,7 @@ def load_config(home: Path, overrides: Mapping[str, Any]) -> AgentConfig:
         facade_port=table.facade_port,
         simulate_gpus=table.simulate_gpus,
         log_level=table.log_level,
+        log_format=table.log_format,
         heartbeat_s=float(table.heartbeat_s),
         job_retention_h=float(table.job_retention_h),
         engines=tuple((e.name, e.kind, e.url) for e in _engines(path, table.engines)),

@@ -16,7 +16,11 @@ relayed to every member), in paired rounds of alternating order.
   (`_byte_pipe.py`: no HTTP parsed, nothing scheduled or recorded) is measured in the same
   rounds as the ceiling any proxy process reaches here.
 
-    python bench/facade.py [--requests 400] [--rounds 7]
+With `--tracing` both agents trace every request (`[tracing]`, sampling all) to an OTLP/HTTP
+sink (`_otlp_sink.py`): the same figures then include the spans' cost, and the last lines say
+how many spans A exported and dropped. Run it with and without to compare the ratios.
+
+    python bench/facade.py [--requests 400] [--rounds 7] [--tracing]
 """
 
 from __future__ import annotations
@@ -164,6 +168,18 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             *(str(engine_ports["a"]), str(pipe_port)),
         )
     )
+    if args.tracing:
+        sink = free_port()
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).with_name("_otlp_sink.py")), str(sink)
+            )
+        )
+        for name in "ab":
+            (root / name).mkdir(mode=0o700)
+            (root / name / "nvpair.toml").write_text(
+                f'[tracing]\notlp_endpoint = "http://127.0.0.1:{sink}/v1/traces"\n'
+            )
     try:
         await run("cluster", "init", "--name", "bench", env=envs["a"])
         procs.append(await run(*agent_args("a"), env=envs["a"], wait=False))
@@ -218,6 +234,14 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                 f"{IN_FLIGHT} in flight: a byte pipe (no HTTP parsed, nothing recorded) reaches "
                 f"{ceiling:.2f} of direct -- the ceiling for any proxy process on this machine"
             )
+            if args.tracing:
+                async with session.get(f"http://127.0.0.1:{ports['a']['api']}/metrics") as r:
+                    spans = [
+                        line
+                        for line in (await r.text()).splitlines()
+                        if line.startswith("nvpair_trace_spans")
+                    ]
+                print("tracing on, A's spans: " + "; ".join(spans))
             base_rates, subject_rates = rates["base"], rates["subject"]
             report(
                 base_rates,
@@ -236,6 +260,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tracing", action="store_true", help="trace every request (OTLP)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(main_async(args, Path(tmp)))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from certs import CertsError, ClusterDir
+from netkit import logs
 from workload_manager._version import VERSION
 from workload_manager.errors import (
     CannotListen,
@@ -99,11 +100,7 @@ def _port(text: str) -> int:
 def main(argv: Sequence[str] | None = None, *, prog: str = "workload_manager") -> int:
     """Parse the flags and run until the channel closes or a signal arrives."""
     args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=LOG_LEVELS[args.log_level],
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(LOG_LEVELS[args.log_level], os.environ.get(logs.ENV, "text"))
     if args.ipc is not None and sys.platform == "win32":
         print(f"{prog}: --ipc named pipes are not supported yet", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import urllib.parse
@@ -18,6 +19,7 @@ from typing import Any
 from agent.cli import calls as cli_http
 from agent.config import ConfigError, load_config, nvpair_home
 from certs import ClusterDir
+from netkit import logs
 
 __all__ = ["add_commands"]
 
@@ -47,6 +49,11 @@ def add_commands(commands: Any, cluster_sub: Any) -> None:
         run.add_argument(f"--{flag}-port", type=int, dest=f"{flag}_port", metavar="N")
     run.add_argument("--simulate-gpus", metavar="SPEC", help='e.g. "h100-80gb-sxm:8,l4:2"')
     run.add_argument("--log-level", choices=tuple(_LEVELS))
+    run.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="json: one object a line with the request's ids, for log shippers (default text)",
+    )
     run.add_argument(
         "--engine",
         action="append",
@@ -156,23 +163,24 @@ def _agent_run(args: argparse.Namespace) -> int:
                 "facade_port": args.facade_port,
                 "simulate_gpus": args.simulate_gpus,
                 "log_level": args.log_level,
+                "log_format": args.log_format,
                 "engines": args.engine,
             },
         )
     except ConfigError as exc:
         print(f"nvpair: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=_LEVELS[config.log_level],
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(_LEVELS[config.log_level], config.log_format)
+    os.environ[logs.ENV] = config.log_format  # the workload manager child writes it too
     # aiosqlite logs two debug lines per statement (its arguments' reprs): at `debug` they
     # were nine lines in ten of an agent's log, and costly to format. Ours stay at debug.
     logging.getLogger("aiosqlite").setLevel(max(logging.INFO, _LEVELS[config.log_level]))
     # Imported here: the servers' plumbing and the daemon's parts (aiohttp, ~0.4 s of imports)
     # serve `agent run` only; every other command starts without them.
     from agent.app.run import run_agent
+    from agent.core.request_identity import log_fields
+
+    logs.add_context(log_fields)  # a line written for a request names it, and its job
     from netkit.sites import Bounds, raise_open_files_limit
 
     limit = raise_open_files_limit()

@@ -33,10 +33,12 @@ __all__ = [
     "HEADER",
     "current",
     "identify",
+    "log_fields",
     "middleware",
     "outgoing",
     "passed_back",
     "stamp",
+    "working_on",
 ]
 
 HEADER: Final = "X-Request-Id"
@@ -62,6 +64,7 @@ _new_prefix()
 os.register_at_fork(after_in_child=_new_prefix)
 
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_request_id", default="")
+_job: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_job", default="")
 
 
 def identify(request: web.Request) -> str:
@@ -77,6 +80,16 @@ def identify(request: web.Request) -> str:
 def current() -> str:
     """The id of the request this task handles ("" outside one)."""
     return _current.get()
+
+
+def working_on(job: str) -> None:
+    """The job (`RUN_ID/ID`) the current request became: its log lines name it."""
+    _job.set(job)
+
+
+def log_fields() -> dict[str, str]:
+    """What a log line written now says of its request (netkit.logs): ids only."""
+    return {"request_id": _current.get(), "job_id": _job.get()}
 
 
 def outgoing() -> dict[str, str]:

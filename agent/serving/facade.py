@@ -27,7 +27,7 @@ from aiohttp import web
 
 from agent.core.errors import MemberUnreachable
 from agent.core.lifetime import SHUTDOWN_S
-from agent.core.request_identity import identify, stamp
+from agent.core.request_identity import identify, stamp, working_on
 from agent.core.request_identity import middleware as identified
 from agent.core.timings import Timings
 from agent.engines.registry import Engines
@@ -260,6 +260,7 @@ class Facade:
         jobs = self.jobs
         job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit(job)  # workload:submitted
+        working_on(f"{job.record.runId}/{job.record.id}")  # its log lines say so
         if tracing.on():
             tracing.note(_job_attributes(job.record))
         ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
@@ -273,6 +274,10 @@ class Facade:
                 self.cold_waits.observe(time.monotonic() - entered_at)
             if tracing.on():
                 _trace_choice(self.policy, targets)
+            log.debug(
+                "%s placed on %s (%s)", model[:256], targets[0].replica or targets[0].node_id,
+                targets[0].reason,
+            )  # fmt: skip
             for attempt, target in enumerate(targets):
                 self._decided(model, "failover" if attempt else target.reason)
                 if attempt:

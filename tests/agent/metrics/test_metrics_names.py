@@ -72,12 +72,13 @@ def dashboard_names() -> set[str]:
 
 
 def doc_rows() -> dict[str, tuple[str, str, bool]]:
-    """docs/metrics.md's table rows: name -> (type, meaning, only with a plane)."""
+    """docs/metrics.md's table rows: name -> (type, meaning, only with a plane or with
+    tracing on: a section that says either in its title)."""
     rows: dict[str, tuple[str, str, bool]] = {}
     plane = False
     for line in DOC.read_text().splitlines():
         if line.startswith("## "):
-            plane = "plane" in line.lower()
+            plane = any(word in line.lower() for word in ("plane", "tracing"))
         elif line.startswith("| `nvpair_"):
             cells = [cell.strip() for cell in line.split("|")]
             rows[cells[1].strip("`")] = (cells[2], cells[4], plane)
@@ -85,7 +86,8 @@ def doc_rows() -> dict[str, tuple[str, str, bool]]:
 
 
 def documented() -> tuple[set[str], set[str]]:
-    """The names in docs/metrics.md's tables: (always exported, only with a plane)."""
+    """The names in docs/metrics.md's tables: (always exported, only with a plane or with
+    tracing on)."""
     rows = doc_rows()
     return {n for n, r in rows.items() if not r[2]}, {n for n, r in rows.items() if r[2]}
 

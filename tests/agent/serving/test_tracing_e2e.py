@@ -2,12 +2,14 @@
 sending its spans over OTLP/HTTP to a small receiver the test runs (decoding them with
 opentelemetry-proto): a request entering a and served on b is one trace -- the client's --
 with a's spans, then b's, then the engine's, each the child of the one before it; no span
-holds the prompt; and /metrics counts the spans exported. (The plane's calls:
+holds the prompt; /metrics counts the spans exported; and a's log lines (JSON) of the
+request carry its request, job and trace ids. (The plane's calls:
 tests/plane/http/test_plane_traces.py.)"""
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -49,6 +51,7 @@ async def cluster(
 ) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("tracing")
     nodes = [make_node(root, "a", None), make_node(root, "b", None)]
+    nodes[0].extra = ["--log-format", "json"]  # for log shippers: the request's ids as fields
     nodes[1].extra = ["--engine", f"vllm={engine.url}"]
     for node in nodes:
         node.home.mkdir(parents=True)
@@ -112,6 +115,20 @@ async def test_a_request_entering_a_and_served_on_b_is_one_trace(
     assert route.attributes["nvpair.target.node_id"] == b_id
     assert isinstance(route.attributes["nvpair.route.score"], float)
     assert spans["nvpair.engine"].attributes["http.response.status_code"] == 200
+
+    # a's log lines of the request name it, its job and its trace (item 3).
+    job = f"{request.attributes['nvpair.job.run_id']}/{request.attributes['nvpair.job.id']}"
+    assert a.log is not None  # started
+    said = a.log.read_text().splitlines()
+    lines = [json.loads(line) for line in said if line.startswith("{")]
+    placed = [line for line in lines if line["message"].startswith(f"{MODEL} placed on")]
+    assert placed, "a says where it placed the request"
+    assert placed[-1]["job_id"] == job
+    assert placed[-1]["trace_id"] == trace_id
+    assert placed[-1]["request_id"].startswith("req_")
+    assert all(MARKER not in line for line in said)
+    # The workload manager child writes the agent's format too.
+    assert any(line["logger"].startswith("workload_manager") for line in lines)
 
     # The prompt is in no span, nor anywhere in what was exported (the model, which the
     # same body named, is: the bodies are where the prompt would be).
