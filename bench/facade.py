@@ -16,9 +16,11 @@ relayed to every member), in paired rounds of alternating order.
   (`_byte_pipe.py`: no HTTP parsed, nothing scheduled or recorded) is measured in the same
   rounds as the ceiling any proxy process reaches here.
 
-With `--tracing` both agents trace every request (`[tracing]`, sampling all) to an OTLP/HTTP
-sink (`_otlp_sink.py`): the same figures then include the spans' cost, and the last lines say
-how many spans A exported and dropped. Run it with and without to compare the ratios.
+With `--tracing`, a third agent T (a cluster of its own, A's engine) traces every request
+(`[tracing]`, sampling all) to an OTLP/HTTP sink (`_otlp_sink.py`), and T's facade is
+measured against A's in the same rounds: the added latency of sequential requests, and the
+throughput with 16 in flight -- then the last line, `ratio:`, is traced / untraced -- with
+how many spans T exported and dropped.
 
     python bench/facade.py [--requests 400] [--rounds 7] [--tracing]
 """
@@ -131,11 +133,6 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
         )
         for key, model, latency in engines
     ]
-    ports = {name: {k: free_port() for k in ("manager", "node", "api", "facade")} for name in "ab"}
-    envs = {
-        name: {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
-        for name in "ab"
-    }
 
     def agent_args(name: str) -> list[str]:
         p = ports[name]
@@ -168,6 +165,13 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             *(str(engine_ports["a"]), str(pipe_port)),
         )
     )
+    names = "abt" if args.tracing else "ab"
+    ports = {name: {k: free_port() for k in ("manager", "node", "api", "facade")} for name in names}
+    envs = {
+        name: {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
+        for name in names
+    }
+    engine_ports["t"] = engine_ports["a"]  # T calls A's engine
     if args.tracing:
         sink = free_port()
         procs.append(
@@ -175,11 +179,10 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                 sys.executable, str(Path(__file__).with_name("_otlp_sink.py")), str(sink)
             )
         )
-        for name in "ab":
-            (root / name).mkdir(mode=0o700)
-            (root / name / "nvpair.toml").write_text(
-                f'[tracing]\notlp_endpoint = "http://127.0.0.1:{sink}/v1/traces"\n'
-            )
+        (root / "t").mkdir(mode=0o700)
+        (root / "t" / "nvpair.toml").write_text(
+            f'[tracing]\notlp_endpoint = "http://127.0.0.1:{sink}/v1/traces"\n'
+        )
     try:
         await run("cluster", "init", "--name", "bench", env=envs["a"])
         procs.append(await run(*agent_args("a"), env=envs["a"], wait=False))
@@ -198,6 +201,11 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
         await run("cluster", "join", f"127.0.0.1:{ports['a']['node']}", token, env=envs["b"])
         procs.append(await run(*agent_args("b"), env=envs["b"], wait=False))
         facade = f"http://127.0.0.1:{ports['a']['facade']}/v1/chat/completions"
+        traced = ""
+        if args.tracing:
+            traced = f"http://127.0.0.1:{ports['t']['facade']}/v1/chat/completions"
+            await run("cluster", "init", "--name", "traced", env=envs["t"])
+            procs.append(await run(*agent_args("t"), env=envs["t"], wait=False))
 
         def direct(port: str) -> str:
             return f"http://127.0.0.1:{engine_ports[port]}/v1/chat/completions"
@@ -205,13 +213,22 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=IN_FLIGHT * 2)
         ) as session:
-            for _ in range(100):  # until A's facade knows every engine
+            for _ in range(100):  # until A's facade knows every engine (and T's its one)
                 async with session.get(f"http://127.0.0.1:{ports['a']['facade']}/v1/models") as r:
                     models = await r.text()
-                if "remote-model" in models and "local-model" in models:
+                if args.tracing:
+                    async with session.get(traced.replace("chat/completions", "models")) as r:
+                        models += "" if "local-model" in await r.text() else "T-not-ready"
+                ready = "remote-model" in models and "local-model" in models
+                if ready and "T-not-ready" not in models:
                     break
                 await asyncio.sleep(0.2)
-            warm = ((direct("a"), "local-model"), (direct("b"), "remote-model"))
+            warm: tuple[tuple[str, str], ...] = (
+                (direct("a"), "local-model"),
+                (direct("b"), "remote-model"),
+            )
+            if args.tracing:
+                warm += ((traced, "local-model"),)
             for url, model in (*warm, (facade, "local-model"), (facade, "remote-model")):
                 await rate(session, url, model, 100, 4)
             local = (direct("a"), "local-model")
@@ -220,11 +237,21 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             await sequential(
                 session, "sequential, forwarded", remote, (facade, "remote-model"), args
             )
+            if args.tracing:
+                await sequential(
+                    session,
+                    "sequential, local, traced (T) vs untraced (A)",
+                    (facade, "local-model"),
+                    (traced, "local-model"),
+                    args,
+                )
             pipe = f"http://127.0.0.1:{pipe_port}/v1/chat/completions"
-            rates: dict[str, list[float]] = {"base": [], "subject": [], "pipe": []}
+            rates: dict[str, list[float]] = {"base": [], "subject": [], "pipe": [], "traced": []}
             sides = [("base", direct("a")), ("subject", facade), ("pipe", pipe)]
+            sides += [("traced", traced)] if args.tracing else []
             for i in range(args.rounds):
-                for which, url in sides[i % 3 :] + sides[: i % 3]:  # each first in turn
+                turn = i % len(sides)
+                for which, url in sides[turn:] + sides[:turn]:  # each first in turn
                     value, _ = await rate(session, url, "local-model", args.requests, IN_FLIGHT)
                     rates[which].append(value)
             ceiling = statistics.median(
@@ -235,13 +262,24 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                 f"{ceiling:.2f} of direct -- the ceiling for any proxy process on this machine"
             )
             if args.tracing:
-                async with session.get(f"http://127.0.0.1:{ports['a']['api']}/metrics") as r:
+                async with session.get(f"http://127.0.0.1:{ports['t']['api']}/metrics") as r:
                     spans = [
                         line
                         for line in (await r.text()).splitlines()
                         if line.startswith("nvpair_trace_spans")
                     ]
-                print("tracing on, A's spans: " + "; ".join(spans))
+                print("T's spans: " + "; ".join(spans))
+                facade_direct = statistics.median(
+                    s / b for b, s in zip(rates["base"], rates["subject"], strict=True)
+                )
+                print(f"{IN_FLIGHT} in flight, local: facade / direct {facade_direct:.2f}")
+                report(
+                    rates["subject"],
+                    rates["traced"],
+                    unit="requests/s",
+                    label=f"{IN_FLIGHT} in flight, local, traced facade (T) vs untraced (A):",
+                )
+                return
             base_rates, subject_rates = rates["base"], rates["subject"]
             report(
                 base_rates,
