@@ -217,8 +217,12 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                 async with session.get(f"http://127.0.0.1:{ports['a']['facade']}/v1/models") as r:
                     models = await r.text()
                 if args.tracing:
-                    async with session.get(traced.replace("chat/completions", "models")) as r:
-                        models += "" if "local-model" in await r.text() else "T-not-ready"
+                    try:
+                        async with session.get(traced.replace("chat/completions", "models")) as r:
+                            ready_t = "local-model" in await r.text()
+                    except aiohttp.ClientError:  # T is still starting
+                        ready_t = False
+                    models += "" if ready_t else "T-not-ready"
                 ready = "remote-model" in models and "local-model" in models
                 if ready and "T-not-ready" not in models:
                     break
