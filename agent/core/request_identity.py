@@ -64,7 +64,9 @@ _new_prefix()
 os.register_at_fork(after_in_child=_new_prefix)
 
 _current: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_request_id", default="")
-_job: contextvars.ContextVar[str] = contextvars.ContextVar("nvpair_job", default="")
+_job: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "nvpair_job", default=("", "")
+)
 
 
 def identify(request: web.Request) -> str:
@@ -82,14 +84,15 @@ def current() -> str:
     return _current.get()
 
 
-def working_on(job: str) -> None:
-    """The job (`RUN_ID/ID`) the current request became: its log lines name it."""
-    _job.set(job)
+def working_on(run_id: str, job_id: str) -> None:
+    """The job the current request became: its log lines name it (`RUN_ID/ID`)."""
+    _job.set((run_id, job_id))
 
 
 def log_fields() -> dict[str, str]:
     """What a log line written now says of its request (netkit.logs): ids only."""
-    return {"request_id": _current.get(), "job_id": _job.get()}
+    run_id, job_id = _job.get()
+    return {"request_id": _current.get(), "job_id": f"{run_id}/{job_id}" if run_id else ""}
 
 
 def outgoing() -> dict[str, str]:

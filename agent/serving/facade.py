@@ -260,7 +260,7 @@ class Facade:
         jobs = self.jobs
         job = jobs.new(model, kind, requester if isinstance(requester, str) else None)
         jobs.emit(job)  # workload:submitted
-        working_on(f"{job.record.runId}/{job.record.id}")  # its log lines say so
+        working_on(job.record.runId, job.record.id)  # its log lines say so
         if tracing.on():
             tracing.note(_job_attributes(job.record))
         ending: Ending = Fail(error=JobError.INTERNAL)  # unless something says otherwise
