@@ -2,7 +2,9 @@
 
 a runs the engine with `queue_limit = 4` (capacity for 4) and a long wait line; b has no
 engine, a line of 2 and a 3 s wait, so its requests are forwarded to a and wait at b. One
-cluster serves the module; each test counts only the jobs it made (`before`).
+cluster serves the module; each test counts only the jobs it made (`before`). Both trace
+their requests (issue 31): a request that waited has a span of its wait, and one whose wait
+ran out says why.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Final
 import aiohttp
 import pytest
 import pytest_asyncio
+
+from tests.fixtures.otlp import Received, Receiver
 
 from ..harness import (
     Engine,
@@ -38,8 +42,14 @@ engine = module_engine(MODEL, "--tokens-per-s", str(TOKENS_PER_S))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def receiver() -> AsyncIterator[Receiver]:
+    async with Receiver.running() as started:
+        yield started
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster(
-    tmp_path_factory: pytest.TempPathFactory, engine: Engine
+    tmp_path_factory: pytest.TempPathFactory, engine: Engine, receiver: Receiver
 ) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("wait")
     a, b = make_node(root, "a", "l4:1"), make_node(root, "b", "l4:1")
@@ -49,7 +59,9 @@ async def cluster(
         (b, "wait_queue = 2\nwait_timeout_s = 3\n"),
     ):
         node.home.mkdir(parents=True)
-        (node.home / "nvpair.toml").write_text("[agent]\n" + settings)
+        traced = f'[tracing]\notlp_endpoint = "{receiver.url}"\n'
+        (node.home / "nvpair.toml").write_text("[agent]\n" + settings + traced)
+        node.extra_env["OTEL_BSP_SCHEDULE_DELAY"] = "100"
     async for started in start_cluster([a, b]):
 
         async def b_sees_the_engine() -> bool:
@@ -103,7 +115,7 @@ async def new_jobs(node: Node, before: set[JobKey]) -> list[Any]:
 
 
 async def test_twelve_for_capacity_four_all_complete_in_fifo_order(
-    cluster: list[Node], before: set[JobKey]
+    cluster: list[Node], before: set[JobKey], receiver: Receiver
 ) -> None:
     a, b = cluster
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -132,6 +144,29 @@ async def test_twelve_for_capacity_four_all_complete_in_fifo_order(
     # They waited: the last four cannot have started before the first four finished.
     assert min(j["startedAt"] for j in jobs[8:]) >= min(j["completedAt"] for j in jobs[:4])
 
+    # ... and their traces say so: a span of the wait in each waiting request's trace, none in
+    # those that ran at once (the first four).
+    ids = {j["id"] for j in jobs}
+
+    def requests() -> dict[str, Received]:
+        return {
+            str(s.attributes["nvpair.job.id"]): s
+            for s in receiver.spans
+            if s.name == "POST /v1/chat/completions" and s.attributes.get("nvpair.job.id") in ids
+        }
+
+    await eventually(lambda: len(requests()) == 12, "the twelve requests' spans")
+    waits = {s.trace_id: s for s in receiver.spans if s.name == "nvpair.wait"}
+    waited = {j["id"] for j in jobs[8:]}  # the last four surely waited
+    for job_id, request in requests().items():
+        wait = waits.get(request.trace_id)
+        if job_id in waited:
+            assert wait is not None, job_id
+            assert wait.parent_id == request.span_id, job_id
+            assert "nvpair.wait.refusal" not in wait.attributes
+        elif int(job_id) <= int(jobs[0]["id"]) + 3:
+            assert wait is None, job_id  # the control: ran at once, no wait
+
 
 async def test_a_line_of_two_refuses_the_rest_with_retry_after(
     cluster: list[Node], before: set[JobKey]
@@ -151,7 +186,7 @@ async def test_a_line_of_two_refuses_the_rest_with_retry_after(
 
 
 async def test_hanging_up_while_queued_cancels_and_a_wait_that_runs_out_is_429(
-    cluster: list[Node], before: set[JobKey]
+    cluster: list[Node], before: set[JobKey], receiver: Receiver
 ) -> None:
     a, b = cluster
     # Four long requests through a fill its capacity.
@@ -192,6 +227,26 @@ async def test_hanging_up_while_queued_cancels_and_a_wait_that_runs_out_is_429(
         return views == [ENDED, ENDED]
 
     await eventually(ended_everywhere, "a cancelled and a timed-out job on both members")
+
+    # The one whose wait ran out: its trace says why, in our words.
+    (timed_out,) = [j for j in await new_jobs(b, before) if j["state"] == "failed"]
+
+    def its_spans() -> dict[str, Received]:
+        request = [
+            s
+            for s in receiver.spans
+            if s.name == "POST /v1/chat/completions"
+            and s.attributes.get("nvpair.job.id") == timed_out["id"]
+            and s.attributes.get("nvpair.job.run_id") == timed_out["runId"]
+        ]
+        return {s.name: s for s in receiver.spans if request and s.trace_id == request[0].trace_id}
+
+    await eventually(lambda: "nvpair.wait" in its_spans(), "the timed-out request's wait span")
+    spans = its_spans()
+    assert spans["nvpair.wait"].attributes["nvpair.wait.refusal"]
+    request = spans["POST /v1/chat/completions"]
+    assert request.error == "waited too long for capacity"
+    assert request.attributes["http.response.status_code"] == 429
 
 
 ENDED: Final = [
