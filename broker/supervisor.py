@@ -21,6 +21,10 @@ business (`broker/channel.py`); this module only moves bytes and carries out its
   (`dropped`) and logged once per burst;
 - on `aclose()`, it sends SIGTERM and, after a grace period, SIGKILL.
 
+The child trusts the cluster's CA only (seed 002: peers are pinned members): it is started
+without the system's CA store (`NO_SYSTEM_TRUST`), which no connection of its own uses and
+which aiohttp would otherwise load at import -- a fifth of the child's start-up CPU.
+
 Its tasks (the loop, the stderr pump) belong to its own task group; a loop that dies is
 logged with its traceback and reported (`failure`, `on_failure`).
 """
@@ -67,6 +71,11 @@ from workload_manager.manager import Peer
 from workload_manager.workload import Workload, WorkloadRemoval
 
 __all__ = ["ManagerSupervisor"]
+
+# OpenSSL's default verify paths, pointed at nothing: `ssl.create_default_context()` in the
+# child (aiohttp makes two at import) then loads no CA; the child's own contexts load the
+# cluster CA explicitly.
+NO_SYSTEM_TRUST: Final = {"SSL_CERT_FILE": "/nonexistent", "SSL_CERT_DIR": "/nonexistent"}
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +299,8 @@ class ManagerSupervisor:
         self._channel = BrokerChannel()
         flags = ["--port", str(self.port), "--cluster-dir", str(self.cluster_dir)]
         flags += ["--log-level", self.log_level]
-        self._proc = proc = await spawn_stdio([*self.argv, *flags], self.extra_env)
+        env = {**NO_SYSTEM_TRUST, **self.extra_env}
+        self._proc = proc = await spawn_stdio([*self.argv, *flags], env)
         log.info("workload manager started (pid %d)", proc.pid)
         stderr = self._spawn(
             f"{PART}-stderr", reporting(f"{PART}-stderr", pass_stderr(proc, self.stderr_tail))
