@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "configure",
     "current_ids",
+    "env_count",
     "extracted",
     "failed",
     "injected",
@@ -91,12 +92,11 @@ def configure(
     provider = TracerProvider(
         resource=resource, sampler=ParentBased(TraceIdRatioBased(sample_ratio))
     )
-    env = os.environ
     batches = Batches(
         exporter or OTLPSpanExporter(endpoint=endpoint),
-        max_queue=int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE)),
-        max_batch=int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_BATCH)),
-        delay_s=int(env.get("OTEL_BSP_SCHEDULE_DELAY", DELAY_MS)) / 1000,
+        max_queue=env_count("OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE),
+        max_batch=env_count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_BATCH),
+        delay_s=env_count("OTEL_BSP_SCHEDULE_DELAY", DELAY_MS) / 1000,
         where=endpoint,
     )
     provider.add_span_processor(batches)
@@ -105,6 +105,22 @@ def configure(
     _batches = batches
     log.info("tracing on: spans to %s (sampling %g of new traces)", endpoint, sample_ratio)
     return batches
+
+
+def env_count(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """The positive whole number the environment sets `name` to; `default` (said once in
+    the log) when it sets something else: a typo in a variable must not stop an agent."""
+    given = (os.environ if environ is None else environ).get(name)
+    if given is None:
+        return default
+    try:
+        value = int(given)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        log.warning("%s=%r is not a positive whole number: %d it is", name, given[:32], default)
+        return default
+    return value
 
 
 def shutdown() -> None:

@@ -97,6 +97,8 @@ def facade_address(
 COLD_WAIT_BUCKETS: Final = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)  # seconds
 # What a model of an elastic deployment with no replica ready is refused while one starts.
 _COLD: Final = (Refusal.MODEL_NOT_SERVED, Refusal.REPLICA_NOT_READY)
+# Refusals a member coming back can lift: asked again of a fresh view (`SchedulingView`).
+_RECHECKED: Final = (Refusal.MODEL_NOT_SERVED, Refusal.UNREACHABLE, Refusal.ENGINES_DOWN)
 
 
 class Facade:
@@ -353,18 +355,24 @@ class Facade:
             if len(self._turns) >= MAX_TALLIES and model not in self._turns:
                 self._turns.clear()
             turn = self._turns[model] = self._turns.get(model, -1) + 1
-        placed = choose(
-            model,
-            replicas=self._replicas(),
-            pending=self.pending,
-            nodes=self._nodes,
-            origin=self.node_id,
-            kind_on=self._view.engine_kind_for,
-            pending_then=self.pending.then,
-            anchor=anchor,
-            policy=self.policy,
-            turn=turn,
-        )
+
+        def placed_now() -> list[Target] | Refusal:
+            return choose(
+                model,
+                replicas=self._replicas(),
+                pending=self.pending,
+                nodes=self._nodes,
+                origin=self.node_id,
+                kind_on=self._view.engine_kind_for,
+                pending_then=self.pending.then,
+                anchor=anchor,
+                policy=self.policy,
+                turn=turn,
+            )
+
+        placed = placed_now()
+        if placed in _RECHECKED and self._view.expire():
+            placed = placed_now()  # not on a view compiled before a member came back
         if placed in _COLD and model in self._elastic():
             return Refusal.QUEUE_FULL  # a cold start: wait in line while a replica starts
         return placed

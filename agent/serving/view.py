@@ -3,6 +3,11 @@
 Compiling costs more than ranking, so the compiled view is reused while no record, pin or
 reachability changed (reachability moves with time, so at most every `TTL_S`). The pending
 work per node is copied fresh on every call, since the caller adds its own to it.
+
+A member that comes back is therefore seen up to `TTL_S` late. A refusal must not rest on
+that: the facade asks `expire()` before refusing, and places once more on a view compiled
+then (at most every `RECHECK_S`, so a flood of requests for a model nobody serves does not
+compile the cluster for each).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from scheduler.replicas import ReplicaView
 __all__ = ["ReplicaViews", "SchedulingView"]
 
 TTL_S: Final = 0.5
+RECHECK_S: Final = 0.05  # a refusal recompiles a view older than this, at most
 REPLICA_TTL_S: Final = 0.1  # load ages and reachability may lag this much (STALE_MS is 5 s)
 
 
@@ -56,6 +62,15 @@ class SchedulingView:
             cached = self._cache = (key, now, self._compile(records, now))
         cluster = cached[2]
         return cluster, Load.of(cluster, self._remote_load())
+
+    def expire(self, older_than_s: float = RECHECK_S) -> bool:
+        """Drop the compiled view when it is older than `older_than_s`; whether it was (the
+        next `current()` then compiles what the records and reachability say now)."""
+        cached = self._cache
+        if cached is None or self._clock() - cached[1] <= older_than_s:
+            return False
+        self._cache = None
+        return True
 
     def _compile(self, records: list[NodeRecord], now: float) -> Cluster:
         return Cluster.compile(

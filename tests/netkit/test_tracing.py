@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from netkit.trace_batches import Batches
+from netkit.tracing import env_count
 from tests.fixtures.waiting import eventually
 from tests.workload_manager.cluster_harness import free_port
 
@@ -131,3 +132,10 @@ def test_with_tracing_off_nothing_loads_opentelemetry() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_malformed_batch_setting_falls_back_to_its_default() -> None:
+    assert env_count("OTEL_BSP_MAX_QUEUE_SIZE", 2048, {"OTEL_BSP_MAX_QUEUE_SIZE": "64"}) == 64
+    for bad in ("lots", "0", "-5", "1.5", ""):
+        assert env_count("OTEL_BSP_MAX_QUEUE_SIZE", 2048, {"OTEL_BSP_MAX_QUEUE_SIZE": bad}) == 2048
+    assert env_count("OTEL_BSP_MAX_QUEUE_SIZE", 2048, {}) == 2048

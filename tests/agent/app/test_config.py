@@ -35,12 +35,26 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ('[agent]\nengines = ["tgi=http://x"]\n', "kind is one of"),
         ("[artifacts]\nmax_bytes = -1\n", "max_bytes"),
         ("[artifacts]\nbudget = 1\n", "artifacts.budget"),
+        ("[agent]\nlog_format = 'xml'\n", "log_format"),
+        ("[tracing]\notlp_endpoint = 'collector:4318'\n", "tracing.otlp_endpoint"),
+        ("[tracing]\notlp_endpoint = 'ftp://collector/v1/traces'\n", "tracing.otlp_endpoint"),
+        ("[tracing]\nsample_ratio = 1.5\n", "sample_ratio"),
+        ("[tracing]\nendpoint = 'http://x'\n", "tracing.endpoint"),
     ],
 )
 def test_bad_settings_are_named(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "nvpair.toml").write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(tmp_path, {})
+
+
+def test_tracing_is_off_unless_a_collector_is_named(tmp_path: Path) -> None:
+    assert load_config(tmp_path, {}).tracing.otlp_endpoint is None
+    (tmp_path / "nvpair.toml").write_text(
+        '[tracing]\notlp_endpoint = "http://collector:4318/v1/traces"\nsample_ratio = 0.1\n'
+    )
+    tracing = load_config(tmp_path, {}).tracing
+    assert (tracing.otlp_endpoint, tracing.sample_ratio) == ("http://collector:4318/v1/traces", 0.1)
 
 
 def test_the_artifact_store_goes_where_it_is_told(tmp_path: Path) -> None:

@@ -4,37 +4,28 @@ a root span for each sync up and each desired-state fetch."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
-import psycopg
 import pytest
-import pytest_asyncio
 
 from tests.agent.harness import Node, eventually, make_node, start_cluster
 from tests.fixtures.otlp import Received, Receiver
 
 from ..plane_process import PlaneProcess, point_at_plane
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def plane(pg_server: str) -> AsyncIterator[PlaneProcess]:
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as admin:
-        await admin.execute(f'CREATE DATABASE "{name}"'.encode())
-    started = PlaneProcess(pg_server.rsplit("/", 1)[0] + "/" + name)
+@pytest.fixture
+async def plane_process(pg_dsn: str) -> AsyncIterator[PlaneProcess]:
+    started = PlaneProcess(pg_dsn)
     await started.start()
     yield started
     await started.stop()
-    async with await psycopg.AsyncConnection.connect(pg_server, autocommit=True) as admin:
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
 
 
 async def test_each_sync_and_fetch_is_a_trace_of_its_own(
-    plane: PlaneProcess, tmp_path_factory: pytest.TempPathFactory
+    plane_process: PlaneProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    plane = plane_process
     token = (await plane.cli("enrol-cluster", "traced")).strip()
     async with Receiver.running() as receiver:
         node = make_node(tmp_path_factory.mktemp("plane-traces"), "a", None)
