@@ -23,23 +23,48 @@ deterministic over the view, so once the views agree the cluster agrees:
 
 Scaling changes only the delta: a replica that is live and current is never touched while
 it is within the declared number.
+
+**Spanning replicas** (issue 32: a deployment with `nodes` > 1) are one replica made of
+`nodes` parts, each on its own member with `gpus` GPUs there (the one-domain rule per member),
+the first part the head. They follow the same rules with a group in place of a replica:
+
+- **All or nothing.** A missing replica is placed only where all its parts fit: the first
+  `nodes` members in the order above that each have room. The layout -- which member, which
+  GPUs, in rank order -- and its group id (a digest of the deployment and the layout) are
+  the same for every member that plans over the same view, so each starts its own part and
+  the parts meet without asking one another.
+- **Joining.** A member named in a live group's layout that runs no part of it starts its
+  part on the GPUs the layout names, when they are free there (`admissible`): a member whose
+  view lagged follows the plan of those who started first. The GPUs a live group names on a
+  member count as taken there until that member's part is up or the group is gone.
+- **Whole or restarted.** A group one of whose parts failed, whose layout names a member
+  that is not reachable, or whose parts disagree on the layout is broken: every member stops
+  its parts of it at once, and the replica is placed anew. A part whose partner has not
+  joined within `JOIN_MS` of the part's start (the member's own clock) is stopped too -- so
+  after convergence no partial replica holds a GPU.
+- **Surplus** groups are cut as replicas are: whole ones kept first, then by their parts'
+  states, then the oldest, then by group id.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
+    "JOIN_MS",
     "Gpu",
     "Host",
+    "Part",
     "Plan",
     "Running",
     "Start",
     "Want",
     "admissible",
+    "group_id",
     "reconcile",
     "why_not_on",
 ]
@@ -48,6 +73,9 @@ __all__ = [
 # shows why, until it retries it -- a deployment that cannot start must not take GPU after
 # GPU across the cluster. Surplus cuts take failed ones first.
 LIVE: Final = frozenset({"fetching", "starting", "ready", "failed"})
+# A part of a spanning replica whose partners have not all joined this long after it started
+# is stopped (its member's own clock): the layout it was started for did not happen.
+JOIN_MS: Final = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +90,16 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class Part:
+    """One member's share of a spanning replica: the member and its GPUs there."""
+
+    node_id: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Running:
-    """A replica as the node that runs it reports it."""
+    """A replica as the node that runs it reports it (a part of one, when `group` is set)."""
 
     id: str
     deployment: str  # the deployment's name
@@ -72,6 +108,8 @@ class Running:
     devices: tuple[str, ...]
     state: str  # fetching, starting, ready, failed, stopping
     created_at: int  # epoch ms
+    group: str = ""  # the spanning replica it is a part of; "" a replica of its own
+    layout: tuple[Part, ...] = ()  # that replica's parts in rank order (the head first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +139,25 @@ class Want:
     one_domain: bool = False
     min_memory: int = 0
     artifact: str = ""  # the digest of the weights it loads; "" none
+    nodes: int = 1  # members one replica spans (`gpus` on each)
 
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """A replica to start: on `node_id`, on those GPUs."""
+    """A replica to start: on `node_id`, on those GPUs (a part of a spanning one when
+    `group` is set: `layout` holds every part, in rank order)."""
 
     deployment: str
     deployment_id: str
     node_id: str
     devices: tuple[str, ...]
+    group: str = ""
+    layout: tuple[Part, ...] = ()
+
+    @property
+    def rank(self) -> int:
+        """Its place in the layout: 0 the head (and a replica of its own)."""
+        return next((i for i, p in enumerate(self.layout) if p.node_id == self.node_id), 0)
 
 
 @dataclass
@@ -123,8 +170,16 @@ class Plan:
     unplaced: list[tuple[str, str]] = field(default_factory=list)  # (deployment, why)
 
 
-def reconcile(self_id: str, wants: Sequence[Want], hosts: Sequence[Host]) -> Plan:
-    """This node's part in converging `wants` over `hosts` (this node among them)."""
+def reconcile(
+    self_id: str,
+    wants: Sequence[Want],
+    hosts: Sequence[Host],
+    *,
+    now_ms: int = 0,
+    join_ms: int = JOIN_MS,
+) -> Plan:
+    """This node's part in converging `wants` over `hosts` (this node among them); `now_ms`
+    is this node's clock, for its parts that wait for their partners (`JOIN_MS`)."""
     plan = Plan()
     reachable = sorted((h for h in hosts if h.reachable or h.node_id == self_id), key=_key)
     used: dict[str, set[str]] = {h.node_id: _held(h) for h in reachable}
@@ -138,6 +193,9 @@ def reconcile(self_id: str, wants: Sequence[Want], hosts: Sequence[Host]) -> Pla
             elif (replica.deployment_id, replica.spec) != (want.id, want.spec):
                 plan.stop.append((replica.id, "its deployment has changed"))
     for want in sorted(wants, key=lambda w: w.name):
+        if want.nodes > 1:
+            _spanning(plan, self_id, want, reachable, used, now_ms, join_ms)
+            continue
         live = [
             (host.node_id, r)
             for host in reachable
@@ -245,3 +303,134 @@ def _fit(want: Want, host: Host, used: set[str]) -> tuple[int, tuple[str, ...]] 
     leftover, _, group = min(fitting, key=lambda f: (f[0], f[1]))
     chosen = sorted(group, key=lambda g: g.id)[: want.gpus]
     return (leftover, tuple(g.id for g in chosen))
+
+
+# -- spanning replicas (issue 32) ----------------------------------------------------------------
+
+
+def _spanning(
+    plan: Plan,
+    self_id: str,
+    want: Want,
+    reachable: Sequence[Host],
+    used: dict[str, set[str]],
+    now_ms: int,
+    join_ms: int,
+) -> None:
+    """`reconcile` for a deployment whose replicas span `want.nodes` members."""
+    groups: dict[str, dict[str, Running]] = {}
+    for host in reachable:
+        for r in host.replicas:
+            if (
+                r.deployment == want.name
+                and (r.deployment_id, r.spec) == (want.id, want.spec)
+                and r.state in LIVE
+            ):
+                # A part without a group (a bug, a forged record) is a group of its own: broken.
+                groups.setdefault(r.group or r.id, {})[host.node_id] = r
+    present = {h.node_id for h in reachable}
+    me = next((h for h in reachable if h.node_id == self_id), Host(self_id))
+    free_here = {g.id for g in me.gpus if g.healthy} - _held(me)  # where a part may join
+    kept: list[tuple[tuple[int, int, int, str], str, tuple[Part, ...]]] = []
+    breaking = 0
+    for gid, parts in groups.items():
+        layout = _layout_of(parts)
+        why = _broken(gid, parts, layout, present, want.nodes)
+        if why is not None:
+            mine = parts.get(self_id)
+            if mine is not None:
+                plan.stop.append((mine.id, why))
+            breaking += 1  # placed again once its parts are gone, not beside them
+            continue
+        missing = [p.node_id for p in layout if p.node_id not in parts]
+        mine = parts.get(self_id)
+        if missing and mine is not None and now_ms - mine.created_at >= join_ms:
+            plan.stop.append((mine.id, f"its part on {missing[0]} did not join; placing it anew"))
+            continue
+        states = [_rank(r.state) for r in parts.values()]
+        oldest = min(r.created_at for r in parts.values())
+        kept.append(((len(missing), max(states), oldest, gid), gid, layout))
+        for part in layout:  # its GPUs are its, on members that have not joined yet too
+            if part.node_id in used:
+                used[part.node_id].update(part.devices)
+    kept.sort()
+    for _, gid, _layout in kept[want.replicas :]:
+        mine = groups[gid].get(self_id)
+        if mine is not None:
+            plan.stop.append((mine.id, f"more than the {want.replicas} declared"))
+    count: Counter[str] = Counter()
+    for _, gid, layout in kept[: want.replicas]:
+        count.update(p.node_id for p in layout)
+        joining = next((p for p in layout if p.node_id == self_id), None)
+        if joining is not None and self_id not in groups[gid] and set(joining.devices) <= free_here:
+            plan.start.append(
+                Start(want.name, want.id, self_id, joining.devices, group=gid, layout=layout)
+            )
+    for _ in range(want.replicas - len(kept) - breaking):
+        placed = _place_span(want, reachable, used, count)
+        if isinstance(placed, str):
+            plan.unplaced.append((want.name, placed))
+            break
+        gid = group_id(want, placed)
+        for part in placed:
+            count[part.node_id] += 1
+            used[part.node_id].update(part.devices)
+            start = Start(want.name, want.id, part.node_id, part.devices, group=gid, layout=placed)
+            (plan.start if part.node_id == self_id else plan.elsewhere).append(start)
+
+
+def group_id(want: Want, layout: Sequence[Part]) -> str:
+    """The spanning replica's id: the same on every member that places it the same way."""
+    text = "|".join([want.id, want.spec] + [f"{p.node_id}={','.join(p.devices)}" for p in layout])
+    return "grp_" + hashlib.sha256(text.encode()).hexdigest()[:26]
+
+
+def _layout_of(parts: dict[str, Running]) -> tuple[Part, ...]:
+    # The head's word when it runs; the first part's otherwise (all started from one plan).
+    first = sorted(parts.values(), key=lambda r: r.id)
+    for r in first:
+        if r.layout and parts.get(r.layout[0].node_id) is r:
+            return r.layout
+    return first[0].layout
+
+
+def _broken(
+    gid: str, parts: dict[str, Running], layout: tuple[Part, ...], present: set[str], nodes: int
+) -> str | None:
+    """Why the group is no whole replica and never will be (None: it is, or may become one)."""
+    if len(layout) != nodes or len({p.node_id for p in layout}) != nodes:
+        return f"its replica {gid} does not have {nodes} parts on {nodes} members"
+    where = {p.node_id: p.devices for p in layout}
+    for node_id, r in parts.items():
+        if r.layout != layout or where.get(node_id) != r.devices:
+            return f"the parts of its replica {gid} disagree on where they run"
+        if r.state == "failed":
+            return f"its part on {node_id} failed; restarting the whole replica"
+    for part in layout:
+        if part.node_id not in present:
+            return f"its part on {part.node_id} is unreachable; restarting the whole replica"
+    return None
+
+
+def _place_span(
+    want: Want, hosts: Iterable[Host], used: dict[str, set[str]], count: Counter[str]
+) -> tuple[Part, ...] | str:
+    """The layout of one more spanning replica: the first `want.nodes` members in the order
+    single replicas are placed in, each with room for its part; or why there are not enough."""
+    fitting: list[tuple[tuple[int, bool, int, str], Part]] = []
+    reasons: list[str] = []
+    for host in hosts:
+        found = _fit(want, host, used[host.node_id])
+        if isinstance(found, str):
+            reasons.append(f"{host.name or host.node_id}: {found}")
+            continue
+        leftover, devices = found
+        fetches = bool(want.artifact) and want.artifact not in host.holds
+        rank = (count[host.node_id], fetches, leftover, host.node_id)
+        fitting.append((rank, Part(host.node_id, devices)))
+    if len(fitting) < want.nodes:
+        need = f"{want.nodes} members with room for a part ({want.gpus} GPU(s) each)"
+        why = f"; {'; '.join(reasons)}" if reasons else ""
+        return f"a replica spans {need}, {len(fitting)} have it{why}"
+    fitting.sort(key=lambda f: f[0])
+    return tuple(part for _, part in fitting[: want.nodes])
