@@ -117,6 +117,9 @@ class Deployment(Struct, kw_only=True, frozen=True):
     # Bounds and a policy when it scales on load; absent when fixed (as `artifact`, for
     # members that do not know the field: `elastic-deployments` in facts.wire).
     elastic: Elastic | UnsetType = UNSET
+    # Members one replica spans (issue 32: `gpus` on each, the first part the head); absent
+    # when one, as `artifact` (`spanning-replicas` in facts.wire).
+    nodes: Annotated[int, Meta(ge=2, le=64)] | UnsetType = UNSET
     deleted: bool = False
     version: Annotated[int, Meta(ge=1, le=2**53 - 1)] = 1
     updatedAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms
@@ -133,6 +136,11 @@ class Deployment(Struct, kw_only=True, frozen=True):
     def scaling(self) -> Elastic | None:
         """Its bounds and policy when it scales on load, else None (a fixed count)."""
         return self.elastic if isinstance(self.elastic, Elastic) else None
+
+    @property
+    def span(self) -> int:
+        """Members one replica spans (1: a replica on one member)."""
+        return self.nodes if isinstance(self.nodes, int) else 1
 
 
 def _says(d: Deployment) -> str:
@@ -184,4 +192,6 @@ def spec_digest(deployment: Deployment) -> str:
         spec = (*spec, deployment.engineKey)
     if deployment.weights:  # likewise
         spec = (*spec, "artifact", deployment.weights)
+    if deployment.span > 1:  # likewise
+        spec = (*spec, "nodes", deployment.span)
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]

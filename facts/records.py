@@ -27,7 +27,16 @@ from facts.deployments import MAX_DEPLOYMENTS
 from facts.inventory import Device, TopologyDomain
 from facts.kept import Kept
 
-__all__ = ["Holding", "Membership", "NodeRecord", "RecordsPush", "Removal", "Replica"]
+__all__ = [
+    "Holding",
+    "Membership",
+    "NodeRecord",
+    "Part",
+    "RecordsPush",
+    "Removal",
+    "Replica",
+    "is_worker",
+]
 
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -41,6 +50,13 @@ class Engine(Struct, kw_only=True, frozen=True):
     url: Annotated[str, Meta(max_length=2048)]
     models: Annotated[list[_Name], Meta(max_length=4096)] = []
     up: bool = True
+
+
+class Part(Struct, kw_only=True, frozen=True, array_like=True):
+    """One member's share of a spanning replica (issue 32): the member and its GPUs."""
+
+    node: _Name
+    devices: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)]
 
 
 class Replica(Struct, kw_only=True, frozen=True):
@@ -65,6 +81,21 @@ class Replica(Struct, kw_only=True, frozen=True):
     waiting: Annotated[float, Meta(ge=0)] = 0.0  # requests queued
     kvUsage: Annotated[float, Meta(ge=0)] | None = None  # 0..1, when the engine says
     loadAt: Annotated[int, Meta(ge=0)] = 0  # epoch ms of that reading; 0 never read
+    # A part of a replica that spans members (issue 32): the replica's group id and every
+    # part in rank order (the head first). Absent on a replica of its own, and until every
+    # member knows the fields (`spanning-replicas`, facts.wire), as `artifacts` below.
+    group: Annotated[str, Meta(pattern=r"^grp_[0-9a-f]{26}$")] | UnsetType = UNSET
+    layout: Annotated[list[Part], Meta(max_length=64)] | UnsetType = UNSET
+
+
+def is_worker(replica: Replica, node_id: str) -> bool:
+    """Whether `replica`, in `node_id`'s record, is a worker part of a spanning replica: it
+    serves nothing itself (its head does), and counts as no replica of its own."""
+    return (
+        isinstance(replica.layout, list)
+        and bool(replica.layout)
+        and (replica.layout[0].node != node_id)
+    )
 
 
 class Holding(Struct, kw_only=True, frozen=True, array_like=True):

@@ -58,11 +58,14 @@ WIRE_MAX: Final = 2  # the newest: this release's
 # a member of 0.1.0 neither keeps them nor serves them, so they wait for every member.
 # `elastic-deployments`: a deployment may carry bounds (`facts.deployments.Elastic`); a
 # member of 0.1.0 refuses a deployment with a field it does not know (issue 30).
+# `spanning-replicas`: a deployment's replica may span members (`nodes`), and a record's
+# replica names its group and layout (issue 32).
 FEATURES: Final[Mapping[str, int]] = {
     "signed-facts-kept": 2,
     "artifacts": 2,
     "cluster-key-limits": 2,
     "elastic-deployments": 2,
+    "spanning-replicas": 2,
 }
 
 _Text = Annotated[str, Meta(max_length=64)]

@@ -346,6 +346,7 @@ def _spanning(
         mine = parts.get(self_id)
         if missing and mine is not None and now_ms - mine.created_at >= join_ms:
             plan.stop.append((mine.id, f"its part on {missing[0]} did not join; placing it anew"))
+            breaking += 1
             continue
         states = [_rank(r.state) for r in parts.values()]
         oldest = min(r.created_at for r in parts.values())

@@ -109,6 +109,13 @@ def deployment_routes(
         if wanted.minReplicas is not None or wanted.maxReplicas is not None:
             _needs(ports, "elastic-deployments", "minReplicas/maxReplicas: every member must "
                    "know deployments that scale on load first")  # fmt: skip
+        if wanted.nodes != 1:
+            _needs(ports, "spanning-replicas", "nodes: every member must know replicas that "
+                   "span members first")  # fmt: skip
+            template = control.supervisor.template(wanted.engine)
+            if template is not None and template.span is None:
+                raise bad_request(f"nodes: the {wanted.engine!r} engine cannot span members",
+                                  "nodes")  # fmt: skip
         try:
             made = deployments.declare(wanted)
         except DeploymentRefused as exc:

@@ -18,6 +18,8 @@ pinned caller (403 otherwise).
 - `POST /v1/members/ping`, `/v1/members/ping-req` (pinned) -- probes (`facts.probing`).
 - `POST /v1/limits/lease` (pinned) -- API keys' limits: a member's leases and token reports
   for the keys this member holds the counts of (`agent.serving.cluster_limits`).
+- `GET /v1/tunnel/{replica}` (pinned, WebSocket) -- a spanning replica's head reaching a
+  worker part's engine here (`agent.engines.tunnel`): only the head's member is let through.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class NodeApi:
         artifact_pace: Pace | None = None,
         artifact_counters: ArtifactCounters | None = None,
         on_lease: Callable[[LeaseAsk], LeaseAnswer] | None = None,
+        tunnel: Handler | None = None,
     ) -> None:
         self.on_lease = on_lease  # the keys' limits this member holds (cluster_limits)
         self.artifacts = artifacts  # the pieces this member serves (issue 28)
@@ -181,6 +184,8 @@ class NodeApi:
             "/v1/members/ping-req", pinned(cluster.pins)(self._working(self._ping_req))
         )
         app.router.add_post("/v1/limits/lease", pinned(cluster.pins)(self._working(self._lease)))
+        if tunnel is not None:  # a spanning replica's engine channel (agent.engines.tunnel)
+            app.router.add_get("/v1/tunnel/{replica}", pinned(cluster.pins)(self._working(tunnel)))
         for path, handler in (
             ("/v1/artifacts/{hex}/manifest", self._manifest),
             ("/v1/artifacts/{hex}/held", self._held),

@@ -190,7 +190,7 @@ class Agent:
         weights = StoreWeights(
             artifacts, fetches, ca_file=config.home / ca_file if ca_file else None
         )
-        engines, control = self._engine_parts(deployments, here, record_changed, weights)
+        engines, control = self._engine_parts(deployments, here, record_changed, weights, client)
         # Never evicted: what replicas here load, and the warm set.
         fetches.pinned = lambda: control.weights_in_use() | {a.digest for a in weights.warm()}
         # The wait line: the facade's, read by the record too (what waits here, per model).
@@ -296,6 +296,7 @@ class Agent:
             artifact_pace=fetches.serve_pace,
             artifact_counters=fetches.counters,
             on_lease=None if facade.keys.cluster is None else facade.keys.cluster.answer,
+            tunnel=control.tunnels.serve,
         )
         link = plane_link(
             config.plane,
@@ -454,10 +455,11 @@ class Agent:
         return deployments, ApiKeys.signed_by(identity, self.config.home, known_changed)
 
     def _engine_parts(
-        self, deployments: Deployments, here: NodeState, record_changed: Nudge, weights: Weights
+        self, deployments: Deployments, here: NodeState, nudge: Nudge, weights: Weights, client: Any
     ) -> tuple[Engines, ReplicaControl]:
-        """The engine registry, and the replica controller over the engine supervisor (with
-        its load scraper); an engine or replica that changes is in the next record at once."""
+        record_changed = nudge
+        """The engine registry, and the replica controller over the engine supervisor (with its
+        load scraper, and its tunnels through `client`); a change is in the next record at once."""
         config, members = self.config, self.members
         stack, launch = self._stack, config.launch
         auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
@@ -483,9 +485,9 @@ class Agent:
             cordoned=lambda: here.cordoned,
             name=config.name,
             auth=auth,
-            on_change=record_changed,
-            weights=weights,
-        )
+            on_change=record_changed, weights=weights, dial=client.tunnel,
+            trusted_network=launch.trusted_network,
+        )  # fmt: skip
         engines_moved.follow(control.engines_changed)
         return engines, control
 

@@ -72,6 +72,10 @@ def add_commands(commands: Any) -> None:
         default=0,
         help="requests one replica takes at once; more wait in line (default 0: no limit)",
     )
+    deploy.add_argument(
+        "--nodes", type=int, default=1,
+        help="members one replica spans, --gpus on each (a model larger than one machine)",
+    )  # fmt: skip
     deploy.add_argument("--node", default="", help="keep its replicas on this node (id or name)")
     deploy.add_argument("--device-class", default="", help="e.g. h100-80gb-sxm")
     deploy.add_argument(
@@ -135,6 +139,7 @@ def _deploy(args: argparse.Namespace) -> int:
         "args": extra,
         "gpus": args.gpus,
         "tp": args.tp,
+        "nodes": args.nodes,
         "maxInFlight": args.max_in_flight,
         "constraints": {
             "node": args.node,
@@ -152,8 +157,9 @@ def _deploy(args: argparse.Namespace) -> int:
     count = f"{made['replicas']} replica(s)"
     if bounds:
         count += f" of {bounds['min']}..{bounds['max']}, on load"
+    spans = f" on each of {made['nodes']} members" if made.get("nodes") else ""
     print(f"deployment {made['name']} ({made['id']}) version {made['version']}: "
-          f"{count} x {made['gpus']} GPU(s)")  # fmt: skip
+          f"{count} x {made['gpus']} GPU(s){spans}")  # fmt: skip
     return 0
 
 

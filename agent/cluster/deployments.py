@@ -37,6 +37,7 @@ class DeploymentRequest(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     args: list[str] = []
     gpus: int = 1
     tp: int = 0  # 0: as many as GPUs per replica
+    nodes: int = 1  # members one replica spans (issue 32), `gpus` on each
     replicas: int | None = None  # a fixed count (default 1); with bounds, the first count
     # Scaling on load (issue 30): either bound makes it elastic; min defaults to 1, max to
     # min (at least 1). `replicas` then starts it (default: min, or the count it has now).
@@ -110,12 +111,15 @@ class Deployments(SignedFacts[Deployment]):
                 engineKey=request.engineKey,
                 artifact=request.artifact or UNSET,
                 elastic=elastic if elastic is not None else UNSET,
+                nodes=request.nodes if request.nodes != 1 else UNSET,
             )
             fresh = msgspec.convert(msgspec.to_builtins(fresh), Deployment)  # the wire's checks
         except msgspec.ValidationError as exc:
             raise DeploymentRefused(f"bad deployment: {exc}") from None
         if fresh.authority == "observed" and not fresh.url:
             raise DeploymentRefused("an observed deployment names the engine's url")
+        if fresh.authority == "observed" and fresh.span > 1:
+            raise DeploymentRefused("nodes: an observed engine is watched, never placed")
         return self.commit(fresh)
 
     def scale(self, name: str, replicas: int, reason: str = "operator") -> Deployment:

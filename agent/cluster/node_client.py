@@ -19,6 +19,7 @@ import msgspec
 
 from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.core.request_identity import outgoing
+from agent.engines import tunnel
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
 from facts.artifact_fetch import from_bitmap
@@ -224,6 +225,17 @@ class NodeClient:
     async def cancel(self, node_id: str, target: str) -> None:
         """Ask a member's facade to cancel what it placed on `target` (a forced drain)."""
         await self._post(node_id, "/v1/cancel", msgspec.json.encode({"target": target}))
+
+    def tunnel(self, node_id: str, replica: str) -> Any:
+        """A WebSocket to `replica`'s engine on `node_id` (`agent.engines.tunnel`); an aiohttp
+        context. `MemberUnreachable` when no address of the member is known."""
+        return self._session(long=True).ws_connect(
+            self._base(node_id) + f"/v1/tunnel/{replica}",
+            ssl=self._contexts.current(),
+            server_hostname=server_hostname_for(node_id),
+            max_msg_size=tunnel.CHUNK,
+            heartbeat=tunnel.HEARTBEAT_S,
+        )
 
     def forward(
         self,

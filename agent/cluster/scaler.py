@@ -37,7 +37,7 @@ from agent.cluster.scale_events import ScaleEvents
 from agent.core.timings import Timings
 from facts.deployments import Deployment, Elastic
 from facts.key_limits import holder_of
-from facts.records import NodeRecord
+from facts.records import NodeRecord, is_worker
 from scheduler.scale import Ask, Bounds, Decision, LoadSample, ScalePolicy, decide, share
 
 __all__ = ["MAX_SAMPLES", "SAMPLE_S", "Scaler", "deployment_load", "free_gpus", "placed_replicas"]
@@ -73,8 +73,8 @@ def deployment_load(
     running = waiting = 0.0
     for record in records:
         for r in record.replicas:
-            if r.deploymentId != deployment.id:
-                continue
+            if r.deploymentId != deployment.id or is_worker(r, record.nodeId):
+                continue  # a worker part: its replica is counted at its head
             if r.state == "ready":
                 ready += 1
             running += r.running
@@ -103,7 +103,8 @@ def placed_replicas(records: list[NodeRecord]) -> dict[str, int]:
     placed: dict[str, int] = {}
     for record in records:
         for r in record.replicas:
-            placed[r.deploymentId] = placed.get(r.deploymentId, 0) + 1
+            if not is_worker(r, record.nodeId):  # a replica across members: once, its head
+                placed[r.deploymentId] = placed.get(r.deploymentId, 0) + 1
     return placed
 
 
@@ -206,7 +207,7 @@ class Scaler:
         counts = share(
             [
                 Ask(
-                    d.name, d.gpus, d.replicas, w.desired, b.min, s.ready, s.waiting,
+                    d.name, d.gpus * d.span, d.replicas, w.desired, b.min, s.ready, s.waiting,
                     placed=placed.get(d.id, 0), priority=b.priority or 0,
                 )
                 for (d, w, s), (_, b) in zip(wishes, elastic, strict=True)

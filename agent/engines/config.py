@@ -4,6 +4,7 @@
     port_range = "18000-18999"          # each replica's port comes from here
     stop_grace_s = 30.0                 # SIGTERM, then SIGKILL after this long
     ready_timeout_s = { vllm = 1200 }   # per template; built-ins 600 s, mock 30 s
+    trusted_network = false             # engines' own traffic (NCCL, Ray) may cross it
 
     [templates.mine]
     argv = ["my-server", "--model", "{model}", "--port", "{port}", "--tp", "{tp}"]
@@ -52,6 +53,9 @@ class EnginesTable(Struct, forbid_unknown_fields=True, frozen=True):
     port_range: Annotated[str, Meta(max_length=32)] = "18000-18999"
     stop_grace_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     ready_timeout_s: Annotated[dict[_Name, _Seconds], Meta(max_length=256)] = {}
+    # A replica across members whose engine talks over the network itself (SGLang's and
+    # vLLM's NCCL, Ray) runs only where the owner says that network is theirs (issue 32).
+    trusted_network: bool = False
 
 
 class TemplateTable(Struct, forbid_unknown_fields=True, frozen=True):
@@ -72,6 +76,7 @@ class LaunchSettings:
     templates: tuple[LaunchTemplate, ...] = tuple(BUILTIN_TEMPLATES.values())
     port_range: tuple[int, int] = (18000, 18999)
     stop_grace_s: float = 30.0
+    trusted_network: bool = False
 
     def template_map(self) -> dict[str, LaunchTemplate]:
         """Templates by name, as `EngineSupervisor` takes them."""
@@ -101,6 +106,7 @@ def launch_settings(engines: EnginesTable, tables: Mapping[str, object]) -> Laun
         templates=tuple(result.values()),
         port_range=parse_port_range(engines.port_range),
         stop_grace_s=float(engines.stop_grace_s),
+        trusted_network=engines.trusted_network,
     )
 
 

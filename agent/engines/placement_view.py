@@ -5,10 +5,11 @@ from __future__ import annotations
 from msgspec import UnsetType
 
 from facts.deployments import Deployment, spec_digest
-from facts.records import NodeRecord, Replica
+from facts.records import NodeRecord, Part, Replica
+from scheduler import reconcile
 from scheduler.reconcile import Gpu, Running, Want
 
-__all__ = ["gpu_of", "holds_of", "running_of", "want_of"]
+__all__ = ["gpu_of", "holds_of", "layout_of", "parts_of", "running_of", "want_of"]
 
 
 def gpu_of(dev_id: str, cls: str, memory: int, health: str, domain: str | None) -> Gpu:
@@ -17,8 +18,26 @@ def gpu_of(dev_id: str, cls: str, memory: int, health: str, domain: str | None) 
 
 def running_of(r: Replica) -> Running:
     return Running(
-        r.id, r.deployment, r.deploymentId, r.spec, tuple(r.devices), r.state, r.createdAt
+        r.id,
+        r.deployment,
+        r.deploymentId,
+        r.spec,
+        tuple(r.devices),
+        r.state,
+        r.createdAt,
+        group=r.group if isinstance(r.group, str) else "",
+        layout=layout_of(r.layout) if isinstance(r.layout, list) else (),
     )
+
+
+def layout_of(parts: list[Part]) -> tuple[reconcile.Part, ...]:
+    """A record's layout as placement sees it."""
+    return tuple(reconcile.Part(p.node, tuple(p.devices)) for p in parts)
+
+
+def parts_of(layout: tuple[reconcile.Part, ...]) -> list[Part]:
+    """A layout as a record says it."""
+    return [Part(node=p.node_id, devices=list(p.devices)) for p in layout]
 
 
 def want_of(d: Deployment) -> Want:
@@ -34,6 +53,7 @@ def want_of(d: Deployment) -> Want:
         one_domain=c.oneDomain,
         min_memory=c.minMemory,
         artifact=d.weights,
+        nodes=d.span,
     )
 
 

@@ -109,6 +109,8 @@ class ReadinessProbe:
             return PortTaken(describe_taken(check, holders_of(check.foreign)))
         if not check.engines:
             return Waiting()
+        if not template.ready_path:  # a worker part's RPC server: its own listener is enough
+            return Ready()
         if await self._status(spec.port, template.ready_path) != 200:
             if len(self._known) >= MAX_KNOWN:
                 self._known.clear()

@@ -18,6 +18,12 @@ allocation is made (its GPUs held, so no other member places the same slot), the
 `fetching` while this member fetches the artifact from the members that hold it, and its
 engine starts on the assembled copy once it is resident (`agent.engines.weights`). A fetch
 that fails is tried again; an agent killed meanwhile finds the allocation and goes on.
+
+A part of a replica that spans members (issue 32, `scheduler.reconcile`) is an allocation
+with its group and layout: a worker part's engine starts at once; the head part holds its
+GPUs and its engine starts once every worker part is ready, reaching them as its template
+says (`agent.engines.parts`: through this member's tunnels, `agent.engines.tunnel`). A part
+is never restarted alone: its engine's exit fails it, and the whole replica is placed anew.
 """
 
 from __future__ import annotations
@@ -28,26 +34,37 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
+from msgspec import UNSET
 
+from agent.core.errors import MemberUnreachable
 from agent.engines.auth import EngineAuth
 from agent.engines.load import LoadScraper
 from agent.engines.observed import ObservedEngines
-from agent.engines.placement_view import gpu_of, holds_of, running_of, want_of
+from agent.engines.parts import Waiting, part_values
+from agent.engines.placement_view import (
+    gpu_of,
+    holds_of,
+    layout_of,
+    parts_of,
+    running_of,
+    want_of,
+)
 from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
 from agent.engines.replica_keys import engine_key, managed_keys
 from agent.engines.supervisor import EngineSupervisor
 from agent.engines.templates import LaunchSpec
+from agent.engines.tunnel import Dial, Tunnels
 from agent.engines.version import EngineVersions
 from agent.engines.weights import NoWeights, Weights, WeightsState
 from certs import write_atomic
 from facts.deployments import Deployment, spec_digest
 from facts.inventory import GpuInventory
-from facts.records import NodeRecord, Replica
+from facts.records import NodeRecord, Part, Replica
 from plane.core.ids import new_id
-from scheduler.reconcile import Host, Plan, Running, admissible, reconcile, why_not_on
+from scheduler.reconcile import Host, Plan, Running, Start, admissible, reconcile, why_not_on
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
 
@@ -72,6 +89,10 @@ class Allocation(msgspec.Struct, kw_only=True, frozen=True):
     apiKey: str = ""  # its engine's key (replica_keys.py); this file is 0600
     artifact: str = ""  # the digest of the weights its engine loads; "" none
     launched: bool = False  # with an artifact: its engine was started (else: fetching)
+    # A part of a replica across members (issue 32): its group, every part, its rank.
+    group: str = ""
+    layout: list[Part] = []
+    rank: int = 0
 
 
 _allocations: Final = msgspec.json.Decoder(list[Allocation])
@@ -102,7 +123,10 @@ class ReplicaControl:
         clock: Callable[[], float] = time.monotonic,
         auth: EngineAuth | None = None,
         weights: Weights | None = None,
+        dial: Dial | None = None,
+        trusted_network: bool = False,
     ) -> None:
+        self.trusted_network = trusted_network  # engines' own traffic may cross the network
         self.path = home / ALLOCATIONS_FILE
         self.observed = ObservedEngines(self_id=self_id, self_name=name, auth=auth)
         # The engines' own load, read from every replica that runs here (`run()` it).
@@ -123,8 +147,12 @@ class ReplicaControl:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._weights: Weights = weights if weights is not None else NoWeights()
         self._fetching: dict[str, WeightsState] = {}  # replica -> its weights, not yet here
+        self._resident: dict[str, str] = {}  # a part waiting for its partners -> its weights
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
+        # The engines' channels of spanning replicas (a member without a dial reaches none).
+        self.tunnels = Tunnels(dial or _no_dial, self.admit)
+        self._waiting_why: dict[str, str] = {}  # a part whose engine waits -> for what
 
     def _load(self) -> list[Allocation]:
         try:
@@ -148,7 +176,7 @@ class ReplicaControl:
         lost = [
             rid
             for rid, a in self.allocations.items()
-            if rid not in running and not _fetching(a)  # one still fetching goes on
+            if rid not in running and not _unstarted(a)  # one still fetching goes on
         ]
         for rid in lost:
             log.info("%s: its engine is gone; its GPUs are free again", rid)
@@ -193,7 +221,12 @@ class ReplicaControl:
             self._on_change()
         self._set_keys()
         wants = {d.name: d for d in declared if d.authority == "managed"}
-        plan = reconcile(self.self_id, [want_of(d) for d in wants.values()], self._hosts())
+        plan = reconcile(
+            self.self_id,
+            [want_of(d) for d in wants.values()],
+            self._hosts(),
+            now_ms=int(time.time() * 1000),
+        )
         self.last_plan = plan
         now = self._clock()
         cut_now = set()
@@ -212,15 +245,16 @@ class ReplicaControl:
             mine = self._running()
             if not admissible(start, mine):
                 continue  # a plan from a view older than what runs here
-            self._launch(wants[start.deployment], start.devices)
+            self._launch(wants[start.deployment], start)
         await self._bring_weights(wants)
+        await self._bring_parts(wants)
         return plan
 
     async def _bring_weights(self, wants: dict[str, Deployment]) -> None:
         """Each replica still without its weights: their fetch goes on, and its engine
         starts once they are resident."""
         for a in list(self.allocations.values()):
-            if not _fetching(a) or a.replica in self._stopping:
+            if not self._fetching_of(a) or a.replica in self._stopping:
                 continue
             deployment = wants.get(a.deployment)
             if deployment is None or (deployment.id, spec_digest(deployment)) != (
@@ -234,9 +268,49 @@ class ReplicaControl:
                     self._fetching[a.replica] = state
                     self._on_change()  # its progress, in the record
                 continue
-            self._fetching.pop(a.replica, None)
-            log.info("replica %s of %s: its weights are here", a.replica, a.deployment)
-            self._start_engine(a, deployment, str(state.path))
+            if self._fetching.pop(a.replica, None) is not None or a.replica not in self._resident:
+                log.info("replica %s of %s: its weights are here", a.replica, a.deployment)
+            self._resident[a.replica] = str(state.path)
+            if not a.group:
+                self._start_engine(a, deployment, str(state.path))
+
+    async def _bring_parts(self, wants: dict[str, Deployment]) -> None:
+        """Each part whose engine waits for its partners: started once they are there."""
+        for a in list(self.allocations.values()):
+            if a.launched or not a.group or a.replica in self._stopping or self._fetching_of(a):
+                continue
+            deployment = wants.get(a.deployment)
+            if deployment is None or (deployment.id, spec_digest(deployment)) != (
+                a.deploymentId,
+                a.spec,
+            ):
+                continue  # the plan stops it
+            values = await part_values(
+                a.replica, a.group, [(p.node, p.devices) for p in a.layout], a.rank,
+                self.supervisor.template(deployment.engine), self._records(), self.tunnels,
+                trusted=self.trusted_network,
+            )  # fmt: skip
+            if isinstance(values, Waiting):
+                if self._waiting_why.get(a.replica) != values.why:
+                    self._waiting_why[a.replica] = values.why
+                    self._on_change()  # why, in the record
+                continue
+            self._waiting_why.pop(a.replica, None)
+            model = self._resident.get(a.replica, deployment.source or deployment.name)
+            self._start_engine(a, deployment, model, values)
+
+    def _fetching_of(self, a: Allocation) -> bool:
+        """Whether the allocation waits for its weights (no engine started for it yet)."""
+        return bool(a.artifact) and not a.launched and a.replica not in self._resident
+
+    def _shown(self, status: ReplicaStatus | None, allocation: Allocation) -> str:
+        # An allocation whose engine the supervisor does not hold (yet): fetching its
+        # weights, or starting (a part waiting for its partners too).
+        if allocation.replica in self._stopping:
+            return "stopping"
+        if status is None:
+            return "fetching" if self._fetching_of(allocation) else "starting"
+        return _STATE[status.state]
 
     def weights_in_use(self) -> set[str]:
         """The artifacts the replicas here load or are fetching: never evicted."""
@@ -257,7 +331,8 @@ class ReplicaControl:
 
     # -- carrying out -------------------------------------------------------------------------
 
-    def _launch(self, deployment: Deployment, devices: tuple[str, ...]) -> None:
+    def _launch(self, deployment: Deployment, start: Start) -> None:
+        devices = start.devices
         key = engine_key(deployment, self.path.parent)
         if key is None:
             return  # its key file cannot be used (said once in the log)
@@ -270,11 +345,21 @@ class ReplicaControl:
             devices=list(devices),
             createdAt=int(time.time() * 1000),
             apiKey=key,
-            artifact=deployment.weights,
+            artifact=deployment.weights if start.rank == 0 else "",  # a worker loads none
+            group=start.group,
+            layout=parts_of(start.layout),
+            rank=start.rank,
         )
         self.allocations[allocation.replica] = allocation
         self._save()  # written down before the engine starts: never an engine we cannot name
-        if deployment.weights:
+        if start.group:
+            log.info(
+                "part %d of %d of replica %s of %s on %d GPU(s)",
+                start.rank, len(start.layout), start.group, deployment.name, len(devices),
+            )  # fmt: skip
+            self._on_change()
+            return  # the rounds bring its weights and its partners, then start its engine
+        if allocation.artifact:
             log.info(
                 "replica %s of %s on %d GPU(s): fetching its weights first",
                 allocation.replica,
@@ -285,7 +370,13 @@ class ReplicaControl:
             return  # the rounds bring its weights, then start its engine
         self._start_engine(allocation, deployment, deployment.source or deployment.name)
 
-    def _start_engine(self, allocation: Allocation, deployment: Deployment, model: str) -> None:
+    def _start_engine(
+        self,
+        allocation: Allocation,
+        deployment: Deployment,
+        model: str,
+        part: dict[str, str | int] | None = None,
+    ) -> None:
         uuids = {d.id: d.uuid for d in self._gpus().devices}
         devices = allocation.devices
         key = allocation.apiKey
@@ -296,10 +387,11 @@ class ReplicaControl:
             served=deployment.name,
             tp=deployment.tp,
             gpu_uuids=tuple(uuids[d] for d in devices if d in uuids),
-            extra_args=tuple(deployment.args),
-            api_key=key,
+            extra_args=tuple(deployment.args) if allocation.rank == 0 else (),
+            api_key=key if allocation.rank == 0 else "",
+            **(part or {}),  # type: ignore[arg-type]  # rank, nodes, workers, ...: part_values
         )
-        if allocation.artifact:
+        if allocation.artifact or allocation.group:
             allocation = msgspec.structs.replace(allocation, launched=True)
             self.allocations[allocation.replica] = allocation
             self._save()
@@ -325,8 +417,11 @@ class ReplicaControl:
 
         async def stop() -> None:
             try:
+                await self.tunnels.close(rid)
                 await self.supervisor.stop(rid)
             finally:
+                self._resident.pop(rid, None)
+                self._waiting_why.pop(rid, None)
                 self.allocations.pop(rid, None)
                 self._fetching.pop(rid, None)
                 self._save()
@@ -340,6 +435,7 @@ class ReplicaControl:
     async def aclose(self) -> None:
         """Let stops in progress finish; the engines themselves keep running."""
         await self.observed.aclose()
+        await self.tunnels.aclose()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
 
@@ -354,8 +450,10 @@ class ReplicaControl:
                 a.deploymentId,
                 a.spec,
                 tuple(a.devices),
-                "stopping" if a.replica in self._stopping else _state(status.get(a.replica), a),
+                self._shown(status.get(a.replica), a),
                 a.createdAt,
+                group=a.group,
+                layout=layout_of(a.layout),
             )
             for a in self.allocations.values()
         ]
@@ -402,12 +500,14 @@ class ReplicaControl:
         out = []
         for a in sorted(self.allocations.values(), key=_by_id):
             s = status.get(a.replica)
-            state = "stopping" if a.replica in self._stopping else _state(s, a)
+            state = self._shown(s, a)
             load = loads.get(a.replica)
             error = s.reason if s is not None else ""
             if state == "fetching":
                 fetching = self._fetching.get(a.replica)
                 error = fetching.progress() if fetching else "fetching its weights"
+            elif a.replica in self._waiting_why:
+                error = self._waiting_why[a.replica]
             out.append(
                 Replica(
                     id=a.replica,
@@ -426,6 +526,8 @@ class ReplicaControl:
                     waiting=load.waiting if load else 0.0,
                     kvUsage=load.kv_usage if load else None,
                     loadAt=load.at_ms if load else 0,
+                    group=a.group or UNSET,
+                    layout=a.layout if a.group else UNSET,
                 )
             )
         for watched in self.observed.replicas():
@@ -446,6 +548,19 @@ class ReplicaControl:
         of `name` cannot go there now (None: it can); None when `name` is not managed here."""
         found = [d for d in self._deployments() if d.name == name and d.authority == "managed"]
         return [(h, why_not_on(want_of(found[0]), h)) for h in self._hosts()] if found else None
+
+    def admit(self, caller: str, replica_id: str) -> int | str:
+        """The port of `replica_id`'s engine here when `caller` may reach it through a tunnel
+        (the member of its replica's head, for a worker part), else why not."""
+        a = self.allocations.get(replica_id)
+        if a is None or not a.group or a.rank == 0 or not a.layout:
+            return f"{replica_id} is no worker part of a replica on this member"
+        if a.layout[0].node != caller:
+            return f"only the member of its head ({a.layout[0].node}) reaches {replica_id}"
+        status = self.supervisor.status(replica_id)
+        if status is None or not status.port or replica_id in self._stopping:
+            return f"{replica_id}: its engine does not run"
+        return status.port
 
     def url_of(self, replica_id: str) -> str | None:
         """Where a ready replica of this node listens, or None."""
@@ -468,14 +583,11 @@ def _by_id(a: Allocation) -> str:
     return a.replica
 
 
-def _fetching(a: Allocation) -> bool:
-    """Whether the allocation waits for its weights (no engine started for it yet)."""
-    return bool(a.artifact) and not a.launched
+def _unstarted(a: Allocation) -> bool:
+    """Whether the allocation's engine waits to be started (for its weights, or a part's for
+    its partners): none is started for it yet."""
+    return (bool(a.artifact) or bool(a.group)) and not a.launched
 
 
-def _state(status: ReplicaStatus | None, allocation: Allocation) -> str:
-    # An allocation whose engine the supervisor does not hold (yet): fetching its weights,
-    # or starting.
-    if status is None:
-        return "fetching" if _fetching(allocation) else "starting"
-    return _STATE[status.state]
+def _no_dial(member: str, replica: str) -> Any:
+    raise MemberUnreachable(f"this member reaches no tunnel ({replica} on {member})")

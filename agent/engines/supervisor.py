@@ -68,7 +68,9 @@ from agent.engines.templates import (
     BUILTIN_TEMPLATES,
     LaunchSpec,
     LaunchTemplate,
+    TemplateError,
     check_replica_id,
+    for_part,
     render,
 )
 from broker.restarts import CRASH_LOOP_EXITS, CRASH_WINDOW_S, RestartPolicy
@@ -133,6 +135,10 @@ class EngineSupervisor:
         replica = self._replicas.get(replica_id)
         return None if replica is None else replica.status()
 
+    def template(self, kind: str) -> LaunchTemplate | None:
+        """The template of engines of `kind`, or None."""
+        return self._templates.get(kind)
+
     def logs(self, replica_id: str) -> Path:
         """The replica's `engine.log` (kept after it stops; rotated to `engine.log.1..3`)."""
         return self._files(replica_id).log
@@ -151,6 +157,10 @@ class EngineSupervisor:
         if template is None:
             known = ", ".join(sorted(self._templates))
             raise UnknownTemplate(f"{spec.replica_id}: no template {spec.kind!r} ({known})")
+        try:
+            template = for_part(template, spec)
+        except TemplateError as exc:
+            raise UnknownTemplate(f"{spec.replica_id}: {exc}") from None
         if len(self._replicas) >= self._max_replicas:
             raise TooManyReplicas(f"this node runs {self._max_replicas} replicas already")
         port = self._ports.take(spec.replica_id, spec.port)
@@ -264,6 +274,9 @@ class EngineSupervisor:
             if not ever_ready:
                 self._fail(replica, f"{why} before it was ever ready")
                 return
+            if replica.spec.nodes > 1:  # its partners lost it: the whole replica restarts
+                self._fail(replica, f"{why}; a part restarts only with its whole replica")
+                return
             step = replica.policy.exited(started=started, now=time.monotonic())
             if step.crash_loop or replica.restarts >= MAX_RESTARTS:
                 loop = f"{CRASH_LOOP_EXITS} exits within {CRASH_WINDOW_S:g}s"
@@ -355,6 +368,8 @@ class EngineSupervisor:
         # The template it was started with may be gone from nvpair.toml: readiness is
         # checked on the path recorded at its start.
         template = self._templates.get(spec.kind) or LaunchTemplate(spec.kind, ())
+        with contextlib.suppress(TemplateError):  # a template that cannot span: readiness only
+            template = for_part(template, spec)
         template = dataclasses.replace(template, ready_path=record.ready_path)
         self._ports.claim(spec.replica_id, record.port)
         replica = self._add(spec, template, adopted=True)

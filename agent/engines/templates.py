@@ -10,6 +10,15 @@ arguments, so the same template serves every replica on every node:
     {tp}      the tensor-parallel size
     {gpus}    the replica's GPU UUIDs, comma-separated (also in CUDA_VISIBLE_DEVICES)
 
+and, for a part of a replica that spans members (issue 32, `SpanRoles`):
+
+    {rank}       the part's rank: 0 the head, 1.. the workers
+    {nodes}      how many members the replica spans
+    {workers}    where the head reaches the workers' engines, `host:port,...` in rank order
+                 (loopback ends of the agents' mTLS tunnels, for a `tunnel` channel)
+    {head_addr}  the head member's address, as the other members reach it
+    {dist_port}  a port on the head member for the engine's own rendezvous
+
 `{{` and `}}` are literal braces. Any other placeholder, a format spec (`{port:d}`) or an
 attribute (`{model.x}`) is refused when the template is loaded (`TemplateError`), so a typo
 in `nvpair.toml` stops the agent at start instead of failing one replica at launch time.
@@ -32,8 +41,8 @@ import re
 import string
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Final
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Final, Literal
 
 from msgspec import Meta, Struct
 
@@ -42,14 +51,18 @@ __all__ = [
     "PLACEHOLDERS",
     "LaunchSpec",
     "LaunchTemplate",
+    "SpanRoles",
     "TemplateError",
     "check_replica_id",
     "custom_template",
+    "for_part",
     "names_served",
     "render",
 ]
 
-PLACEHOLDERS: Final = frozenset({"model", "served", "port", "tp", "gpus"})
+PLACEHOLDERS: Final = frozenset(
+    {"model", "served", "port", "tp", "gpus", "rank", "nodes", "workers", "head_addr", "dist_port"}
+)
 REAL_ENGINE_READY_S: Final = 600.0  # loading a large model's weights takes minutes
 MOCK_READY_S: Final = 30.0
 MAX_ARGV: Final = 256
@@ -84,6 +97,13 @@ class LaunchSpec(Struct, kw_only=True, frozen=True):
     extra_args: Annotated[tuple[_Arg, ...], Meta(max_length=MAX_ARGV)] = ()
     port: Annotated[int, Meta(ge=0, le=65535)] = 0
     api_key: Annotated[str, Meta(max_length=4096)] = ""  # "" none; never logged
+    # A part of a spanning replica (issue 32): its rank, the members the replica spans, and
+    # the rendezvous values its template may name (`SpanRoles`).
+    rank: Annotated[int, Meta(ge=0, le=63)] = 0
+    nodes: Annotated[int, Meta(ge=1, le=64)] = 1
+    workers: _Arg = ""
+    head_addr: _Arg = ""
+    dist_port: Annotated[int, Meta(ge=0, le=65535)] = 0
 
     def __post_init__(self) -> None:
         check_replica_id(self.replica_id)
@@ -99,6 +119,23 @@ def check_replica_id(replica_id: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanRoles:
+    """How one kind of engine runs one replica over several members (issue 32).
+
+    `channel` says how the head reaches the workers: `tunnel` -- each worker's engine listens
+    on its loopback and the head reaches it through the agents' mTLS tunnel (llama.cpp's
+    RPC); `network` -- the engine's own traffic (NCCL, Ray, torch.distributed) crosses the
+    network between the members directly, which nvpair cannot tunnel at speed: refused unless
+    the operator says the network is trusted (`[engines] trusted_network`)."""
+
+    worker_argv: tuple[str, ...]  # a worker part's command line (placeholders as above)
+    head_args: tuple[str, ...] = ()  # appended to the head part's argv
+    worker_ready: str = ""  # a worker's readiness path; "" its own listener on {port}
+    head_waits: bool = True  # the head starts once every worker part is ready
+    channel: Literal["tunnel", "network"] = "tunnel"
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchTemplate:
     """How to start one kind of engine: argv and env with placeholders, and readiness."""
 
@@ -110,6 +147,27 @@ class LaunchTemplate:
     builtin: bool = field(default=False, compare=False)
     key_env: str = ""  # the variable the engine reads its API key from
     key_flag: str = ""  # else the flag it takes it with
+    span: SpanRoles | None = None  # how it spans members; None: it does not
+
+
+def for_part(template: LaunchTemplate, spec: LaunchSpec) -> LaunchTemplate:
+    """The template a part of a spanning replica runs: the worker's command line and
+    readiness for a worker, the head's extra arguments for the head; `template` itself for a
+    replica of its own. A template that cannot span has no parts (`TemplateError`)."""
+    if spec.nodes == 1:
+        return template
+    if template.span is None:
+        raise TemplateError(f"the {template.name!r} engine cannot span members")
+    if spec.rank == 0:
+        return replace(template, argv=(*template.argv, *template.span.head_args))
+    return replace(
+        template,
+        argv=template.span.worker_argv,
+        env=(),
+        ready_path=template.span.worker_ready,
+        key_env="",
+        key_flag="",
+    )
 
 
 def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
@@ -120,6 +178,11 @@ def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[
         "port": str(spec.port),
         "tp": str(spec.tp),
         "gpus": ",".join(spec.gpu_uuids),
+        "rank": str(spec.rank),
+        "nodes": str(spec.nodes),
+        "workers": spec.workers,
+        "head_addr": spec.head_addr,
+        "dist_port": str(spec.dist_port or spec.port + 1),  # a head's: its own port + 1
     }
     argv = [part.format_map(values) for part in template.argv]
     env = {name: value.format_map(values) for name, value in template.env}
@@ -209,12 +272,14 @@ def _builtin(
     env: tuple[tuple[str, str], ...] = (),
     key_env: str = "",
     key_flag: str = "",
+    span: SpanRoles | None = None,
 ) -> LaunchTemplate:
     # A command line written as one would type it; no part of it holds a space.
     argv = ([program] if program else []) + line.split()
     return LaunchTemplate(
-        name, tuple(argv), env, ready, timeout_s, True, key_env=key_env, key_flag=key_flag
-    )
+        name, tuple(argv), env, ready, timeout_s, True, key_env=key_env, key_flag=key_flag,
+        span=span,
+    )  # fmt: skip
 
 
 def _literal(text: str) -> str:
@@ -250,6 +315,12 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             "/health",  # 503 while the model loads, 200 once it serves
             REAL_ENGINE_READY_S,
             key_env="LLAMA_API_KEY",
+            # Its RPC backend: each worker's ggml-rpc-server on its loopback (it has no
+            # authentication), reached from the head through the agents' tunnels.
+            span=SpanRoles(
+                worker_argv=("ggml-rpc-server", "-H", "127.0.0.1", "-p", "{port}"),
+                head_args=("--rpc", "{workers}"),
+            ),
         ),
         # Ollama serves every model it has pulled (into OLLAMA_MODELS; nvpair pulls none) and
         # loads one on its first request: {model} is not on its command line. No API key.
@@ -267,6 +338,14 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             MOCK_READY_S,
             program=_literal(sys.executable),  # this Python: the mock is part of nvpair
             key_env="NVPAIR_MOCK_API_KEY",
+            # As llama.cpp's: workers hold what the head sends, over the agents' tunnels.
+            span=SpanRoles(
+                worker_argv=(
+                    _literal(sys.executable),
+                    *("-m", "agent.mock", "mock-rpc-worker", "--port", "{port}"),
+                ),
+                head_args=("--rpc", "{workers}"),
+            ),
         ),
     )
 }

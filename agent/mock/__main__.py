@@ -9,12 +9,15 @@ import sys
 from collections.abc import Sequence
 
 from agent.mock.engine import add_command
+from agent.mock.rpc import add_worker_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the one command, `mock-engine`."""
+    """Run one command: `mock-engine`, or `mock-rpc-worker` (a worker part)."""
     parser = argparse.ArgumentParser(prog="python -m agent.mock")
-    add_command(parser.add_subparsers(dest="command", required=True))
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_command(commands)
+    add_worker_command(commands)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return int(args.run(args))
 

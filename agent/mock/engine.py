@@ -49,6 +49,7 @@ from prometheus_client import (
 from agent.mock.flavours import FLAVOURS, KEY_ENV, add_flavour, completion_id, middlewares
 from agent.mock.prefix_cache import PrefixCache
 from agent.mock.routes import add_routes
+from agent.mock.rpc import RpcHead, parse_endpoints
 from netkit import tracing
 from netkit.sites import start_runner
 from workload_manager import VERSION
@@ -82,7 +83,9 @@ class MockEngine:
         block_units: int = 16,
         ttft_base_ms: float = 0.0,  # before the first token, always
         prefill_ms_per_unit: float = 0.0,  # and this per prompt unit not cached
+        rpc: RpcHead | None = None,  # workers of a replica across members (agent/mock/rpc.py)
     ) -> None:
+        self.rpc = rpc
         self.models = [m for m in model.split(",") if m]
         self.host = host
         self.port = port
@@ -239,6 +242,8 @@ class MockEngine:
         try:
             with tracing.span("llm_request", kind="server", parent=parent, attributes=attributes):
                 async with self._slot(model):
+                    if self.rpc is not None:
+                        await self.rpc.step(model.encode())
                     answer = await self._answer(request, body, model, tokens, chat=chat)
             if answer.status < 400:
                 self.succeeded[model] += 1
@@ -444,6 +449,12 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--api-key", default=os.environ.get(KEY_ENV, ""), help="401 without it")
     parser.add_argument("--flavour", choices=FLAVOURS, default="openai", help="ollama: its routes")
     parser.add_argument(
+        "--rpc", default="", help="host:port,... of its workers (mock-rpc-worker), as llama.cpp's"
+    )
+    parser.add_argument(
+        "--rpc-weights-bytes", type=int, default=1 << 20, help="sent to each worker at start"
+    )
+    parser.add_argument(
         "--otlp-traces-endpoint", help="spans of requests to this OTLP/HTTP URL, as vLLM's flag"
     )
     parser.set_defaults(run=_run)
@@ -484,12 +495,21 @@ def _run(args: argparse.Namespace) -> int:
     if args.prefix_cache_blocks < 0 or args.block_units < 1:
         print("nvpair: --prefix-cache-blocks >= 0 and --block-units >= 1", file=sys.stderr)
         return 2
+    rpc = None
+    if args.rpc:
+        try:
+            rpc = RpcHead(parse_endpoints(args.rpc), max(0, args.rpc_weights_bytes))
+        except ValueError as exc:
+            print(f"nvpair: {exc}", file=sys.stderr)
+            return 2
 
     async def serve() -> None:
         if args.startup_s:
             print(f"mock engine loading for {args.startup_s:g}s", flush=True)
             # The modelled load, from the process's start: nothing listens meanwhile.
             await asyncio.sleep(max(0.0, args.startup_s - _since_start()))
+        if rpc is not None:
+            await rpc.connect()  # before the port opens: ready means its workers hold it
         engine = MockEngine(
             model=args.model,
             port=args.port,
@@ -506,6 +526,7 @@ def _run(args: argparse.Namespace) -> int:
             block_units=args.block_units,
             ttft_base_ms=args.ttft_base_ms,
             prefill_ms_per_unit=args.prefill_ms_per_unit,
+            rpc=rpc,
         )
         await engine.start()
         if args.otlp_traces_endpoint:

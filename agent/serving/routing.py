@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from facts.deployments import Deployment
-from facts.records import NodeRecord
+from facts.records import NodeRecord, is_worker
 from scheduler import Cluster, Load, Refusal, Request, prefix, rank
 from scheduler.replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
 
@@ -86,6 +86,8 @@ def replica_views(
     for record in records:
         up = record.nodeId == self_id or reachable(record.nodeId)
         for r in record.replicas:
+            if is_worker(r, record.nodeId):
+                continue  # a part of a replica across members: its head serves
             load = ReportedLoad(r.running, r.waiting, r.kvUsage) if r.loadAt else None
             deployment = deployment_of(r.deployment)
             views.append(

@@ -28,7 +28,7 @@ from scheduler.reconcile import (
 )
 
 GIB = 2**30
-JOIN = 5_000
+JOIN = 30_000  # longer than one round of the property test's convergence (12 steps of 1 s)
 
 
 def h100s(node: str, count: int) -> tuple[Gpu, ...]:
@@ -218,7 +218,8 @@ class Member:
 def declared(name: str, n: int) -> Want:
     if name == "wide":  # two members, two GPUs on each
         return Want("wide", "dep_wide", "s1", replicas=n % 3, gpus=2, nodes=2)
-    return Want("solo", "dep_solo", "s1", replicas=n % 3, gpus=1)
+    # At most one: with two wide replicas, 10 of the 12 GPUs, a layout always fits.
+    return Want("solo", "dep_solo", "s1", replicas=n % 2, gpus=1)
 
 
 def plan_for(members: list[Member], me: Member, now: int) -> None:
@@ -283,6 +284,19 @@ def _with(r: Running, state: str) -> Running:
     )  # fmt: skip
 
 
+def partial(members: list[Member]) -> bool:
+    """Whether a part of a spanning replica runs without every partner its layout names."""
+    where: dict[str, set[str]] = {}
+    for m in members:
+        for r in m.replicas.values():
+            where.setdefault(r.group, set()).add(m.host.node_id)
+    return any(
+        r.group and where[r.group] != {p.node_id for p in r.layout}
+        for m in members
+        for r in m.replicas.values()
+    )
+
+
 def no_gpu_twice(members: list[Member]) -> None:
     for m in members:
         devices = [d for r in m.replicas.values() for d in r.devices]
@@ -303,7 +317,7 @@ actions = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(actions)
 def test_any_interleaving_never_double_books_and_leaves_no_partial_replica(
     script: list[tuple[str, int, int, int]],
@@ -324,7 +338,9 @@ def test_any_interleaving_never_double_books_and_leaves_no_partial_replica(
             no_gpu_twice(members)
         for i in range(3):
             step(members, ("ready", i, 0, 0), now)
-        if [m.replicas for m in members] == before:
+        # Settled: a round changed nothing, and no part waits for a partner (one that never
+        # comes is stopped after JOIN: a round without a change may fall before that).
+        if [m.replicas for m in members] == before and not partial(members):
             break
     else:
         raise AssertionError("did not converge")
