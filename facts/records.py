@@ -84,7 +84,7 @@ class Replica(Struct, kw_only=True, frozen=True):
     # A part of a replica that spans members (issue 32): the replica's group id and every
     # part in rank order (the head first). Absent on a replica of its own, and until every
     # member knows the fields (`spanning-replicas`, facts.wire), as `artifacts` below.
-    group: Annotated[str, Meta(pattern=r"^grp_[0-9a-f]{26}$")] | UnsetType = UNSET
+    group: Annotated[str, Meta(pattern=r"^grp_[0-9a-z]{26}$")] | UnsetType = UNSET
     layout: Annotated[list[Part], Meta(max_length=64)] | UnsetType = UNSET
 
 

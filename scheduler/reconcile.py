@@ -29,17 +29,18 @@ it is within the declared number.
 the first part the head. They follow the same rules with a group in place of a replica:
 
 - **All or nothing.** A missing replica is placed only where all its parts fit: the first
-  `nodes` members in the order above that each have room. The layout -- which member, which
-  GPUs, in rank order -- and its group id (a digest of the deployment and the layout) are
-  the same for every member that plans over the same view, so each starts its own part and
-  the parts meet without asking one another.
+  `nodes` members in the order above that each have room. The first of them, the head's
+  member, starts its part under a fresh group id (the caller names it: `Start.group` is ""),
+  with the layout -- which member, which GPUs, in rank order -- in its record.
 - **Joining.** A member named in a live group's layout that runs no part of it starts its
-  part on the GPUs the layout names, when they are free there (`admissible`): a member whose
-  view lagged follows the plan of those who started first. The GPUs a live group names on a
-  member count as taken there until that member's part is up or the group is gone.
+  part on the GPUs the layout names, when they are free there (`admissible`): the workers
+  follow the head's plan, whatever their own view would have placed. The GPUs a live group
+  names on a member count as taken there until that member's part is up or the group is gone.
 - **Whole or restarted.** A group one of whose parts failed, whose layout names a member
-  that is not reachable, or whose parts disagree on the layout is broken: every member stops
-  its parts of it at once, and the replica is placed anew. A part whose partner has not
+  that is not reachable, whose parts disagree on the layout, or that a member has seen whole
+  (`seal`, kept by the caller) and now misses a part of, is broken:
+  every member stops its parts of it at once, and the replica is placed anew -- a member
+  whose part died never joins its old group again. A part whose partner has not
   joined within `JOIN_MS` of the part's start (the member's own clock) is stopped too -- so
   after convergence no partial replica holds a GPU.
 - **Surplus** groups are cut as replicas are: whole ones kept first, then by their parts'
@@ -48,9 +49,8 @@ the first part the head. They follow the same rules with a group in place of a r
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -64,8 +64,8 @@ __all__ = [
     "Start",
     "Want",
     "admissible",
-    "group_id",
     "reconcile",
+    "seal",
     "why_not_on",
 ]
 
@@ -177,9 +177,12 @@ def reconcile(
     *,
     now_ms: int = 0,
     join_ms: int = JOIN_MS,
+    sealed: Collection[str] = frozenset(),
 ) -> Plan:
     """This node's part in converging `wants` over `hosts` (this node among them); `now_ms`
-    is this node's clock, for its parts that wait for their partners (`JOIN_MS`)."""
+    is this node's clock, for its parts that wait for their partners (`JOIN_MS`); `sealed`
+    the spanning replicas this node has seen whole (`seal`): a part missing from one
+    of those is lost, not late."""
     plan = Plan()
     reachable = sorted((h for h in hosts if h.reachable or h.node_id == self_id), key=_key)
     used: dict[str, set[str]] = {h.node_id: _held(h) for h in reachable}
@@ -194,7 +197,7 @@ def reconcile(
                 plan.stop.append((replica.id, "its deployment has changed"))
     for want in sorted(wants, key=lambda w: w.name):
         if want.nodes > 1:
-            _spanning(plan, self_id, want, reachable, used, now_ms, join_ms)
+            _spanning(plan, self_id, want, reachable, used, now_ms, join_ms, sealed)
             continue
         live = [
             (host.node_id, r)
@@ -316,6 +319,7 @@ def _spanning(
     used: dict[str, set[str]],
     now_ms: int,
     join_ms: int,
+    sealed: Collection[str],
 ) -> None:
     """`reconcile` for a deployment whose replicas span `want.nodes` members."""
     groups: dict[str, dict[str, Running]] = {}
@@ -344,6 +348,12 @@ def _spanning(
             continue
         missing = [p.node_id for p in layout if p.node_id not in parts]
         mine = parts.get(self_id)
+        if missing and gid in sealed:  # it was whole: a part is lost, not late
+            if mine is not None:
+                why = f"its part on {missing[0]} is gone; restarting the whole replica"
+                plan.stop.append((mine.id, why))
+            breaking += 1
+            continue
         if missing and mine is not None and now_ms - mine.created_at >= join_ms:
             plan.stop.append((mine.id, f"its part on {missing[0]} did not join; placing it anew"))
             breaking += 1
@@ -372,18 +382,30 @@ def _spanning(
         if isinstance(placed, str):
             plan.unplaced.append((want.name, placed))
             break
-        gid = group_id(want, placed)
         for part in placed:
             count[part.node_id] += 1
             used[part.node_id].update(part.devices)
-            start = Start(want.name, want.id, part.node_id, part.devices, group=gid, layout=placed)
-            (plan.start if part.node_id == self_id else plan.elsewhere).append(start)
+            # The head's member starts it, naming it (`group` ""); the others join it when
+            # they see it in the head's record.
+            start = Start(want.name, want.id, part.node_id, part.devices, layout=placed)
+            (plan.start if part.node_id == self_id == placed[0].node_id else plan.elsewhere).append(
+                start
+            )
 
 
-def group_id(want: Want, layout: Sequence[Part]) -> str:
-    """The spanning replica's id: the same on every member that places it the same way."""
-    text = "|".join([want.id, want.spec] + [f"{p.node_id}={','.join(p.devices)}" for p in layout])
-    return "grp_" + hashlib.sha256(text.encode()).hexdigest()[:26]
+def seal(sealed: Collection[str], hosts: Iterable[Host]) -> set[str]:
+    """`sealed` brought up to date with `hosts`: the spanning replicas seen whole (every part
+    of its layout runs) are added -- from then on a part that goes is lost, not late -- and
+    those of which no part runs any more are forgotten."""
+    parts: dict[str, set[str]] = {}
+    layouts: dict[str, set[str]] = {}
+    for host in hosts:
+        for r in host.replicas:
+            if r.group and r.state in LIVE:
+                parts.setdefault(r.group, set()).add(host.node_id)
+                layouts.setdefault(r.group, {p.node_id for p in r.layout})
+    whole = {gid for gid, nodes in parts.items() if nodes == layouts[gid]}
+    return {gid for gid in {*sealed, *whole} if gid in parts}
 
 
 def _layout_of(parts: dict[str, Running]) -> tuple[Part, ...]:

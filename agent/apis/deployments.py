@@ -144,6 +144,8 @@ def deployment_routes(
                 row = {"nodeId": record.nodeId, "node": record.name, **msgspec.to_builtins(r)}
                 if record.nodeId == control.self_id:
                     row |= _log_tail(control, r.id)
+                    if (tunnel := control.tunnels.totals().get(r.id)) is not None:
+                        row["tunnel"] = msgspec.to_builtins(tunnel)
                 rows.append(row)
         return json_answer(
             sorted(rows, key=lambda row: (row["deployment"], row["node"], row["id"]))

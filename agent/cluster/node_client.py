@@ -233,7 +233,7 @@ class NodeClient:
             self._base(node_id) + f"/v1/tunnel/{replica}",
             ssl=self._contexts.current(),
             server_hostname=server_hostname_for(node_id),
-            max_msg_size=tunnel.CHUNK,
+            max_msg_size=tunnel.MAX_MESSAGE,
             heartbeat=tunnel.HEARTBEAT_S,
         )
 

@@ -64,7 +64,16 @@ from facts.deployments import Deployment, spec_digest
 from facts.inventory import GpuInventory
 from facts.records import NodeRecord, Part, Replica
 from plane.core.ids import new_id
-from scheduler.reconcile import Host, Plan, Running, Start, admissible, reconcile, why_not_on
+from scheduler.reconcile import (
+    Host,
+    Plan,
+    Running,
+    Start,
+    admissible,
+    reconcile,
+    seal,
+    why_not_on,
+)
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
 
@@ -153,6 +162,7 @@ class ReplicaControl:
         # The engines' channels of spanning replicas (a member without a dial reaches none).
         self.tunnels = Tunnels(dial or _no_dial, self.admit)
         self._waiting_why: dict[str, str] = {}  # a part whose engine waits -> for what
+        self._sealed: set[str] = set()  # spanning replicas seen whole (scheduler.reconcile)
 
     def _load(self) -> list[Allocation]:
         try:
@@ -217,15 +227,20 @@ class ReplicaControl:
         declared = self._deployments()
         if await self.observed.probe(declared, int(time.time() * 1000)):
             self._on_change()
-        if await self._versions.refresh(self.supervisor.replicas()):
+        workers = self._workers()
+        served = [s for s in self.supervisor.replicas() if s.replica_id not in workers]
+        if await self._versions.refresh(served):
             self._on_change()
         self._set_keys()
         wants = {d.name: d for d in declared if d.authority == "managed"}
+        hosts = self._hosts()
+        self._sealed = seal(self._sealed, hosts)  # spanning replicas seen whole
         plan = reconcile(
             self.self_id,
             [want_of(d) for d in wants.values()],
-            self._hosts(),
+            hosts,
             now_ms=int(time.time() * 1000),
+            sealed=self._sealed,
         )
         self.last_plan = plan
         now = self._clock()
@@ -346,16 +361,16 @@ class ReplicaControl:
             createdAt=int(time.time() * 1000),
             apiKey=key,
             artifact=deployment.weights if start.rank == 0 else "",  # a worker loads none
-            group=start.group,
+            group=start.group or (new_id("grp") if start.layout else ""),  # a head names it
             layout=parts_of(start.layout),
             rank=start.rank,
         )
         self.allocations[allocation.replica] = allocation
         self._save()  # written down before the engine starts: never an engine we cannot name
-        if start.group:
+        if allocation.group:
             log.info(
                 "part %d of %d of replica %s of %s on %d GPU(s)",
-                start.rank, len(start.layout), start.group, deployment.name, len(devices),
+                start.rank, len(start.layout), allocation.group, deployment.name, len(devices),
             )  # fmt: skip
             self._on_change()
             return  # the rounds bring its weights and its partners, then start its engine
@@ -549,6 +564,10 @@ class ReplicaControl:
         found = [d for d in self._deployments() if d.name == name and d.authority == "managed"]
         return [(h, why_not_on(want_of(found[0]), h)) for h in self._hosts()] if found else None
 
+    def _workers(self) -> set[str]:
+        """The worker parts of spanning replicas here: their heads serve."""
+        return {rid for rid, a in self.allocations.items() if a.group and a.rank > 0}
+
     def admit(self, caller: str, replica_id: str) -> int | str:
         """The port of `replica_id`'s engine here when `caller` may reach it through a tunnel
         (the member of its replica's head, for a worker part), else why not."""
@@ -575,7 +594,9 @@ class ReplicaControl:
 
     def urls(self) -> dict[str, str]:
         """Replica id -> url of every replica that runs here, for the load scraper."""
+        workers = self._workers()  # their engines speak no HTTP (llama.cpp's RPC server)
         urls = {s.replica_id: s.url for s in self.supervisor.replicas() if s.port}
+        urls = {rid: url for rid, url in urls.items() if rid not in workers}
         return {**urls, **self.observed.urls()}
 
 

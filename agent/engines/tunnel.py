@@ -34,11 +34,12 @@ from aiohttp import web
 from agent.core.errors import AgentError
 from netkit.guard import peer_node_id
 
-__all__ = ["CHUNK", "HEARTBEAT_S", "MAX_CONNECTIONS", "Counts", "Tunnels"]
+__all__ = ["CHUNK", "HEARTBEAT_S", "MAX_CONNECTIONS", "MAX_MESSAGE", "Counts", "Tunnels"]
 
 log = logging.getLogger(__name__)
 
-CHUNK: Final = 256 * 1024  # bytes read from a socket, and the largest message, each way
+CHUNK: Final = 256 * 1024  # bytes read from a socket at once: one message, each way
+MAX_MESSAGE: Final = 2 * CHUNK  # what either end takes (aiohttp's bound is exclusive)
 MAX_CONNECTIONS: Final = 16  # through one worker part at once
 HEARTBEAT_S: Final = 30.0  # a tunnel whose other end vanished is closed within about this
 
@@ -118,6 +119,8 @@ class Tunnels:
                     await _pump(reader, writer, ws, counts.add_sent, counts.add_received)
             except (aiohttp.ClientError, OSError, TimeoutError, AgentError) as exc:
                 log.warning("tunnel to %s on %s: %s", worker, member, exc)
+            except asyncio.CancelledError:
+                pass  # closed with its part: this task is the connection's, and ends here
             finally:
                 ends.live.discard(task)
                 writer.close()
@@ -145,7 +148,7 @@ class Tunnels:
             raise web.HTTPBadGateway(text=f"{replica}: its engine does not answer\n") from None
         counts = self.counts.setdefault(key, Counts())
         counts.connections += 1
-        ws = web.WebSocketResponse(max_msg_size=CHUNK, heartbeat=HEARTBEAT_S)
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, heartbeat=HEARTBEAT_S)
         task = asyncio.current_task()
         assert task is not None
         ends.live.add(task)
@@ -178,9 +181,21 @@ class Tunnels:
         for key in list(self._ends):
             await self.close(key.split("|")[-1])
 
+    def open_now(self, replica: str) -> int:
+        """Connections through `replica`'s tunnels on this member now."""
+        return sum(len(e.live) for k, e in self._ends.items() if replica in k.split("|"))
+
     def totals(self) -> dict[str, Counts]:
-        """Bytes per part of this member (the worker part's id for both ends)."""
-        return {key.split("|")[-1]: counts for key, counts in self.counts.items()}
+        """Bytes through each part of this member: a head's through all its tunnels, sent
+        towards its workers; a worker's sent towards its engine."""
+        out: dict[str, Counts] = {}
+        for key, counts in self.counts.items():
+            head, worker = key.split("|")
+            total = out.setdefault(head or worker, Counts())
+            total.sent += counts.sent
+            total.received += counts.received
+            total.connections += counts.connections
+        return out
 
 
 def _key(head: str, worker: str) -> str:

@@ -24,6 +24,7 @@ PREFIXES: Final = {
     "wkl": "Workload",
     "dep": "Deployment",
     "rep": "Replica",
+    "grp": "Spanning replica",
     "end": "Endpoint",
     "ten": "Tenant",
     "prj": "Project",

@@ -23,8 +23,8 @@ from scheduler.reconcile import (
     Start,
     Want,
     admissible,
-    group_id,
     reconcile,
+    seal,
 )
 
 GIB = 2**30
@@ -36,9 +36,10 @@ def h100s(node: str, count: int) -> tuple[Gpu, ...]:
 
 
 def part_of(start: Start, rid: str, state: str = "starting", at: int = 0) -> Running:
+    """The part `start` makes; a head's names its group (here after its replica id)."""
     return Running(
         rid, start.deployment, start.deployment_id, "s1", start.devices, state, at,
-        group=start.group, layout=start.layout,
+        group=start.group or (f"grp_{rid}" if start.layout else ""), layout=start.layout,
     )  # fmt: skip
 
 
@@ -59,11 +60,12 @@ def test_a_two_by_four_replica_lands_on_two_h100_members_never_on_one_with_two_f
         placed = plan.start + plan.elsewhere
         assert sorted(s.node_id for s in placed) == ["nod_a", "nod_b"]
         assert all(len(s.devices) == 4 for s in placed)
-        (gid,) = {s.group for s in placed}
-        assert gid == group_id(BIG, placed[0].layout)  # every member names it the same
         assert [p.node_id for p in placed[0].layout] == ["nod_a", "nod_b"]  # the head first
         assert {s.rank for s in placed} == {0, 1}
-        assert [s.node_id for s in plan.start] == ([] if me == "nod_c" else [me])
+        # The head's member starts it, naming it; b joins once it sees the head's part.
+        assert [(s.node_id, s.group) for s in plan.start] == (
+            [("nod_a", "")] if me == "nod_a" else []
+        )
     # With b down to 2 free, two members do not have room: nothing is placed anywhere.
     b2 = Host("nod_b", "b", gpus=b.gpus, replicas=(busy("b", tuple(f"b-g{i}" for i in range(6))),))
     plan = reconcile("nod_a", [BIG], [a, b2, c])
@@ -130,13 +132,17 @@ def lagging_start() -> tuple[Start, Host, Host]:
     b = Host("nod_b", gpus=h100s("b", 4))
     want = Want("m", "dep_m", "s1", replicas=1, gpus=2, nodes=2)
     (head,) = reconcile("nod_a", [want], [a, b]).start
-    return head, a, b
+    return (
+        Start(head.deployment, head.deployment_id, "nod_a", head.devices, "grp_h", head.layout),
+        a,
+        b,
+    )
 
 
 def test_a_member_whose_view_lagged_joins_the_layout_started_before() -> None:
     head, a, b = lagging_start()
     started = Host("nod_a", gpus=a.gpus, replicas=(part_of(head, "rep_h", at=1_000),))
-    # b, whose own plan would have been the same, sees a's part naming it: it joins.
+    # b sees a's part naming it: it joins, on the GPUs the layout names.
     want = Want("m", "dep_m", "s1", replicas=1, gpus=2, nodes=2)
     plan = reconcile("nod_b", [want], [started, b], now_ms=2_000)
     (join,) = plan.start
@@ -158,7 +164,7 @@ def test_a_member_whose_view_lagged_joins_the_layout_started_before() -> None:
 def test_a_failed_part_or_an_unreachable_member_stops_the_whole_replica() -> None:
     head, a, b = lagging_start()
     want = Want("m", "dep_m", "s1", replicas=1, gpus=2, nodes=2)
-    (worker,) = reconcile("nod_b", [want], [a, b]).start
+    worker = Start("m", "dep_m", "nod_b", head.layout[1].devices, head.group, head.layout)
     a_up = Host("nod_a", gpus=a.gpus, replicas=(part_of(head, "rep_h", "ready", 1_000),))
     b_failed = Host("nod_b", gpus=b.gpus, replicas=(part_of(worker, "rep_w", "failed", 1_000),))
     for me, rid in (("nod_a", "rep_h"), ("nod_b", "rep_w")):
@@ -213,6 +219,7 @@ class Member:
     seen: dict[str, tuple[Running, ...]] = field(default_factory=dict)
     plans: list[Plan] = field(default_factory=list)
     made: int = 0
+    sealed: set[str] = field(default_factory=set)
 
 
 def declared(name: str, n: int) -> Want:
@@ -232,9 +239,13 @@ def plan_for(members: list[Member], me: Member, now: int) -> None:
         for m in members
         if m is me or m.host.node_id in me.seen
     ]
+    me.sealed = seal(me.sealed, hosts)
     me.plans.append(
-        reconcile(me.host.node_id, list(me.wants.values()), hosts, now_ms=now, join_ms=JOIN)
-    )
+        reconcile(
+            me.host.node_id, list(me.wants.values()), hosts,
+            now_ms=now, join_ms=JOIN, sealed=me.sealed,
+        )
+    )  # fmt: skip
 
 
 def carry_out(me: Member, now: int) -> None:
@@ -272,7 +283,7 @@ def step(members: list[Member], action: tuple[str, int, int, int], now: list[int
         rid = sorted(me.replicas)[n % len(me.replicas)]
         me.replicas[rid] = _with(me.replicas[rid], "failed")
     elif kind == "restart":
-        me.seen, me.plans = {}, []
+        me.seen, me.plans, me.sealed = {}, [], set()
         if n % 2:
             me.replicas = {}
 
