@@ -25,7 +25,7 @@ from agent.engines.templates import LaunchTemplate
 from agent.engines.tunnel import Tunnels
 from facts.records import NodeRecord, Replica
 
-__all__ = ["UNTRUSTED", "Waiting", "part_values"]
+__all__ = ["UNTRUSTED", "Waiting", "admit_worker", "part_values"]
 
 UNTRUSTED = (
     "its engine's own traffic (NCCL, Ray) would cross the network between members in the "
@@ -87,6 +87,19 @@ async def part_values(
         else:
             return Waiting(f"no address of {_name(record, node)} to reach its part at")
     return values | {"workers": ",".join(endpoints)}
+
+
+def admit_worker(replica: str, head: str, caller: str, port: int) -> int | str:
+    """The port a tunnel from `caller` reaches for `replica`, a worker part here whose head
+    runs on member `head` ("" when it is no worker part) with its engine on `port` (0: not
+    running); else why not (`agent.engines.tunnel`: only the head's member gets through)."""
+    if not head:
+        return f"{replica} is no worker part of a replica on this member"
+    if caller != head:
+        return f"only the member of its head ({head}) reaches {replica}"
+    if not port:
+        return f"{replica}: its engine does not run"
+    return port
 
 
 def _part(record: NodeRecord | None, group: str) -> Replica | None:

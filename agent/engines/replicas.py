@@ -43,15 +43,8 @@ from agent.core.errors import MemberUnreachable
 from agent.engines.auth import EngineAuth
 from agent.engines.load import LoadScraper
 from agent.engines.observed import ObservedEngines
-from agent.engines.parts import Waiting, part_values
-from agent.engines.placement_view import (
-    gpu_of,
-    holds_of,
-    layout_of,
-    parts_of,
-    running_of,
-    want_of,
-)
+from agent.engines.parts import Waiting, admit_worker, part_values
+from agent.engines.placement_view import gpu_of, holds_of, layout_of, parts_of, running_of, want_of
 from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
 from agent.engines.replica_keys import engine_key, managed_keys
 from agent.engines.supervisor import EngineSupervisor
@@ -64,16 +57,7 @@ from facts.deployments import Deployment, spec_digest
 from facts.inventory import GpuInventory
 from facts.records import NodeRecord, Part, Replica
 from plane.core.ids import new_id
-from scheduler.reconcile import (
-    Host,
-    Plan,
-    Running,
-    Start,
-    admissible,
-    reconcile,
-    seal,
-    why_not_on,
-)
+from scheduler.reconcile import Host, Plan, Running, Start, admissible, reconcile, seal, why_not_on
 
 __all__ = ["ALLOCATIONS_FILE", "Allocation", "ReplicaControl"]
 
@@ -271,11 +255,8 @@ class ReplicaControl:
         for a in list(self.allocations.values()):
             if not self._fetching_of(a) or a.replica in self._stopping:
                 continue
-            deployment = wants.get(a.deployment)
-            if deployment is None or (deployment.id, spec_digest(deployment)) != (
-                a.deploymentId,
-                a.spec,
-            ):
+            deployment = _current(a, wants)
+            if deployment is None:
                 continue  # the plan stops it
             state = await self._weights.need(a.artifact)
             if state.path is None:
@@ -294,11 +275,8 @@ class ReplicaControl:
         for a in list(self.allocations.values()):
             if a.launched or not a.group or a.replica in self._stopping or self._fetching_of(a):
                 continue
-            deployment = wants.get(a.deployment)
-            if deployment is None or (deployment.id, spec_digest(deployment)) != (
-                a.deploymentId,
-                a.spec,
-            ):
+            deployment = _current(a, wants)
+            if deployment is None:
                 continue  # the plan stops it
             values = await part_values(
                 a.replica, a.group, [(p.node, p.devices) for p in a.layout], a.rank,
@@ -572,14 +550,10 @@ class ReplicaControl:
         """The port of `replica_id`'s engine here when `caller` may reach it through a tunnel
         (the member of its replica's head, for a worker part), else why not."""
         a = self.allocations.get(replica_id)
-        if a is None or not a.group or a.rank == 0 or not a.layout:
-            return f"{replica_id} is no worker part of a replica on this member"
-        if a.layout[0].node != caller:
-            return f"only the member of its head ({a.layout[0].node}) reaches {replica_id}"
         status = self.supervisor.status(replica_id)
-        if status is None or not status.port or replica_id in self._stopping:
-            return f"{replica_id}: its engine does not run"
-        return status.port
+        port = status.port if status is not None and replica_id not in self._stopping else 0
+        head = a.layout[0].node if a is not None and a.group and a.rank > 0 else ""
+        return admit_worker(replica_id, head, caller, port)
 
     def url_of(self, replica_id: str) -> str | None:
         """Where a ready replica of this node listens, or None."""
@@ -602,6 +576,14 @@ class ReplicaControl:
 
 def _by_id(a: Allocation) -> str:
     return a.replica
+
+
+def _current(a: Allocation, wants: dict[str, Deployment]) -> Deployment | None:
+    """The deployment the allocation was made for, while it is still the declared one."""
+    found = wants.get(a.deployment)
+    if found is None or (found.id, spec_digest(found)) != (a.deploymentId, a.spec):
+        return None
+    return found
 
 
 def _unstarted(a: Allocation) -> bool:

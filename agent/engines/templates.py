@@ -316,10 +316,12 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             REAL_ENGINE_READY_S,
             key_env="LLAMA_API_KEY",
             # Its RPC backend: each worker's ggml-rpc-server on its loopback (it has no
-            # authentication), reached from the head through the agents' tunnels.
+            # authentication), reached from the head through the agents' tunnels; the
+            # layers offloaded to every device, the workers' included (the head's own
+            # deployment arguments come after and may say otherwise).
             span=SpanRoles(
                 worker_argv=("ggml-rpc-server", "-H", "127.0.0.1", "-p", "{port}"),
-                head_args=("--rpc", "{workers}"),
+                head_args=("--rpc", "{workers}", "-ngl", "999"),
             ),
         ),
         # Ollama serves every model it has pulled (into OLLAMA_MODELS; nvpair pulls none) and
