@@ -101,6 +101,8 @@ class ReadinessProbe:
         """The verdict on the engine `process` (leading its process group) for `spec`."""
         # Whose socket first, then the question: an engine that answers and exits at once
         # (a crash) was still ready, and nothing is asked while nothing listens.
+        if template.ready_path == "*":  # a worker part that serves nothing: it runs
+            return Ready()
         key = (process.pid, spec.port)
         check = check_port(spec.port, process.pid, self._known.pop(key, frozenset()))
         if check.taken:

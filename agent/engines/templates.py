@@ -14,6 +14,7 @@ and, for a part of a replica that spans members (issue 32, `SpanRoles`):
 
     {rank}       the part's rank: 0 the head, 1.. the workers
     {nodes}      how many members the replica spans
+    {world}      the replica's GPUs on all its members (its GPUs here times {nodes})
     {workers}    where the head reaches the workers' engines, `host:port,...` in rank order
                  (loopback ends of the agents' mTLS tunnels, for a `tunnel` channel)
     {head_addr}  the head member's address, as the other members reach it
@@ -61,7 +62,19 @@ __all__ = [
 ]
 
 PLACEHOLDERS: Final = frozenset(
-    {"model", "served", "port", "tp", "gpus", "rank", "nodes", "workers", "head_addr", "dist_port"}
+    {
+        "model",
+        "served",
+        "port",
+        "tp",
+        "gpus",
+        "rank",
+        "nodes",
+        "world",
+        "workers",
+        "head_addr",
+        "dist_port",
+    }
 )
 REAL_ENGINE_READY_S: Final = 600.0  # loading a large model's weights takes minutes
 MOCK_READY_S: Final = 30.0
@@ -130,7 +143,9 @@ class SpanRoles:
 
     worker_argv: tuple[str, ...]  # a worker part's command line (placeholders as above)
     head_args: tuple[str, ...] = ()  # appended to the head part's argv
-    worker_ready: str = ""  # a worker's readiness path; "" its own listener on {port}
+    # A worker's readiness: a path on {port}; "" its own listener on {port}; "*" its process
+    # runs (SGLang's and vLLM's workers serve nothing themselves).
+    worker_ready: str = ""
     head_waits: bool = True  # the head starts once every worker part is ready
     channel: Literal["tunnel", "network"] = "tunnel"
 
@@ -180,6 +195,7 @@ def render(template: LaunchTemplate, spec: LaunchSpec) -> tuple[list[str], dict[
         "gpus": ",".join(spec.gpu_uuids),
         "rank": str(spec.rank),
         "nodes": str(spec.nodes),
+        "world": str(max(1, len(spec.gpu_uuids)) * spec.nodes),
         "workers": spec.workers,
         "head_addr": spec.head_addr,
         "dist_port": str(spec.dist_port or spec.port + 1),  # a head's: its own port + 1
@@ -287,6 +303,8 @@ def _literal(text: str) -> str:
 
 
 _LOCAL: Final = " --host 127.0.0.1 --port {port}"
+_VLLM_NODES: Final = " --nnodes {nodes} --master-addr {head_addr} --master-port {dist_port}"
+_SGLANG_NODES: Final = " --nnodes {nodes} --dist-init-addr {head_addr}:{dist_port}"
 
 # Real command lines (flags as each project documents them). Engines listen on loopback
 # only: clients reach them through the agent's facade, which authenticates and routes.
@@ -300,6 +318,21 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             "/health",
             REAL_ENGINE_READY_S,
             key_env="VLLM_API_KEY",
+            # vLLM's own multi-node launch (0.11.1 on; its `mp` executor, no Ray cluster):
+            # tensor-parallel within a member, a pipeline stage per member, the workers
+            # headless; its NCCL and control traffic crosses the network.
+            span=SpanRoles(
+                worker_argv=tuple(
+                    "vllm serve {model} --tensor-parallel-size {tp} --pipeline-parallel-size"
+                    f" {{nodes}}{_VLLM_NODES} --node-rank {{rank}} --headless".split()
+                ),
+                head_args=tuple(
+                    f"--pipeline-parallel-size {{nodes}}{_VLLM_NODES} --node-rank 0".split()
+                ),
+                worker_ready="*",
+                head_waits=False,
+                channel="network",
+            ),
         ),
         _builtin(
             "sglang",
@@ -308,6 +341,18 @@ BUILTIN_TEMPLATES: Final[Mapping[str, LaunchTemplate]] = {
             "/health",
             REAL_ENGINE_READY_S,
             key_flag="--api-key",
+            # SGLang's multi-node launch: one tensor-parallel group over every member's
+            # GPUs (`{world}`), rank 0 serving HTTP; NCCL crosses the network.
+            span=SpanRoles(
+                worker_argv=tuple(
+                    "python -m sglang.launch_server --model-path {model} --tp-size {world}"
+                    f"{_SGLANG_NODES} --node-rank {{rank}}".split()
+                ),
+                head_args=tuple(f"--tp-size {{world}}{_SGLANG_NODES} --node-rank 0".split()),
+                worker_ready="*",
+                head_waits=False,
+                channel="network",
+            ),
         ),
         _builtin(
             "llamacpp",

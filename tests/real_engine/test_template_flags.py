@@ -32,3 +32,20 @@ def test_the_llamacpp_template_uses_only_flags_the_real_server_has(llama_server:
     assert used == ["-m", "--alias", "--host", "--port", "--metrics"]
     tier = [part for part in ENGINE_ARGS if part.startswith("-")]  # the tier's own extra flags
     assert [flag for flag in used + tier if flag not in known] == []
+
+
+def test_a_spanning_llamacpp_replica_uses_only_flags_its_programs_have(llama_server: Path) -> None:
+    """The head's added flags are llama-server's; the worker's command line is
+    ggml-rpc-server's (built with GGML_RPC=ON, beside llama-server)."""
+    span = BUILTIN_TEMPLATES["llamacpp"].span
+    assert span is not None
+    head = [part for part in span.head_args if part.startswith("-")]
+    assert head == ["--rpc", "-ngl"]
+    assert [flag for flag in head if flag not in real_flags(llama_server)] == []
+    rpc_server = llama_server.parent / "ggml-rpc-server"
+    assert span.worker_argv[0] == rpc_server.name
+    known = real_flags(rpc_server)
+    assert {"-H", "-p", "--threads"} <= known  # the parse read the real flag list
+    used = [part for part in span.worker_argv if part.startswith("-")]
+    assert used == ["-H", "-p"]
+    assert [flag for flag in used if flag not in known] == []
