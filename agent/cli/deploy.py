@@ -228,10 +228,11 @@ def _replicas(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(replicas, indent=2))
         return 0
-    rows = [["REPLICA", "DEPLOYMENT", "NODE", "STATE", "GPUS", "PORT", "RESTARTS", "ERROR"]]
+    rows = [["REPLICA", "DEPLOYMENT", "NODE", "PART", "STATE", "GPUS", "PORT", "RESTARTS",
+             "ERROR"]]  # fmt: skip
     for r in replicas:
         rows.append(
-            [r["id"], r["deployment"], r["node"], r["state"], str(len(r["devices"])),
+            [r["id"], r["deployment"], r["node"], _part(r), r["state"], str(len(r["devices"])),
              str(r["port"]), str(r["restarts"]), r.get("error", "")[:60]]
         )  # fmt: skip
     table = cli_http.table(rows).split("\n")
@@ -241,6 +242,16 @@ def _replicas(args: argparse.Namespace) -> int:
         for logged in r.get("logTail", []):  # a failed replica of this node: why, in its words
             print(f"    | {logged}")
     return 0
+
+
+def _part(replica: dict[str, Any]) -> str:
+    """A part of a replica across members (issue 32): `head 1/2 grp_...`, else "-"."""
+    layout = replica.get("layout")
+    if not layout:
+        return "-"
+    rank = next((i for i, (node, _) in enumerate(layout) if node == replica["nodeId"]), 0)
+    role = "head" if rank == 0 else "worker"
+    return f"{role} {rank + 1}/{len(layout)} {replica.get('group', '')[-8:]}"
 
 
 def _logs(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from agent.cluster.deployments import Deployments
     from agent.cluster.scaler import Scaler
     from agent.engines.replicas import ReplicaControl
+    from agent.engines.tunnel import Counts
     from agent.serving.facade import Facade
     from agent.serving.view import SchedulingView
 
@@ -47,7 +48,9 @@ class ServingMetrics(Collector):
         cache: Callable[[], Mapping[str, list[float]]] = dict,
         alone: Callable[[], bool] = lambda: False,
         scaling: Callable[[], Iterator[Metric]] = lambda: iter(()),
+        tunnels: Callable[[], Mapping[str, Counts]] = dict,
     ) -> None:
+        self._tunnels = tunnels  # part -> bytes through its tunnels here (issue 32)
         self._scaling = scaling  # elastic deployments: bounds, changes, cold starts
         self._alone = alone  # some keys' limits admitted alone: their holder is cut off
         self._decisions = decisions  # (model, reason) -> requests this facade sent
@@ -59,6 +62,16 @@ class ServingMetrics(Collector):
         self._deployments = deployments  # the live deployments
 
     def collect(self) -> Iterator[Metric]:
+        through = CounterMetricFamily(
+            "nvpair_tunnel_bytes",
+            "Bytes through the tunnels of a part of a replica across members, by part: sent"
+            " towards the worker's engine, received from it",
+            labels=["replica", "direction"],
+        )
+        for part, counts in sorted(self._tunnels().items()):
+            through.add_metric([part, "sent"], counts.sent)
+            through.add_metric([part, "received"], counts.received)
+        yield through
         live = {d.name: d for d in self._deployments()}
         line = GaugeMetricFamily(
             "nvpair_wait_line_requests",
@@ -231,4 +244,5 @@ def serving_metrics(
         cache=lambda: control.scraper.cache_totals,
         alone=lambda: facade.keys.cluster is not None and facade.keys.cluster.alone(),
         scaling=(lambda: iter(())) if scaler is None else lambda: scaling_metrics(scaler, facade),
+        tunnels=control.tunnels.totals,
     )

@@ -192,16 +192,24 @@ function eventText(e) {
 
 function replicaTable(replicas) {
   return h('div', { class: 'scroll' }, h('table', { class: 'replica-table' },
-    h('thead', {}, h('tr', {}, ['Replica', 'Node', 'State', 'Restarts', 'GPUs', 'Port', 'Engine', 'Error'].map((t) => h('th', {}, t)))),
+    h('thead', {}, h('tr', {}, ['Replica', 'Node', 'Part', 'State', 'Restarts', 'GPUs', 'Port', 'Engine', 'Error'].map((t) => h('th', {}, t)))),
     h('tbody', {}, replicas.map((r) => h('tr', { class: 'replica-row', 'data-replica-id': r.id, 'data-state': r.state },
       h('td', { title: r.id }, shortId(r.id)),
       h('td', { 'data-node-id': r.nodeId }, r.node || shared.nodeName(r.nodeId)),
+      h('td', { class: 'part', title: r.group || '' }, partOf(r)),
       h('td', { class: 'state' }, h('span', { class: 'badge' }, r.state)),
       h('td', {}, String(r.restarts ?? 0)),
       h('td', {}, String((r.devices || []).length)),
       h('td', {}, String(r.port ?? '')),
       h('td', {}, r.engineVersion || ''),
       h('td', { class: 'error' }, r.error || ''))))));
+}
+
+// A part of a replica across members (issue 32): "head 1/2", "worker 2/2"; "" for one of its own.
+function partOf(r) {
+  if (!r.layout || !r.layout.length) return '';
+  const rank = Math.max(0, r.layout.findIndex(([node]) => node === r.nodeId));
+  return `${rank === 0 ? 'head' : 'worker'} ${rank + 1}/${r.layout.length}`;
 }
 
 function failedLog(r) {

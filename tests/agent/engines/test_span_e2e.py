@@ -104,6 +104,13 @@ async def test_one_replica_over_two_members_serves_through_every_member(trio: li
     shown = {p["id"]: p for p in await replicas(by_id[worker["nodeId"]], "wide")}
     assert shown[worker["id"]]["tunnel"]["sent"] >= WEIGHTS  # what reached its engine
     assert listeners(worker["port"]) == {"0100007F"}  # 127.0.0.1 alone
+    head_node = by_id[head["nodeId"]]
+    sent = await head_node.metric("nvpair_tunnel_bytes_total", replica=head["id"], direction="sent")
+    assert sent >= WEIGHTS
+    code, out, err = await head_node.cli("replicas")
+    assert code == 0, err
+    assert "head 1/2" in out
+    assert "worker 2/2" in out
     # /v1/models lists it once; the worker part is no target of its own.
     models = await a.get_facade("/v1/models")
     assert [m["id"] for m in models["data"]].count("wide") == 1

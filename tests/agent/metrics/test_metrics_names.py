@@ -72,13 +72,13 @@ def dashboard_names() -> set[str]:
 
 
 def doc_rows() -> dict[str, tuple[str, str, bool]]:
-    """docs/metrics.md's table rows: name -> (type, meaning, only with a plane or with
-    tracing on: a section that says either in its title)."""
+    """docs/metrics.md's table rows: name -> (type, meaning, only with a plane, with
+    tracing on or while something runs: a section that says so in its title)."""
     rows: dict[str, tuple[str, str, bool]] = {}
     plane = False
     for line in DOC.read_text().splitlines():
         if line.startswith("## "):
-            plane = any(word in line.lower() for word in ("plane", "tracing"))
+            plane = any(word in line.lower() for word in ("plane", "tracing", "only while"))
         elif line.startswith("| `nvpair_"):
             cells = [cell.strip() for cell in line.split("|")]
             rows[cells[1].strip("`")] = (cells[2], cells[4], plane)
