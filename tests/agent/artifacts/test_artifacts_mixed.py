@@ -3,7 +3,8 @@ beside a member that speaks wire 1 alone (a stand-in for 0.1.0, `NVPAIR_TEST_SPE
 `artifacts` feature is off, so a deployment that names an artifact is refused with 409
 naming the member that holds the feature back, and no record says what it holds (a 0.1.0
 member would refuse it). A deployment without one is taken (the control). So is a deployment
-with bounds (issue 30: `elastic-deployments`) refused, and a fixed one taken."""
+with bounds (issue 30: `elastic-deployments`) refused, and a fixed one taken; and one whose
+replicas span members (issue 32: `spanning-replicas`), beside one on a single member."""
 
 from __future__ import annotations
 
@@ -69,3 +70,18 @@ async def test_bounds_wait_for_every_member_to_know_them(pair: list[Node]) -> No
     assert "elastic" not in {d["name"] for d in await a.get("/v1/deployments")}
     status, text = await post(a, "/v1/deployments", body | {"replicas": 0})
     assert status == 201, text  # the control: a fixed count is taken
+
+
+async def test_a_replica_across_members_waits_for_every_member_to_know_it(pair: list[Node]) -> None:
+    # Issue 32: `nodes`, and the parts' group and layout in the records, are fields a 0.1.0
+    # member does not know (`spanning-replicas`).
+    a, old = pair
+    old_id = await old.node_id()
+    body = {"name": "wide", "engine": "mock", "source": "m", "gpus": 0}
+    status, text = await post(a, "/v1/deployments", body | {"nodes": 2})
+    assert status == 409, text
+    assert old_id in text
+    assert "span members" in text
+    assert "wide" not in {d["name"] for d in await a.get("/v1/deployments")}
+    status, text = await post(a, "/v1/deployments", body | {"replicas": 0})
+    assert status == 201, text  # the control: on one member, it is taken
