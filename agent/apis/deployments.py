@@ -40,6 +40,7 @@ from agent.cluster.deployments import DeploymentRefused, DeploymentRequest, Depl
 from agent.cluster.members import Members
 from agent.cluster.scale_events import ScaleEvents
 from agent.engines import replica_logs
+from agent.engines.parts import UNTRUSTED
 from agent.engines.proc_state import ReplicaState
 from agent.engines.replicas import ReplicaControl
 from agent.engines.templates import check_replica_id
@@ -114,8 +115,10 @@ def deployment_routes(
                    "span members first")  # fmt: skip
             template = control.supervisor.template(wanted.engine)
             if template is not None and template.span is None:
-                raise bad_request(f"nodes: the {wanted.engine!r} engine cannot span members",
-                                  "nodes")  # fmt: skip
+                raise bad_request(f"the {wanted.engine!r} engine cannot span members", "nodes")
+            spans = template.span if template is not None else None
+            if spans is not None and spans.channel == "network" and not control.trusted_network:
+                raise bad_request(UNTRUSTED, "nodes")  # NCCL, Ray: not carried by nvpair
         try:
             made = deployments.declare(wanted)
         except DeploymentRefused as exc:

@@ -35,12 +35,14 @@ async def engine_cluster(
     agent_toml: str = "",
     *,
     one_range: bool = False,
+    engines_toml: Mapping[str, str] | None = None,
 ) -> AsyncIterator[list[Node]]:
     """Started members named and with simulated GPUs as `gpus` says (`agent_toml`: more
     lines of every member's `[agent]` table); their engines killed at the end (agents
     leave engines running when they stop: the next start adopts them). With `one_range`
     every member has the same engine ports, as agents started on one host without their
-    own `[engines] port_range` have."""
+    own `[engines] port_range` have; `engines_toml`: more lines of one member's `[engines]`
+    table, by its name."""
     nodes = [make_node(root, name, spec) for name, spec in gpus.items()]
     shared = engine_ports()
     for node in nodes:
@@ -50,7 +52,8 @@ async def engine_cluster(
         low, high = shared if one_range else engine_ports()
         (node.home / "nvpair.toml").write_text(
             f"[agent]\nheartbeat_s = 0.5\n{agent_toml}"
-            f'[engines]\nport_range = "{low}-{high}"\n{extra_toml}'
+            f'[engines]\nport_range = "{low}-{high}"\n'
+            f"{(engines_toml or {}).get(node.name, '')}\n{extra_toml}"
         )
         (node.home / "nvpair.toml").chmod(0o600)  # API keys in it must be the owner's alone
     try:

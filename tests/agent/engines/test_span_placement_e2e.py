@@ -1,8 +1,9 @@
 """Replicas across members placed on real agents with simulated GPUs (issue 32): two
 members of 8 H100s and one with 2 free -- an SGLang deployment of 2 x 4 GPUs per replica
 lands on the two with room, 4 GPUs on each, never on the one with 2; a third replica that
-fits nowhere is explained; SGLang's parts talk NCCL over the network, so on members that
-have not said the network is trusted they hold their GPUs and wait, saying why."""
+fits nowhere is explained; SGLang's parts talk NCCL over the network, so a member that has
+not said the network is trusted refuses the deployment, and its parts placed on such
+members hold their GPUs and wait, saying why."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def trio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Node]]:
     root = tmp_path_factory.mktemp("span-placement")
     gpus = {"a": "h100-80gb-sxm:8", "b": "h100-80gb-sxm:8", "c": "h100-80gb-sxm:8"}
-    async for started in engine_cluster(root, gpus):
+    # c alone says its network is trusted: the deployment is declared there (a member that
+    # does not say so refuses it), and its parts, placed on a and b, wait.
+    trusted = {"c": "trusted_network = true"}
+    async for started in engine_cluster(root, gpus, engines_toml=trusted):
         yield started
 
 
@@ -58,6 +62,9 @@ async def test_two_by_four_lands_on_the_members_with_room_never_on_one_with_two(
         "replicas": 2, "constraints": {"oneDomain": True},
     }  # fmt: skip
     status, made = await post(a, "/v1/deployments", wide)
+    assert status == 400, made  # a does not say the network is trusted
+    assert "trusted_network" in made
+    status, made = await post(c, "/v1/deployments", wide)
     assert status == 201, made
     found: list[dict[str, Any]] = []
 
