@@ -257,7 +257,20 @@ def _held(host: Host) -> set[str]:
 def _place(
     want: Want, hosts: Iterable[Host], used: dict[str, set[str]], count: Counter[str]
 ) -> Start | str:
-    best: tuple[tuple[int, bool, int, str], Start] | None = None
+    fitting, reasons = _fitting(want, hosts, used, count)
+    if not fitting:
+        return "; ".join(reasons) if reasons else "no member to place it on"
+    _, node_id, devices = min(fitting)
+    return Start(want.name, want.id, node_id, devices)
+
+
+def _fitting(
+    want: Want, hosts: Iterable[Host], used: dict[str, set[str]], count: Counter[str]
+) -> tuple[list[tuple[tuple[int, bool, int, str], str, tuple[str, ...]]], list[str]]:
+    """Each member with room for a replica (or a part) -- its rank (fewer of the deployment
+    there first, then holding its weights, then the tighter fit, then the node id), id and
+    GPUs -- and why each other has none."""
+    fitting = []
     reasons: list[str] = []
     for host in hosts:
         found = _fit(want, host, used[host.node_id])
@@ -266,12 +279,10 @@ def _place(
             continue
         leftover, devices = found
         fetches = bool(want.artifact) and want.artifact not in host.holds
-        rank = (count[host.node_id], fetches, leftover, host.node_id)
-        if best is None or rank < best[0]:
-            best = (rank, Start(want.name, want.id, host.node_id, devices))
-    if best is None:
-        return "; ".join(reasons) if reasons else "no member to place it on"
-    return best[1]
+        fitting.append(
+            ((count[host.node_id], fetches, leftover, host.node_id), host.node_id, devices)
+        )
+    return fitting, reasons
 
 
 def _fit(want: Want, host: Host, used: set[str]) -> tuple[int, tuple[str, ...]] | str:
@@ -440,20 +451,9 @@ def _place_span(
 ) -> tuple[Part, ...] | str:
     """The layout of one more spanning replica: the first `want.nodes` members in the order
     single replicas are placed in, each with room for its part; or why there are not enough."""
-    fitting: list[tuple[tuple[int, bool, int, str], Part]] = []
-    reasons: list[str] = []
-    for host in hosts:
-        found = _fit(want, host, used[host.node_id])
-        if isinstance(found, str):
-            reasons.append(f"{host.name or host.node_id}: {found}")
-            continue
-        leftover, devices = found
-        fetches = bool(want.artifact) and want.artifact not in host.holds
-        rank = (count[host.node_id], fetches, leftover, host.node_id)
-        fitting.append((rank, Part(host.node_id, devices)))
+    fitting, reasons = _fitting(want, hosts, used, count)
     if len(fitting) < want.nodes:
         need = f"{want.nodes} members with room for a part ({want.gpus} GPU(s) each)"
         why = f"; {'; '.join(reasons)}" if reasons else ""
         return f"a replica spans {need}, {len(fitting)} have it{why}"
-    fitting.sort(key=lambda f: f[0])
-    return tuple(part for _, part in fitting[: want.nodes])
+    return tuple(Part(node_id, devices) for _, node_id, devices in sorted(fitting)[: want.nodes])

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from tests.agent.deploy_harness import engine_cluster, post, replicas
-from tests.agent.engines.test_span_e2e import listeners, whole
+from tests.agent.engines.test_span_e2e import listeners, whole, worker_pid
 from tests.agent.harness import Node, eventually
 
 from .test_llama_server import ENGINE_ARGS
@@ -84,7 +84,7 @@ async def test_the_model_over_two_members_answers_as_on_one(
 async def test_kill_9_of_the_rpc_server_restarts_the_whole_replica(trio: list[Node]) -> None:
     parts = await whole(trio, "wide")
     (worker,) = [p for p in parts if p["layout"][0][0] != p["nodeId"]]
-    os.kill(rpc_server_pid(worker["port"]), signal.SIGKILL)
+    os.kill(worker_pid(worker["port"], b"ggml-rpc-server"), signal.SIGKILL)
     await whole(trio, "wide", other_than=worker["group"])
     alone = await said(trio[0], "solo")
     for node in trio:
@@ -93,17 +93,3 @@ async def test_kill_9_of_the_rpc_server_restarts_the_whole_replica(trio: list[No
 
 def file_size(path: Path) -> int:
     return path.stat().st_size
-
-
-def rpc_server_pid(port: int) -> int:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith(b"ggml-rpc-server") and str(port).encode() in argv:
-            return int(entry)
-    raise AssertionError(f"no ggml-rpc-server on port {port}")

@@ -154,8 +154,8 @@ async def test_kill_9_of_the_workers_engine_restarts_the_whole_replica(trio: lis
     assert code == 0, err
 
 
-def worker_pid(port: int) -> int:
-    """The mock RPC worker listening on `port` (its command line names the port)."""
+def worker_pid(port: int, program: bytes = b"mock-rpc-worker") -> int:
+    """The process whose command line names `program` and `port` (a worker part's engine)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -164,6 +164,6 @@ def worker_pid(port: int) -> int:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"mock-rpc-worker" in argv and str(port).encode() in argv:
+        if any(a.endswith(program) for a in argv) and str(port).encode() in argv:
             return int(entry)
-    raise AssertionError(f"no mock-rpc-worker on port {port}")
+    raise AssertionError(f"no {program.decode()} on port {port}")
