@@ -328,7 +328,7 @@ actions = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(actions)
 def test_any_interleaving_never_double_books_and_leaves_no_partial_replica(
     script: list[tuple[str, int, int, int]],

@@ -188,7 +188,7 @@ def collector(sink: list[Any]) -> Callable[[Event, tuple[str, ...]], None]:
     return lambda event, exclude: sink.append((event, exclude))
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(st.lists(payloads(), min_size=1, max_size=8), st.sampled_from([None, "nod_c"]))
 def test_fast_and_general_paths_give_the_same_answers(
     sequence: list[bytes], sender: str | None

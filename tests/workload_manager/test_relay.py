@@ -216,7 +216,7 @@ def plans(draw: st.DrawFn) -> Plan:
     return Plan(events, draw(st.permutations(deliveries)))
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(plans())
 def test_dedup_delivers_each_event_at_most_once_and_never_resurrects(plan: Plan) -> None:
     relay = RelayCore()
