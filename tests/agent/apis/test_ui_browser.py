@@ -5,7 +5,8 @@ appear, run and finish on a's page without a reload, a failed job shows its erro
 Nodes and Cluster views match `/v1/nodes` and `/v1/members`, scaling from the page changes
 the replicas, a failed replica shows its log's last lines and undeploying it from the page
 takes it away; an elastic deployment's card shows its bounds, its scale-up from zero and
-the cold start's seconds; without the secret the page is refused, a POST from another Origin is
+the cold start's seconds; a replica across two members shows its head and its worker (one
+group); without the secret the page is refused, a POST from another Origin is
 refused, and every request the page makes goes to the agent itself. Screenshots of the
 views are written to test-artifacts/ui/ (docs/ui.md, "Testing the page")."""
 
@@ -328,6 +329,29 @@ async def test_an_elastic_deployment_shows_its_bounds_scale_up_and_cold_start(
                if e["kind"] == "cold-start"]  # fmt: skip
     assert f"{told['seconds']:.1f} s" in (await cold.text_content() or "")
     code, _, err = await a.cli("undeploy", "lazy")
+    assert code == 0, err
+
+
+async def test_a_replica_across_members_shows_its_head_and_worker(
+    ui: UiPage, trio: list[Node]
+) -> None:
+    # Issue 32: the page shows each part of a replica that spans members.
+    a = trio[0]
+    wide = {"name": "wide", "engine": "mock", "source": "wide", "gpus": 0, "nodes": 2}
+    code, text = await post(a, "/v1/deployments", wide)
+    assert code == 201, text
+    await ui.show("deployments")
+    card = ui.page.locator('.deployment[data-name="wide"]')
+    rows = card.locator(".replica-row")
+    await expect(rows).to_have_count(2, timeout=EXPECT_MS)
+    await expect(card.locator('.replica-row[data-state="ready"]')).to_have_count(2, timeout=60_000)
+    parts = sorted([await cell.text_content() or "" for cell in await rows.locator(".part").all()])
+    assert parts == ["head 1/2", "worker 2/2"]
+    group = {r["group"] for r in await replicas(a, "wide")}
+    assert {
+        await cell.get_attribute("title") for cell in await rows.locator(".part").all()
+    } == group
+    code, _, err = await a.cli("undeploy", "wide")
     assert code == 0, err
 
 
