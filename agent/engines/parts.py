@@ -25,7 +25,7 @@ from agent.engines.templates import LaunchTemplate
 from agent.engines.tunnel import Tunnels
 from facts.records import NodeRecord, Replica
 
-__all__ = ["UNTRUSTED", "Waiting", "admit_worker", "part_values"]
+__all__ = ["UNTRUSTED", "Waiting", "admit_worker", "part_values", "through_tunnels"]
 
 UNTRUSTED = (
     "its engine's own traffic (NCCL, Ray) would cross the network between members in the "
@@ -87,6 +87,12 @@ async def part_values(
         else:
             return Waiting(f"no address of {_name(record, node)} to reach its part at")
     return values | {"workers": ",".join(endpoints)}
+
+
+def through_tunnels(template: LaunchTemplate | None) -> bool:
+    """Whether the parts of a replica of `template` reach each other through the agents'
+    tunnels (which end with the head's agent: its engine's connections go with them)."""
+    return template is not None and template.span is not None and template.span.channel == "tunnel"
 
 
 def admit_worker(replica: str, head: str, caller: str, port: int) -> int | str:

@@ -19,11 +19,9 @@ allocation is made (its GPUs held, so no other member places the same slot), the
 engine starts on the assembled copy once it is resident (`agent.engines.weights`). A fetch
 that fails is tried again; an agent killed meanwhile finds the allocation and goes on.
 
-A part of a replica that spans members (issue 32, `scheduler.reconcile`) is an allocation
-with its group and layout: a worker part's engine starts at once; the head part holds its
-GPUs and its engine starts once every worker part is ready, reaching them as its template
-says (`agent.engines.parts`: through this member's tunnels, `agent.engines.tunnel`). A part
-is never restarted alone: its engine's exit fails it, and the whole replica is placed anew.
+A part of a replica across members (issue 32) is an allocation with its group and layout;
+its engine starts when `agent.engines.parts` says, reaching the others through this member's
+tunnels (`agent.engines.tunnel`). A part never restarts alone: the whole replica does.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from agent.core.errors import MemberUnreachable
 from agent.engines.auth import EngineAuth
 from agent.engines.load import LoadScraper
 from agent.engines.observed import ObservedEngines
-from agent.engines.parts import Waiting, admit_worker, part_values
+from agent.engines.parts import Waiting, admit_worker, part_values, through_tunnels
 from agent.engines.placement_view import gpu_of, holds_of, layout_of, parts_of, running_of, want_of
 from agent.engines.proc_state import EngineProcError, ReplicaState, ReplicaStatus
 from agent.engines.replica_keys import engine_key, managed_keys
@@ -181,6 +179,11 @@ class ReplicaControl:
             log.warning("%s: an engine with no allocation here; stopped", rid)
         if lost:
             self._save()
+        engines = {d.name: d.engine for d in self._deployments()}
+        for rid, a in list(self.allocations.items()):  # a head's tunnels ended with the agent
+            template = self.supervisor.template(engines.get(a.deployment, ""))
+            if a.group and a.rank == 0 and a.launched and through_tunnels(template):
+                self._stop(rid, "its tunnels ended with the agent before; restarting it whole")
 
     def poke(self) -> None:
         """Something changed (a deployment, a record): a round soon."""
@@ -569,8 +572,8 @@ class ReplicaControl:
     def urls(self) -> dict[str, str]:
         """Replica id -> url of every replica that runs here, for the load scraper."""
         workers = self._workers()  # their engines speak no HTTP (llama.cpp's RPC server)
-        urls = {s.replica_id: s.url for s in self.supervisor.replicas() if s.port}
-        urls = {rid: url for rid, url in urls.items() if rid not in workers}
+        running = self.supervisor.replicas()
+        urls = {s.replica_id: s.url for s in running if s.port and s.replica_id not in workers}
         return {**urls, **self.observed.urls()}
 
 

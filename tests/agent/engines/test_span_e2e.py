@@ -4,7 +4,8 @@ starts once its worker is ready and reaches it through the agents' tunnel over c
 mTLS (the tunnel's byte counters show the head's weights went there); chat through every
 member answers; the worker's engine listens on loopback only; a member that is not the
 head's is refused the tunnel; kill -9 of the worker's engine restarts the whole replica,
-which serves again. With simulated GPUs -- two members of 8 H100s and one with 2 free -- an
+which serves again, and so does a restart of the head's agent (its tunnels end with it).
+With simulated GPUs -- two members of 8 H100s and one with 2 free -- an
 SGLang deployment of 2 x 4 GPUs per replica lands on the two with room, never on the one
 with 2; a third replica that fits nowhere is explained; SGLang's parts talk NCCL over the
 network, so a member that has not said the network is trusted refuses the deployment, and
@@ -158,6 +159,20 @@ async def test_kill_9_of_the_workers_engine_restarts_the_whole_replica(trio: lis
     os.kill(pid, signal.SIGKILL)
     # Both parts stop, and the replica is placed anew: a new group, whole and ready.
     await whole(trio, "wide", other_than=before)
+    for node in trio:
+        assert await chat(node, "wide") == 200
+
+
+async def test_the_heads_agent_restarted_restarts_the_replica_whole(trio: list[Node]) -> None:
+    # The head's engine reaches its worker through its agent's tunnels, which end with that
+    # agent: the agent that comes back (and re-adopts its engines) restarts the replica.
+    parts = await whole(trio, "wide")
+    (head,) = [p for p in parts if p["layout"][0][0] == p["nodeId"]]
+    by_id = {await n.node_id(): n for n in trio}
+    member = by_id[head["nodeId"]]
+    await member.stop()
+    await member.start()
+    await whole(trio, "wide", other_than=head["group"])
     for node in trio:
         assert await chat(node, "wide") == 200
     code, _, err = await trio[0].cli("undeploy", "wide")
