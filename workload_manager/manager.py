@@ -287,14 +287,13 @@ class Manager:
             workload = decoded.params.workloadInfo
             if workload.state not in LIFECYCLE_METHODS[decoded.method]:
                 return False
-            actions = self.relay.receive(workload, self.clock(), sender)
-            # carry_out(), inlined for the common case: the record is new from a peer.
-            if len(actions) == 2 and type(actions[0]) is DeliverToBroker:
-                self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
-                peers = actions[1]
-                self.send_to_peers(workload, peers.exclude)  # type: ignore[union-attr]
-            else:
-                self.carry_out(actions)
+            # receive() and carry_out(), inlined for the common case: no actions are built.
+            if self.relay.take(workload, self.clock(), sender) is None:
+                if sender is None:
+                    self.send_to_peers(workload, ())
+                else:
+                    self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
+                    self.send_to_peers(workload, (sender, workload.originatedFrom))
             return True
         frames: list[_LifecycleFrame] = decoded  # type: ignore[assignment]  # not one frame
         if not frames or not all(map(_is_lifecycle_notification, frames)):

@@ -160,7 +160,34 @@ class RelayCore:
         return self.receive(event, now, sender)
 
     def receive(self, event: Event, now: float, sender: str | None) -> tuple[Action, ...]:
-        """An event from our broker (`sender` None) or from a peer; returns what to do.
+        """An event from our broker (`sender` None) or from a peer; returns what to do."""
+        if type(event) is Workload:
+            drop = self.take(event, now, sender)
+            if drop is not None:
+                return drop
+            if sender is None:
+                return (SendToPeers(event, _NO_EXCLUDE),)
+            return (DeliverToBroker(event), SendToPeers(event, (sender, event.originatedFrom)))
+        assert type(event) is WorkloadRemoval
+        counters = self.counters
+        if sender is None:
+            counters.received_local += 1
+        else:
+            counters.received_remote += 1
+            if event.originatedFrom == self.own_id:
+                counters.own_origin += 1
+                return _DROPPED_OWN_ORIGIN
+        drop = self._remove((event.originatedFrom, event.workloadId), now)
+        if drop is not None:
+            return drop
+        if sender is None:
+            return (SendToPeers(event, _NO_EXCLUDE),)
+        return (DeliverToBroker(event), SendToPeers(event, (sender, event.originatedFrom)))
+
+    def take(self, workload: Workload, now: float, sender: str | None) -> tuple[Drop] | None:
+        """`receive` for a record, without building its actions: None when it is new (the
+        broker gets it once if it came from a peer, and the peers get it, never its sender
+        or origin), else why it is dropped. The manager's hot path calls this directly.
 
         This runs once per event on every member, so the common case -- a lifecycle record,
         new or a duplicate -- is kept to a handful of dict operations in one function.
@@ -170,30 +197,23 @@ class RelayCore:
             counters.received_local += 1
         else:
             counters.received_remote += 1
-            if event.originatedFrom == self.own_id:
+            if workload.originatedFrom == self.own_id:
                 counters.own_origin += 1
                 return _DROPPED_OWN_ORIGIN
-        if type(event) is not Workload:
-            assert type(event) is WorkloadRemoval
-            drop = self._remove((event.originatedFrom, event.workloadId), now)
-            if drop is not None:
-                return drop
-            if sender is None:
-                return (SendToPeers(event, _NO_EXCLUDE),)
-            return (DeliverToBroker(event), SendToPeers(event, (sender, event.originatedFrom)))
-        workload = event
         if self._removed_at and (workload.originatedFrom, workload.id) in self._removed_at:
             counters.blocked_by_tombstone += 1
             return _DROPPED_REMOVED
         key = (workload.runId, workload.id)
-        previous = self._latest.get(key)
+        latest = self._latest
+        previous = latest.get(key)
         if previous is None:
             pair = (workload.originatedFrom, workload.id)
             self._runs[pair] = (*self._runs.get(pair, ()), workload.runId)
-            self._arrivals.append(key)
-            if len(self._arrivals) > 2 * len(self._latest) + 1024:
+            arrivals = self._arrivals
+            arrivals.append(key)
+            if len(arrivals) > 2 * len(latest) + 1024:
                 # Keys forgotten since they arrived: drop them, keeping the order.
-                self._arrivals = deque(k for k in self._arrivals if k in self._latest)
+                self._arrivals = deque(k for k in arrivals if k in latest)
         elif workload.seq <= previous.seq:
             if workload.seq == previous.seq:
                 counters.duplicates += 1
@@ -202,15 +222,13 @@ class RelayCore:
             return _DROPPED_STALE
         elif previous.state in _TERMINAL:
             del self._finished_at[key]
-        self._latest[key] = workload
+        latest[key] = workload
         if workload.state in _TERMINAL:
             self._finished_at[key] = now
         counters.accepted += 1
-        if len(self._latest) > self.max_workloads:
+        if len(latest) > self.max_workloads:
             self._evict_one()
-        if sender is None:
-            return (SendToPeers(workload, _NO_EXCLUDE),)
-        return (DeliverToBroker(workload), SendToPeers(workload, (sender, workload.originatedFrom)))
+        return None
 
     # -- views ----------------------------------------------------------------------------
 
