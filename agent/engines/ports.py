@@ -42,6 +42,7 @@ __all__ = [
 
 _PROC: Final = Path("/proc")
 _LISTEN: Final = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+_ESTABLISHED: Final = "01"
 _LOOPBACK: Final = frozenset({ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("0.0.0.0")})
 _ANY6: Final = ipaddress.IPv6Address("::")
 MAX_HOLDERS: Final = 3  # named in a message
@@ -148,6 +149,29 @@ def check_port(port: int, leader: int, known: frozenset[int] = frozenset()) -> P
         return PortCheck(port)
     inodes = {s.inode for s in listeners}
     return judge(listeners, port, set(known) if inodes <= known else _group_sockets(leader))
+
+
+def client_of(peer_port: int, port: int, leader: int) -> bool:
+    """Whether the loopback connection from `peer_port` to our `port` was opened by the
+    process group (or session) `leader` leads: its socket is one of that group's (a tunnel's
+    head end takes its engine's connections only, not any local user's)."""
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            text = (_PROC / "net" / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _ESTABLISHED:
+                continue
+            local, remote = fields[1].rpartition(":")[2], fields[2].rpartition(":")[2]
+            try:
+                if int(local, 16) == peer_port and int(remote, 16) == port:
+                    inodes.add(int(fields[9]))
+            except ValueError:
+                continue
+    return bool(inodes) and inodes <= _group_sockets(leader)
 
 
 def holders_of(inodes: Iterable[int]) -> list[tuple[int, str]]:

@@ -142,7 +142,8 @@ class ReplicaControl:
         self.allocations: dict[str, Allocation] = {a.replica: a for a in self._load()}
         self.last_plan = Plan()
         # The engines' channels of spanning replicas (a member without a dial reaches none).
-        self.tunnels = Tunnels(dial or _no_dial, self.admit)
+        leader = lambda rid: getattr(self.supervisor.status(rid), "pid", None)  # noqa: E731
+        self.tunnels = Tunnels(dial or _no_dial, self.admit, leader)  # its engine's group
         self._waiting_why: dict[str, str] = {}  # a part whose engine waits -> for what
         self._sealed: set[str] = set()  # spanning replicas seen whole (scheduler.reconcile)
 

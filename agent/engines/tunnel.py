@@ -10,7 +10,9 @@ the head part's `llama-server` reaches it through a tunnel:
 
 No engine port is ever open to the network. **Who may open one**: only the member that holds
 the head part of the worker part's replica (the layout the worker part was started with names
-it first); any other member gets 403 (an unpinned caller never reaches the route). **Bounded**:
+it first); any other member gets 403 (an unpinned caller never reaches the route). On the
+head's member, only the head's engine: a connection to the listener from any other local
+process (another user's, say) is closed at once (`agent.engines.ports.client_of`). **Bounded**:
 `MAX_CONNECTIONS` at once through one worker part (the head's listener closes more at once),
 messages of at most `CHUNK` bytes, each side reading only as fast as the other side's
 transport drains. **Counted**: bytes each way per part (`Tunnels.counts`, in `/metrics` and
@@ -32,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from agent.core.errors import AgentError
+from agent.engines.ports import client_of
 from netkit.guard import peer_node_id
 
 __all__ = ["CHUNK", "HEARTBEAT_S", "MAX_CONNECTIONS", "MAX_MESSAGE", "Counts", "Tunnels"]
@@ -89,9 +92,15 @@ class _Ends:
 class Tunnels:
     """Both ends: `open()` a listener for a head part, `serve()` the worker's route."""
 
-    def __init__(self, dial: Dial, admit: Admit) -> None:
+    def __init__(
+        self, dial: Dial, admit: Admit, owner: Callable[[str], int | None] = lambda _: None
+    ) -> None:
         self._dial = dial
         self._admit = admit
+        # A head part -> the process group leader of its engine (None: none runs): the head's
+        # listener takes connections from that engine's processes only.
+        self._owner = owner
+        self.refused = 0  # local connections not from the head's engine, closed
         self._ends: dict[str, _Ends] = {}  # part (replica id) -> its open tunnels
         self.counts: dict[str, Counts] = {}  # part -> its bytes; forgotten when it closes
 
@@ -107,7 +116,7 @@ class Tunnels:
         counts = self.counts.setdefault(key, Counts())
 
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if len(ends.live) >= MAX_CONNECTIONS:
+            if len(ends.live) >= MAX_CONNECTIONS or not await self._from_engine(head, writer):
                 writer.close()
                 return
             task = asyncio.current_task()
@@ -128,6 +137,19 @@ class Tunnels:
         ends.server = await asyncio.start_server(accepted, "127.0.0.1", 0, limit=CHUNK)
         ends.port = ends.server.sockets[0].getsockname()[1]
         return ends.port
+
+    async def _from_engine(self, head: str, writer: asyncio.StreamWriter) -> bool:
+        leader = self._owner(head)
+        peer = writer.get_extra_info("peername")
+        sock = writer.get_extra_info("sockname")
+        if leader is None or not peer or not sock:
+            self.refused += 1
+            return False
+        ours = await asyncio.to_thread(client_of, peer[1], sock[1], leader)
+        if not ours:
+            self.refused += 1
+            log.warning("tunnel of %s: a local connection not from its engine, closed", head)
+        return ours
 
     # -- the worker's side ----------------------------------------------------------------
 

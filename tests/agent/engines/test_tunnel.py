@@ -1,13 +1,15 @@
 """The engines' tunnel (`agent.engines.tunnel`, issue 32) between two `Tunnels` over a real
 aiohttp server on 127.0.0.1 (the mTLS and the pin are the node API's, tested on real agents
 in `test_span_e2e.py`): bytes go both ways unchanged and are counted at both ends; a caller
-the worker side does not admit is refused (403) and the head's connection closed; an engine
-that is not up answers 502; more connections than the bound are closed at once, with a
+the worker side does not admit is refused (403) and the head's connection closed; a local
+process that is not the head's engine is closed at once on the head's side; an engine that
+is not up answers 502; more connections than the bound are closed at once, with a
 control that is served; closing a part ends its listener and the connections through it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -88,7 +90,11 @@ async def ends() -> AsyncIterator[tuple[Tunnels, Tunnels, Echo, dict[str, Any]]]
             max_msg_size=tunnel.MAX_MESSAGE,
         )
 
-    head_side = Tunnels(dial, lambda caller, replica: "not a worker here")
+    # The head's engine is this test process: its own process group opens the connections.
+    allowed["engine"] = os.getpgrp()
+    head_side = Tunnels(
+        dial, lambda caller, replica: "not a worker here", lambda head: allowed["engine"]
+    )
     allowed["caller_ref"] = caller
     try:
         yield head_side, worker_side, engine, allowed
@@ -144,7 +150,7 @@ async def test_a_member_not_admitted_is_refused_and_its_connection_closed(
     port = await head.open("rep_head", "nod_worker", "rep_worker")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"hello")
-    assert await reader.read() == b""  # closed: nothing reached the engine
+    assert await reader.read(64) == b""  # closed: nothing reached the engine
     writer.close()
     assert engine.connections == 0
     assert "403" in caplog.text
@@ -165,17 +171,37 @@ async def test_an_engine_not_up_answers_502_and_the_bound_closes_more_connection
         assert await reader.readexactly(1) == b"X"
         held.append(writer)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    assert await reader.read() == b""  # one more: closed at once
+    assert await reader.read(64) == b""  # one more: closed at once
     writer.close()
     for w in held:
         w.close()
     await until(lambda: head.open_now("rep_head") == 0)  # the closes reached the head
     allowed["port"] = 1  # nothing listens there: the worker's side answers 502
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    assert await reader.read() == b""
+    assert await reader.read(64) == b""
     writer.close()
     assert "502" in caplog.text
     assert "403" not in caplog.text
+
+
+async def test_a_local_process_that_is_not_the_heads_engine_is_closed_at_once(
+    ends: tuple[Tunnels, Tunnels, Echo, dict[str, Any]],
+) -> None:
+    head, _, engine, allowed = ends
+    port = await head.open("rep_head", "nod_worker", "rep_worker")
+    allowed["engine"] = 1  # the head's engine is another process group (init's)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"hello")
+    assert await reader.read(64) == b""  # closed before a byte went on
+    writer.close()
+    assert (head.refused, engine.connections) == (1, 0)
+    allowed["engine"] = None  # no engine runs for it: nobody is let through either
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await reader.read(64) == b""
+    writer.close()
+    allowed["engine"] = os.getpgrp()  # the control: from the engine's group, served
+    assert await roundtrip(port, b"hello") == b"HELLO"
+    assert head.refused == 2
 
 
 async def test_closing_a_part_ends_its_listener_and_its_connections(
@@ -187,7 +213,7 @@ async def test_closing_a_part_ends_its_listener_and_its_connections(
     writer.write(b"a")
     assert await reader.readexactly(1) == b"A"
     await head.close("rep_head")
-    assert await reader.read() == b""
+    assert await reader.read(64) == b""
     writer.close()
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
