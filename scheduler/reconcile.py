@@ -32,9 +32,10 @@ the first part the head. They follow the same rules with a group in place of a r
   `nodes` members in the order above that each have room. The first of them, the head's
   member, starts its part under a fresh group id (the caller names it: `Start.group` is ""),
   with the layout -- which member, which GPUs, in rank order -- in its record.
-- **Joining.** A member named in a live group's layout that runs no part of it starts its
-  part on the GPUs the layout names, when they are free there (`admissible`): the workers
-  follow the head's plan, whatever their own view would have placed. The GPUs a live group
+- **Joining.** A worker's member named in a live group's layout that runs no part of it
+  starts its part on the GPUs the layout names, when they are free there (`admissible`):
+  the workers follow the head's plan, whatever their own view would have placed. The head's
+  member never joins: a head part that went takes its replica with it. The GPUs a live group
   names on a member count as taken there until that member's part is up or the group is gone.
 - **Whole or restarted.** A group one of whose parts failed, whose layout names a member
   that is not reachable, whose parts disagree on the layout, or that a member has seen whole
@@ -383,7 +384,9 @@ def _spanning(
     count: Counter[str] = Counter()
     for _, gid, layout in kept[: want.replicas]:
         count.update(p.node_id for p in layout)
-        joining = next((p for p in layout if p.node_id == self_id), None)
+        # Workers join; a head never does: its member starts a group, and a head part that
+        # went (its engine, its agent) takes the replica with it.
+        joining = next((p for p in layout[1:] if p.node_id == self_id), None)
         if joining is not None and self_id not in groups[gid] and set(joining.devices) <= free_here:
             plan.start.append(
                 Start(want.name, want.id, self_id, joining.devices, group=gid, layout=layout)

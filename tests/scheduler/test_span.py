@@ -161,6 +161,22 @@ def test_a_member_whose_view_lagged_joins_the_layout_started_before() -> None:
     assert plan.start == []
 
 
+def test_the_heads_member_never_rejoins_its_group_the_replica_is_placed_anew() -> None:
+    head, a, b = lagging_start()
+    want = Want("m", "dep_m", "s1", replicas=1, gpus=2, nodes=2)
+    worker = Start("m", "dep_m", "nod_b", head.layout[1].devices, head.group, head.layout)
+    b_up = Host("nod_b", gpus=b.gpus, replicas=(part_of(worker, "rep_w", "ready", 1_000),))
+    # a's head went (an agent restarted, say): a does not start a part of that group, and
+    # places nothing beside it while it stands.
+    plan = reconcile("nod_a", [want], [a, b_up], now_ms=2_000)
+    assert (plan.start, plan.elsewhere) == ([], [])
+    # b, which saw it whole, stops its part; then the replica is placed anew.
+    plan = reconcile("nod_b", [want], [a, b_up], now_ms=2_000, sealed={head.group})
+    assert [rid for rid, _ in plan.stop] == ["rep_w"]
+    (fresh,) = reconcile("nod_a", [want], [a, b], now_ms=3_000).start
+    assert fresh.group == ""  # a new group, named by its head
+
+
 def test_a_failed_part_or_an_unreachable_member_stops_the_whole_replica() -> None:
     head, a, b = lagging_start()
     want = Want("m", "dep_m", "s1", replicas=1, gpus=2, nodes=2)
