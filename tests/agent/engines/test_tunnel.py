@@ -22,6 +22,7 @@ from aiohttp import web
 from agent.engines import tunnel
 from agent.engines.tunnel import Tunnels
 from netkit.guard import PEER_NODE_ID
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -119,14 +120,6 @@ async def roundtrip(port: int, data: bytes) -> bytes:
     return got
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)  # polling an observable counter
-    raise AssertionError("never")
-
-
 async def test_bytes_go_both_ways_unchanged_and_are_counted_at_both_ends(
     ends: tuple[Tunnels, Tunnels, Echo, dict[str, Any]],
 ) -> None:
@@ -135,10 +128,12 @@ async def test_bytes_go_both_ways_unchanged_and_are_counted_at_both_ends(
     assert await head.open("rep_head", "nod_worker", "rep_worker") == port  # one listener
     payload = bytes(range(256)) * 4096  # 1 MiB, more than one message
     assert await roundtrip(port, payload) == payload.upper()
-    await until(lambda: head.totals().get("rep_head") is not None)
+    await eventually(lambda: head.totals().get("rep_head") is not None, "the head counted")
     sent = head.totals()["rep_head"]
     assert (sent.sent, sent.received, sent.connections) == (len(payload), len(payload), 1)
-    await until(lambda: worker.totals()["rep_worker"].received == len(payload))
+    await eventually(
+        lambda: worker.totals()["rep_worker"].received == len(payload), "the worker counted"
+    )
     assert worker.totals()["rep_worker"].sent == len(payload)  # towards its engine
 
 
@@ -175,7 +170,7 @@ async def test_an_engine_not_up_answers_502_and_the_bound_closes_more_connection
     writer.close()
     for w in held:
         w.close()
-    await until(lambda: head.open_now("rep_head") == 0)  # the closes reached the head
+    await eventually(lambda: head.open_now("rep_head") == 0, "the closes reached the head")
     allowed["port"] = 1  # nothing listens there: the worker's side answers 502
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     assert await reader.read(64) == b""
