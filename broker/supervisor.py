@@ -59,6 +59,7 @@ from broker.errors import (
     ManagerRefused,
     ManagerUnavailable,
 )
+from broker.event_hold import EventHold
 from broker.frame_batch import FrameBatch
 from broker.jobs import JobsStore, JobsWriter
 from broker.liveness import Drops, Liveness, watch
@@ -130,6 +131,12 @@ class ManagerSupervisor:
         self._policy = RestartPolicy()
         self._proc: asyncio.subprocess.Process | None = None
         self._batch = FrameBatch(lambda: self._proc, self.drops, MAX_UNREAD)
+        # A job's events, the latest of each, held a moment (broker.event_hold).
+        self.held = EventHold(
+            lambda method, record: self._batch.send(
+                self._proc, BrokerChannel.event_frame(method, record)
+            )
+        )
         self._channel: BrokerChannel | None = None
         self._ready = asyncio.Event()
         self._started: asyncio.Future[None] | None = None
@@ -162,6 +169,7 @@ class ManagerSupervisor:
     async def aclose(self) -> None:
         """Stop the child: SIGTERM, then SIGKILL after the grace period; end every task."""
         self._stopping = True
+        self.held.flush()  # the last events, while the child still runs
         if self._started is not None and not self._started.done():
             self._started.set_exception(ManagerUnavailable("stopped before it was ready"))
         await self._stop_child()
@@ -214,8 +222,9 @@ class ManagerSupervisor:
             self._send(BrokerChannel.peers_frame(self.peers))
 
     def send_event(self, method: str, record: Workload) -> None:
-        """A local lifecycle event (from the facade) for the manager to broadcast."""
-        self._send(BrokerChannel.event_frame(method, record))
+        """A local lifecycle event (from the facade) for the manager to broadcast: held a
+        moment, so a job that ends meanwhile goes out once, as it ended (`EventHold`)."""
+        self.held.put(method, record)
 
     def send_removal(self, removal: WorkloadRemoval) -> None:
         """A local removal for the manager to broadcast."""
@@ -249,6 +258,7 @@ class ManagerSupervisor:
             channel.forget(request_id)
 
     def _send(self, frame: bytes) -> bool:
+        self.held.flush()  # what is held goes first: a removal never overtakes its job
         return self._batch.send(self._proc, frame)
 
     def _declare_hung(self, proc: asyncio.subprocess.Process, why: str) -> None:

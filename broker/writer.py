@@ -257,6 +257,9 @@ class JobsWriter:
         async with self._written:
             await self._written.wait_for(lambda: self.has_room() or self.failure is not None)
 
+    def _full(self) -> bool:
+        return len(self._upserts) >= self.max_batch or bool(self._removals)
+
     def _settled(self) -> bool:
         return self.failure is not None or (not self.pending and not self._writing)
 
@@ -274,9 +277,14 @@ class JobsWriter:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if len(self._upserts) < self.max_batch and not self._removals:
-                await asyncio.sleep(self.interval_s)  # let a group gather
             while self.pending:
+                # Let a group gather before every batch, not only the first: what arrived
+                # while one was being written waits for the next interval too, or a steady
+                # trickle of requests keeps the store committing back to back, a
+                # transaction per event or two (issue 33: a seventh of the agent's time).
+                # A full batch, a removal (its caller waits) and closing do not wait.
+                if not self._full() and not self._hurry.is_set():
+                    await asyncio.sleep(self.interval_s)
                 await self._write_batch()
                 async with self._written:
                     self._written.notify_all()

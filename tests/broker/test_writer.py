@@ -291,3 +291,53 @@ async def test_a_store_that_takes_nothing_is_a_death_not_a_row_dropped(tmp_path:
             await writer.upsert_durable(rec("1", 1))
         await eventually(lambda: writer.failure is not None, "the writer reports its death")
         assert writer.refused == 0
+
+
+class Timed:
+    """A store that notes when each batch's write began and ended, and what it held."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, float, list[str]]] = []
+        self.writing = asyncio.Event()
+
+    async def write(
+        self,
+        upserts: Iterable[Workload],
+        removals: Iterable[WorkloadRemoval],
+        *,
+        now: float,
+        relayed: Sequence[Workload] = (),
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        self.writing.set()
+        ids = [r.id for r in [*upserts, *relayed]]
+        await asyncio.sleep(0.01)  # a commit takes time: records keep coming meanwhile
+        self.batches.append((began, loop.time(), ids))
+        return 0
+
+
+async def test_records_handed_in_during_a_write_wait_for_the_next_interval() -> None:
+    # A steady trickle used to keep the store committing back to back -- a transaction per
+    # record or two -- because what came during one write was written right after it.
+    store = Timed()
+    interval = 0.1
+    async with JobsWriter(store, interval_s=interval) as writer:
+        writer.upsert(rec("1", 1))
+        await store.writing.wait()
+        writer.upsert(rec("2", 1))  # during the first write
+        writer.upsert(rec("3", 1))
+        await writer.flush()
+    [(_, first_end, first), (second_begin, _, second)] = store.batches
+    assert first == ["1"]
+    assert second == ["2", "3"]  # gathered, in one batch
+    assert second_begin - first_end >= interval * 0.99  # and not at once after the first
+
+
+async def test_a_removal_during_a_write_is_written_without_waiting_for_the_interval() -> None:
+    store = Timed()
+    async with JobsWriter(store, interval_s=30.0) as writer:  # an interval no test waits out
+        writer.upsert(rec("1", 1))
+        writer.remove(WorkloadRemoval(workloadId="1", originatedFrom="nod_a"))  # control
+        await writer.flush(timeout_s=10)  # the removal's caller waits: no interval
+    assert len(store.batches) == 1
