@@ -22,7 +22,12 @@ measured against A's in the same rounds: the added latency of sequential request
 throughput with 16 in flight -- then the last line, `ratio:`, is traced / untraced -- with
 how many spans T exported and dropped.
 
-    python bench/facade.py [--requests 400] [--rounds 7] [--tracing]
+With `--old PATH` (a checkout of the code before a change, e.g. `git worktree add PATH REV`),
+a second pair of agents runs that code (`PYTHONPATH=PATH`, started in PATH) beside A and B,
+with the same engines, and every figure is printed for it too, measured in the same rounds:
+the same bench on the code before the change, on the same machine at the same time.
+
+    python bench/facade.py [--requests 400] [--rounds 7] [--tracing] [--old PATH]
 """
 
 from __future__ import annotations
@@ -35,12 +40,43 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 from _interleave import report
 
 IN_FLIGHT = 16  # the throughput block
+
+
+async def pair(
+    first: str,
+    second: str,
+    ports: dict[str, dict[str, int]],
+    envs: dict[str, dict[str, str]],
+    cwd: dict[str, str | None],
+    agent_args: Callable[[str], list[str]],
+) -> list[asyncio.subprocess.Process]:
+    """A cluster of two agents: `first` makes it, `second` joins it over the network."""
+    await run("cluster", "init", "--name", f"bench-{first}", env=envs[first], cwd=cwd[first])
+    procs = [await run(*agent_args(first), env=envs[first], wait=False, cwd=cwd[first])]
+    await asyncio.sleep(3)
+    invite = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent",
+        "cluster",
+        "invite",
+        env=envs[first],
+        cwd=cwd[first],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    token = (await invite.communicate())[0].decode().strip()
+    address = f"127.0.0.1:{ports[first]['node']}"
+    await run("cluster", "join", address, token, env=envs[second], cwd=cwd[second])
+    procs.append(await run(*agent_args(second), env=envs[second], wait=False, cwd=cwd[second]))
+    return procs
 
 
 def free_port() -> int:
@@ -50,13 +86,16 @@ def free_port() -> int:
         return port
 
 
-async def run(*args: str, env: dict[str, str], wait: bool = True) -> asyncio.subprocess.Process:
+async def run(
+    *args: str, env: dict[str, str], wait: bool = True, cwd: str | None = None
+) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "agent",
         *args,
         env=env,
+        cwd=cwd,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
@@ -98,27 +137,33 @@ async def sequential(
     session: aiohttp.ClientSession,
     label: str,
     direct: tuple[str, str],
-    facade: tuple[str, str],
+    subjects: dict[str, tuple[str, str]],
     args: argparse.Namespace,
 ) -> None:
-    """Paired rounds one request at a time; prints the added p50 and p99 (medians of the
+    """Paired rounds one request at a time, every subject beside the same baseline, the
+    order turning each round; prints each subject's added p50 and p99 (medians of the
     per-round differences) with the direct figures."""
-    added50: list[float] = []
-    added99: list[float] = []
+    added50: dict[str, list[float]] = {name: [] for name in subjects}
+    added99: dict[str, list[float]] = {name: [] for name in subjects}
     direct50: list[float] = []
+    sides = [("base", direct), *subjects.items()]
     for i in range(args.rounds):
         lat: dict[str, list[float]] = {}
-        order = [("base", direct), ("subject", facade)]
-        for which, (url, model) in order if i % 2 == 0 else order[::-1]:
+        turn = i % len(sides)
+        for which, (url, model) in sides[turn:] + sides[:turn]:
             lat[which] = (await rate(session, url, model, args.requests, 1))[1]
-        added50.append(pct(lat["subject"], 0.5) - pct(lat["base"], 0.5))
-        added99.append(pct(lat["subject"], 0.99) - pct(lat["base"], 0.99))
+        for name in subjects:
+            added50[name].append(pct(lat[name], 0.5) - pct(lat["base"], 0.5))
+            added99[name].append(pct(lat[name], 0.99) - pct(lat["base"], 0.99))
         direct50.append(pct(lat["base"], 0.5))
-    print(
-        f"{label}: added latency p50 {statistics.median(added50):.2f} ms, "
-        f"p99 {statistics.median(added99):.2f} ms (direct p50 {statistics.median(direct50):.2f}"
-        f" ms; per-round added p50: {' '.join(f'{a:.2f}' for a in added50)})"
-    )
+    for name in subjects:
+        print(
+            f"{label}{'' if name == 'subject' else f' [{name}]'}: added latency p50 "
+            f"{statistics.median(added50[name]):.2f} ms, p99 "
+            f"{statistics.median(added99[name]):.2f} ms (direct p50 "
+            f"{statistics.median(direct50):.2f} ms; per-round added p50: "
+            f"{' '.join(f'{a:.2f}' for a in added50[name])})"
+        )
 
 
 async def main_async(args: argparse.Namespace, root: Path) -> None:
@@ -165,13 +210,18 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             *(str(engine_ports["a"]), str(pipe_port)),
         )
     )
-    names = "abt" if args.tracing else "ab"
+    names = "ab" + ("t" if args.tracing else "") + ("op" if args.old else "")
     ports = {name: {k: free_port() for k in ("manager", "node", "api", "facade")} for name in names}
     envs = {
         name: {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
         for name in names
     }
     engine_ports["t"] = engine_ports["a"]  # T calls A's engine
+    engine_ports["o"], engine_ports["p"] = engine_ports["a"], engine_ports["b"]  # O, P: old A, B
+    cwd: dict[str, str | None] = dict.fromkeys(names)
+    for name in "op" if args.old else "":
+        envs[name]["PYTHONPATH"] = args.old  # the old code, ahead of the installed
+        cwd[name] = args.old  # `-m` puts the working directory first
     if args.tracing:
         sink = free_port()
         procs.append(
@@ -184,23 +234,10 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             f'[tracing]\notlp_endpoint = "http://127.0.0.1:{sink}/v1/traces"\n'
         )
     try:
-        await run("cluster", "init", "--name", "bench", env=envs["a"])
-        procs.append(await run(*agent_args("a"), env=envs["a"], wait=False))
-        await asyncio.sleep(3)
-        invite = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent",
-            "cluster",
-            "invite",
-            env=envs["a"],
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        token = (await invite.communicate())[0].decode().strip()
-        await run("cluster", "join", f"127.0.0.1:{ports['a']['node']}", token, env=envs["b"])
-        procs.append(await run(*agent_args("b"), env=envs["b"], wait=False))
+        for first, second in ("ab", "op") if args.old else ("ab",):
+            procs += await pair(first, second, ports, envs, cwd, agent_args)
         facade = f"http://127.0.0.1:{ports['a']['facade']}/v1/chat/completions"
+        old = f"http://127.0.0.1:{ports['o']['facade']}/v1/chat/completions" if args.old else ""
         traced = ""
         if args.tracing:
             traced = f"http://127.0.0.1:{ports['t']['facade']}/v1/chat/completions"
@@ -223,8 +260,16 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                     except aiohttp.ClientError:  # T is still starting
                         ready_t = False
                     models += "" if ready_t else "T-not-ready"
+                if args.old:
+                    try:
+                        async with session.get(old.replace("chat/completions", "models")) as r:
+                            text = await r.text()
+                        ready_o = "remote-model" in text and "local-model" in text
+                    except aiohttp.ClientError:  # O is still starting
+                        ready_o = False
+                    models += "" if ready_o else "O-not-ready"
                 ready = "remote-model" in models and "local-model" in models
-                if ready and "T-not-ready" not in models:
+                if ready and "-not-ready" not in models:
                     break
                 await asyncio.sleep(0.2)
             warm: tuple[tuple[str, str], ...] = (
@@ -233,26 +278,33 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             )
             if args.tracing:
                 warm += ((traced, "local-model"),)
+            if args.old:
+                warm += ((old, "local-model"), (old, "remote-model"))
             for url, model in (*warm, (facade, "local-model"), (facade, "remote-model")):
                 await rate(session, url, model, 100, 4)
-            local = (direct("a"), "local-model")
-            await sequential(session, "sequential, local", local, (facade, "local-model"), args)
-            remote = (direct("b"), "remote-model")
-            await sequential(
-                session, "sequential, forwarded", remote, (facade, "remote-model"), args
-            )
+            for label, engine, model in (
+                ("sequential, local", "a", "local-model"),
+                ("sequential, forwarded", "b", "remote-model"),
+            ):
+                subjects = {"subject": (facade, model)}
+                if args.old:
+                    subjects["old code"] = (old, model)
+                await sequential(session, label, (direct(engine), model), subjects, args)
             if args.tracing:
                 await sequential(
                     session,
                     "sequential, local, traced (T) vs untraced (A)",
                     (facade, "local-model"),
-                    (traced, "local-model"),
+                    {"subject": (traced, "local-model")},
                     args,
                 )
             pipe = f"http://127.0.0.1:{pipe_port}/v1/chat/completions"
-            rates: dict[str, list[float]] = {"base": [], "subject": [], "pipe": [], "traced": []}
+            rates: dict[str, list[float]] = {
+                "base": [], "subject": [], "pipe": [], "traced": [], "old": []
+            }  # fmt: skip
             sides = [("base", direct("a")), ("subject", facade), ("pipe", pipe)]
             sides += [("traced", traced)] if args.tracing else []
+            sides += [("old", old)] if args.old else []
             for i in range(args.rounds):
                 turn = i % len(sides)
                 for which, url in sides[turn:] + sides[:turn]:  # each first in turn
@@ -285,6 +337,14 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
                 )
                 return
             base_rates, subject_rates = rates["base"], rates["subject"]
+            if args.old:
+                old_ratios = [o / b for b, o in zip(base_rates, rates["old"], strict=True)]
+                print(
+                    f"{IN_FLIGHT} in flight, local, instant engine [old code]: "
+                    f"{statistics.median(rates['old']):,.0f} requests/s, "
+                    f"{statistics.median(old_ratios):.2f} of direct "
+                    f"(per-round: {' '.join(f'{r:.2f}' for r in old_ratios)})"
+                )
             report(
                 base_rates,
                 subject_rates,
@@ -303,6 +363,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tracing", action="store_true", help="trace every request (OTLP)")
+    parser.add_argument("--old", metavar="PATH", help="a checkout of the code before a change")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(main_async(args, Path(tmp)))

@@ -49,6 +49,7 @@ Port 0 asks the kernel for a free port, which tests use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -65,12 +66,16 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
+from netkit.lean_http import LeanApp, LeanConnection
+
 __all__ = [
     "Bounds",
+    "LeanServer",
     "PerSourceRate",
     "handler_bounds",
     "quiet_accept_errors",
     "raise_open_files_limit",
+    "start_lean",
     "start_runner",
     "start_site",
 ]
@@ -192,6 +197,59 @@ async def start_runner(
         raise
 
 
+class LeanServer:
+    """A `netkit.lean_http` listener behind the book's caps; `aclose()` stops it."""
+
+    def __init__(self, server: asyncio.Server, book: _Book) -> None:
+        self._server = server
+        self._book = book
+
+    @property
+    def port(self) -> int:
+        """The port bound (the kernel's choice for port 0)."""
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def aclose(self, grace_s: float = SHUTDOWN_S) -> None:
+        """Stop listening, close idle connections, give the requests in flight `grace_s`
+        to end, then cancel them (their handlers see CancelledError)."""
+        self._server.close()
+        busy = []
+        for conn in list(self._book.all):
+            handler = conn.handler
+            task = handler.serving if isinstance(handler, LeanConnection) else None
+            if task is None:
+                conn.evict()
+            else:
+                busy.append(task)
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for conn in list(self._book.all):
+            conn.evict()
+        await self._server.wait_closed()
+
+
+async def start_lean(app: LeanApp, host: str | None, port: int) -> LeanServer:
+    """Serve `app` (`netkit.lean_http`) on `host:port` within `Bounds.from_env()`: the idle
+    and body deadlines its own, the connection caps this module's book. `OSError` (errno
+    EADDRINUSE) when the port is in use."""
+    bounds = Bounds.from_env()
+    loop = asyncio.get_running_loop()
+    quiet_accept_errors(loop)
+    app = dataclasses.replace(app, idle_s=bounds.idle_s, body_s=bounds.body_s)
+    book = _Book(bounds)
+    server = await loop.create_server(
+        lambda: _Bounded(LeanConnection(app), book, None, bounds.handshake_s),
+        host,
+        port,
+        reuse_address=True,
+    )
+    return LeanServer(server, book)
+
+
 _OUT_OF_RESOURCE: Final = "socket.accept() out of system resource"
 _quieted: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
@@ -296,7 +354,9 @@ class _BoundedSite(web.TCPSite):
 _EARLY: Final = 1 << 20  # bytes taken for a connection before its handler has it
 
 
-def _waiting(handler: RequestHandler) -> bool:
+def _waiting(handler: RequestHandler | LeanConnection) -> bool:
+    if isinstance(handler, LeanConnection):
+        return handler.idle
     # Waiting for a request's headers (the first or the next on a kept-alive connection):
     # the state aiohttp's own keep-alive closes on. `_waiter` is its private future.
     waiter = getattr(handler, "_waiter", None)
@@ -431,7 +491,7 @@ class _Bounded(asyncio.Protocol):
 
     def __init__(
         self,
-        handler: RequestHandler,
+        handler: RequestHandler | LeanConnection,
         book: _Book,
         tls: ssl.SSLContext | None,
         handshake_s: float,

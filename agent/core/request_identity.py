@@ -20,7 +20,7 @@ import contextvars
 import itertools
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Final
 
 from aiohttp import web
@@ -28,6 +28,7 @@ from multidict import CIMultiDictProxy
 from ulid import ULID
 
 from netkit import tracing
+from netkit.lean_http import LeanRequest
 
 __all__ = [
     "HEADER",
@@ -38,6 +39,7 @@ __all__ = [
     "outgoing",
     "passed_back",
     "stamp",
+    "stamp_into",
     "working_on",
 ]
 
@@ -69,7 +71,7 @@ _job: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
 )
 
 
-def identify(request: web.Request) -> str:
+def identify(request: web.Request | LeanRequest) -> str:
     """Take the request's `X-Request-Id` (a well-formed one) or mint one; from here on the
     handler's calls carry it (`outgoing`) and its answer says it (`stamp`)."""
     given = request.headers.get(HEADER, "")
@@ -121,6 +123,14 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
     request_id = request.get(_KEY)
     if request_id:
         response.headers[HEADER] = request_id
+
+
+def stamp_into(request: LeanRequest, headers: MutableMapping[str, str]) -> None:
+    """`stamp` for the facade's lean server (`netkit.lean_http`), as each answer's head is
+    written."""
+    request_id = request.get(_KEY)
+    if request_id:
+        headers[HEADER] = request_id
 
 
 @web.middleware

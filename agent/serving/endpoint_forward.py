@@ -29,6 +29,7 @@ from agent.serving.endpoint_routes import EndpointRoutes, Pick
 from agent.serving.openai_errors import openai_error
 from agent.serving.openai_routes import ROUTES, with_model
 from agent.serving.relay import relay
+from netkit.lean_http import LeanRequest, LeanStream
 
 __all__ = ["FORWARDED", "EndpointForward"]
 
@@ -66,8 +67,8 @@ class EndpointForward:
             self._session = None
 
     async def route(
-        self, request: web.Request, path: str, raw: bytes, model: str
-    ) -> tuple[bytes, str] | web.StreamResponse:
+        self, request: web.Request | LeanRequest, path: str, raw: bytes, model: str
+    ) -> tuple[bytes, str] | web.StreamResponse | LeanStream:
         """(body, model) to serve here -- unchanged when `model` is no endpoint name -- or
         the answer already given (forwarded to another cluster, or refused)."""
         if FORWARDED in request.headers:
@@ -92,8 +93,8 @@ class EndpointForward:
         return openai_error(502, message, "server_error")
 
     async def _forward(
-        self, request: web.Request, path: str, body: bytes, pick: Pick
-    ) -> web.StreamResponse | None:
+        self, request: web.Request | LeanRequest, path: str, body: bytes, pick: Pick
+    ) -> web.StreamResponse | LeanStream | None:
         """The answer of one of the target's facades, or None when none could take it."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=_TIMEOUT)

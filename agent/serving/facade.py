@@ -27,8 +27,7 @@ from aiohttp import web
 
 from agent.core.errors import MemberUnreachable
 from agent.core.lifetime import SHUTDOWN_S
-from agent.core.request_identity import identify, stamp, working_on
-from agent.core.request_identity import middleware as identified
+from agent.core.request_identity import identify, stamp_into, working_on
 from agent.core.timings import Timings
 from agent.engines.registry import Engines
 from agent.serving.endpoint_forward import EndpointForward
@@ -38,7 +37,7 @@ from agent.serving.job_errors import JobError, for_status
 from agent.serving.jobs import JobBook
 from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
-from agent.serving.openai_errors import json_answer, openai_error, openai_errors
+from agent.serving.openai_errors import json_answer, openai_error
 from agent.serving.openai_routes import (
     ROUTES,
     BadBody,
@@ -64,7 +63,8 @@ from agent.serving.view import SchedulingView
 from agent.serving.wait_line import Ticket
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 from netkit import tracing
-from netkit.sites import start_runner
+from netkit.lean_http import LeanApp, LeanRequest, LeanStream
+from netkit.sites import LeanServer, start_lean
 from scheduler import Cluster, Load, Refusal
 from scheduler.prefix import anchor_of
 from scheduler.replicas import ReplicaView
@@ -75,6 +75,12 @@ __all__ = ["Facade", "facade_address", "openai_error"]
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
+OTHER_BODY: Final = 1 << 20  # what a request to any other path may carry (read, unused)
+_MODELS: Final = "/v1/models"
+_MODEL: Final = "/v1/models/"
+_REFUSAL_CODES: Final = {
+    400: None, 413: "request_too_large", 414: "url_too_long", 431: "request_headers_too_large"
+}  # fmt: skip
 MAX_TALLIES: Final = 4096  # (model, reason) pairs and round-robin turns kept
 SESSION_HEADER: Final = "X-Session-Id"  # names a conversation, as `prompt_cache_key` does
 
@@ -157,46 +163,62 @@ class Facade:
         self._endpoint = EndpointForward(self.endpoints)
         self.in_flight: dict[str, int] = {}  # node id -> our requests running there
         self._handlers: dict[str, set[asyncio.Task[Any]]] = {}  # node id -> their handlers
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[identified, openai_errors()])
-        app.on_response_prepare.append(stamp)  # X-Request-Id on every answer
-        for path in ROUTES:  # agent.serving.openai_routes: every route a job, as chat is
-            app.router.add_post(path, self._route(path))
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{model:.+}", self._model)
-        self._app = app
-        self._runner: web.AppRunner | None = None  # while serving
+        # Served by netkit.lean_http, not aiohttp's application stack (issue 33): a client
+        # that disconnects cancels its handler (a cancelled job), every answer says its
+        # X-Request-Id, and the server's own refusals are OpenAI-shaped like the rest.
+        self._app = LeanApp(
+            handler=self._dispatch,
+            body_limit=_body_limit,
+            refusal=_refusal,
+            on_answer=stamp_into,
+        )
+        self._server: LeanServer | None = None  # while serving
 
     async def start(self) -> int:
         """Bind and serve; returns the port (OSError when it is in use)."""
-        # handler_cancellation: a client that disconnects cancels its handler (cancelled job)
-        self._runner, self.port = await start_runner(
-            self._app,
-            self.host,
-            self.port,
-            handler_cancellation=True,
-            shutdown_timeout=SHUTDOWN_S,
-        )
+        self._server = await start_lean(self._app, self.host, self.port)
+        self.port = self._server.port
         return self.port
 
     async def aclose(self) -> None:
-        """Stop serving; requests in flight are cancelled (their jobs: cancelled)."""
-        if self._runner is not None:
-            await self._runner.cleanup()
+        """Stop serving: requests in flight get `SHUTDOWN_S` to end, then are cancelled
+        (their jobs: cancelled)."""
+        if self._server is not None:
+            await self._server.aclose(grace_s=SHUTDOWN_S)
+            self._server = None
         await self._endpoint.aclose()
+
+    async def _dispatch(self, request: LeanRequest) -> web.StreamResponse | LeanStream:
+        """The route a request's method and path name, or the OpenAI-shaped 404 or 405."""
+        identify(request)
+        path, method = request.path, request.method
+        if path in ROUTES:  # agent.serving.openai_routes: every route a job, as chat is
+            if method != "POST":
+                return _not_allowed(method, "POST")
+            if tracing.on():
+                return await self._traced(request, path)
+            return await self._infer(request, path)
+        if path == _MODELS or (path.startswith(_MODEL) and len(path) > len(_MODEL)):
+            if method not in ("GET", "HEAD"):
+                return _not_allowed(method, "GET, HEAD")
+            if path == _MODELS:
+                return self._models(request)
+            return self._model(request, path[len(_MODEL) :])
+        message = f"no route {method[:16]} {path[:200]}"
+        return openai_error(404, message, "invalid_request_error", "unknown_url")
 
     # -- routes -----------------------------------------------------------------------------
 
-    async def _models(self, request: web.Request) -> web.Response:
+    def _models(self, request: LeanRequest) -> web.Response:
         requester = self._requester(request)
         if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
         return json_answer({"object": "list", "data": self._served(requester, request.host)})
 
-    async def _model(self, request: web.Request) -> web.Response:
+    def _model(self, request: LeanRequest, model: str) -> web.Response:
         requester = self._requester(request)
         if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
-        model = request.match_info["model"]
         entry = model_object(self._served(requester, request.host), model)
         if entry is None:
             message = f"The model `{model[:256]}` does not exist"
@@ -211,15 +233,7 @@ class Facade:
         served += endpoint_models(self.endpoints.models(host), served)
         return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
 
-    def _route(self, path: str) -> Callable[[web.Request], Any]:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            if tracing.on():
-                return await self._traced(request, path)
-            return await self._infer(request, path)
-
-        return handle
-
-    async def _traced(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _traced(self, request: LeanRequest, path: str) -> web.StreamResponse | LeanStream:
         """`_infer` in a span of the request's trace (the client's, when it sent one)."""
         attributes = {
             "http.request.method": "POST",
@@ -235,7 +249,7 @@ class Facade:
                 span.set_attribute("http.response.status_code", answer.status)
             return answer
 
-    async def _infer(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _infer(self, request: LeanRequest, path: str) -> web.StreamResponse | LeanStream:
         requester = self._requester(request)
         if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
@@ -246,7 +260,7 @@ class Facade:
         if (denied := await self.keys.admit(requester, model)) is not None:
             return denied  # a model the key may not use, or over the key's limits: no job
         routed = await self._endpoint.route(request, path, raw, model)  # an endpoint's name?
-        if isinstance(routed, web.StreamResponse):
+        if not isinstance(routed, tuple):
             return routed  # served by another cluster, or refused
         raw, model = routed
         entered = self.waits.enter(
@@ -312,7 +326,7 @@ class Facade:
                 )
 
     async def _read(
-        self, request: web.Request, path: str
+        self, request: LeanRequest, path: str
     ) -> tuple[bytes, str, Anchor] | web.Response:
         """The body, the model it names (read as the route says) and what it is routed by;
         or the error the client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
@@ -418,8 +432,8 @@ class Facade:
         return cluster, load
 
     async def _attempt(
-        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | None, Outcome]:
+        self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
@@ -487,13 +501,14 @@ class Facade:
         try:
             async with self._engines.post(url, path, raw, sent) as reply:
                 answer, _ = await relay(request, reply, origin=False)
+                assert isinstance(answer, web.StreamResponse)  # an aiohttp request's
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
 
     async def _run(
-        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | None, Outcome]:
+        self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
         if not tracing.on():
             return await self._run_on(request, path, raw, target, model)
         # A span the call is made in: its context goes to the engine or the member.
@@ -507,8 +522,8 @@ class Facade:
             return answer, outcome
 
     async def _run_on(
-        self, request: web.Request, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | None, Outcome]:
+        self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
+    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
         local = target.node_id == self.node_id
         sent = ROUTES[path].engine_content_type(request.headers.get("Content-Type", ""))
         try:
@@ -537,8 +552,30 @@ class Facade:
 
     # -- keys -------------------------------------------------------------------------------
 
-    def _requester(self, request: web.Request) -> Requester:
+    def _requester(self, request: LeanRequest | web.Request) -> Requester:
         return self.keys.requester(request.headers.get("Authorization", ""))
+
+
+def _body_limit(method: str, path: str) -> int:
+    """The most a request's body may be: its route's bound, else `OTHER_BODY`."""
+    route = ROUTES.get(path)
+    return route.limit if route is not None and method == "POST" else OTHER_BODY
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    """The lean server's own refusals (a body or headers too large, a malformed request),
+    OpenAI-shaped like every other answer of the facade."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return openai_error(status, message, kind, _REFUSAL_CODES.get(status))
+
+
+def _not_allowed(method: str, allowed: str) -> web.Response:
+    response = openai_error(
+        405, f"{method[:16]} is not allowed here (allowed: {allowed})",
+        "invalid_request_error", "method_not_allowed",
+    )  # fmt: skip
+    response.headers["Allow"] = allowed
+    return response
 
 
 def _job_attributes(job: Workload) -> dict[str, str]:

@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from agent.core.json_input import BadJson, decode_json
+from netkit.lean_http import LeanRequest
 
 __all__ = [
     "AUDIO_MAX_BODY",
@@ -89,9 +90,12 @@ class BadBody(Exception):
     """The client's body names no model we can read: a 400 with this message."""
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+async def read_body(request: web.BaseRequest | LeanRequest, limit: int) -> bytes | None:
     """The request's body, or None when it is over `limit` bytes (refused by its
-    Content-Length before any of it is read, else as soon as it passes the limit)."""
+    Content-Length before any of it is read, else as soon as it passes the limit; the
+    facade's lean server has read it already, within its route's bound)."""
+    if isinstance(request, LeanRequest):
+        return request.body if len(request.body) <= limit else None
     if request.content_length is not None and request.content_length > limit:
         return None
     chunks: list[bytes] = []

@@ -19,6 +19,7 @@ from agent.serving.lifecycle import Complete, Fail, Outcome
 from agent.serving.openai_errors import openai_error
 from agent.serving.routing import sse_error
 from agent.serving.usage import Meter
+from netkit.lean_http import LeanRequest, LeanStream
 from scheduler import Refusal
 
 __all__ = ["METER", "for_exception", "refused", "relay"]
@@ -48,8 +49,12 @@ def refused(refusal: Refusal | None, model: str) -> web.Response:
 
 
 async def relay(
-    request: web.Request, reply: aiohttp.ClientResponse, *, local: bool = True, origin: bool = True
-) -> tuple[web.StreamResponse, Outcome]:
+    request: web.Request | LeanRequest,
+    reply: aiohttp.ClientResponse,
+    *,
+    local: bool = True,
+    origin: bool = True,
+) -> tuple[web.StreamResponse | LeanStream, Outcome]:
     """Pass the engine's answer through, streaming what streams. A stream that breaks is
     ended with an error event at the `origin` (the member facing the client); a member
     running a forwarded request breaks its own answer instead, so the origin sees it."""
@@ -60,14 +65,17 @@ async def relay(
         failed = web.Response(status=reply.status, body=body, headers=_headers_of(reply))
         return failed, Fail(error=for_status(reply.status))
     if _streams(reply):
-        response = web.StreamResponse(
-            status=reply.status,
-            headers={
-                **passed_back(reply.headers),
-                **{h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
-            },
-        )
-        await response.prepare(request)
+        headers = {
+            **passed_back(reply.headers),
+            **{h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
+        }
+        response: web.StreamResponse | LeanStream
+        if isinstance(request, LeanRequest):  # the facade's own server (netkit.lean_http)
+            response = LeanStream(status=reply.status, headers=headers.items())
+            await response.prepare(request)
+        else:  # the node API's, running a request another member forwarded
+            response = web.StreamResponse(status=reply.status, headers=headers)
+            await response.prepare(request)
         try:
             async for chunk in reply.content.iter_any():
                 if meter is not None:
