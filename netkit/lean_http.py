@@ -227,6 +227,7 @@ class LeanConnection(asyncio.Protocol):
         self._closing = False
         self._eof = False  # the client sent all it will
         self._lingering = -1  # bytes dropped since a refusal (-1: none was made)
+        self._closing_after = False  # the answers in flight go, then the connection closes
         self._in_message = False  # between a request's first byte and its end
         self._busy = False  # a request's headers are in: not idle (netkit.sites' eviction)
         self._reset()
@@ -260,6 +261,8 @@ class LeanConnection(asyncio.Protocol):
         self._arm(self.app.idle_s, "sent no request")
 
     def data_received(self, data: bytes) -> None:
+        if self._closing_after:
+            return  # after an upgrade request: nothing more is read
         if self._closing:
             if self._lingering >= 0:  # after a refusal: read and dropped, bounded
                 self._lingering += len(data)
@@ -269,7 +272,14 @@ class LeanConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(400, "upgrades are not served here")
+            # An upgrade is not taken (RFC 9110 7.8 lets a server ignore it): the request is
+            # answered as HTTP/1.1 and the connection closed after, since what the client
+            # sends next is in the protocol it asked for.
+            if self._task is None and not self._ahead:
+                self._refuse(400, "this server does not switch protocols")
+            else:
+                self._eof = True
+                self._closing_after = True
         except httptools.HttpParserError as exc:
             cause = exc.__context__ if isinstance(exc.__context__, _Refused) else None
             if cause is not None:
@@ -425,6 +435,11 @@ class LeanConnection(asyncio.Protocol):
         """Write an answer's status line and headers (`on_answer` adds its own first)."""
         if self.transport is None:
             raise ConnectionResetError("the client went away")
+        self.transport.write(self._head_of(request, status, reason, headers))
+
+    def _head_of(
+        self, request: LeanRequest, status: int, reason: str, headers: CIMultiDict[str]
+    ) -> bytes:
         self.app.on_answer(request, headers)
         if "Content-Type" not in headers:
             headers["Content-Type"] = "application/octet-stream"
@@ -434,7 +449,7 @@ class LeanConnection(asyncio.Protocol):
         lines += [f"{name}: {value}".encode("latin-1") for name, value in headers.items()]
         lines.append(b"Date: " + _date())
         request[_HEAD_SENT] = True
-        self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     async def write_body(self, data: bytes) -> None:
         """Write a piece of a streamed answer, waiting while the client does not read."""
@@ -457,9 +472,10 @@ class LeanConnection(asyncio.Protocol):
         headers["Content-Length"] = str(len(body))
         if self.transport is None:
             raise ConnectionResetError("the client went away")
-        self.write_head(request, answer.status, answer.reason, headers)
-        if body and request.method != "HEAD":
-            self.transport.write(body)
+        head = self._head_of(request, answer.status, answer.reason, headers)
+        # One write, one system call: on loopback a send costs as much as the rest of the
+        # answer's work together.
+        self.transport.write(head + body if body and request.method != "HEAD" else head)
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer a request the server refuses itself, then close (what the client still
