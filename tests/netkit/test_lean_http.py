@@ -199,7 +199,7 @@ async def test_a_silent_connection_and_a_body_that_never_ends_are_closed() -> No
 async def test_a_client_that_goes_away_cancels_its_handler() -> None:
     app = App()
     async with serving(app) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(post("/hang", b""))
         await asyncio.wait_for(app.hanging.wait(), TIMEOUT_S)
         assert not app.cancelled.is_set()
