@@ -20,8 +20,9 @@ import msgspec
 from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.core.request_identity import outgoing
 from agent.engines import tunnel
+from agent.engines.client import EngineHttp, Tls
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
-from certs import CertsError, ClientContexts, ClusterDir, server_hostname_for
+from certs import CertsError, ClientContexts, ClusterDir, pinned_peer, server_hostname_for
 from facts.artifact_fetch import from_bitmap
 from facts.artifacts import MAX_PIECE_SIZE
 from facts.key_limits import LeaseAnswer, LeaseAsk
@@ -36,6 +37,7 @@ LONG_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_rea
 _JSON: Final = {"Content-Type": "application/json"}
 # A manifest of a million pieces is about 70 MB of JSON; one of 6,400 (100 GB) about 450 KB.
 MANIFEST_LIMIT: Final = 80 * 1024 * 1024
+MAX_MEMBERS_HELD: Final = 1024  # members whose connection settings are kept
 
 
 async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
@@ -82,12 +84,15 @@ class NodeClient:
         self._dial_from = dial_from
         self._short: aiohttp.ClientSession | None = None
         self._long: aiohttp.ClientSession | None = None
+        self._forwards = EngineHttp()  # forwarded inference (`forward`)
+        self._tls_for: dict[str, Tls] = {}  # node id -> how its connections are made
 
     async def aclose(self) -> None:
-        """Close both sessions and their connections."""
+        """Close both sessions, the forwarding client and their connections."""
         for session in (self._short, self._long):
             if session is not None:
                 await session.close()
+        await self._forwards.aclose()
 
     def _base(self, node_id: str) -> str:
         record = self._record_of(node_id)
@@ -246,18 +251,32 @@ class NodeClient:
         content_type: str = "application/json",
     ) -> Any:
         """POST a request to run on `node_id` (on `replica` there, when given), its body
-        with the `content_type` the engine is to get; an aiohttp request context (streamed
-        back)."""
-        replica_header = {"X-Nvpair-Replica": replica} if replica else {}
-        return self._session(long=True).post(
-            self._base(node_id) + "/v1/forward",
-            data=body,
-            headers={
-                "Content-Type": content_type,
-                "X-Nvpair-Path": path,
-                **replica_header,
-                **outgoing(),
-            },
-            ssl=self._contexts.current(),
-            server_hostname=server_hostname_for(node_id),
+        with the `content_type` the engine is to get; a request context (streamed back).
+
+        Carried by the facade's own HTTP/1.1 client (`agent.engines.client`, issue 33) on
+        connections kept per member: TLS set up and the member's pin checked once per
+        connection, not per request."""
+        headers = {"Content-Type": content_type, "X-Nvpair-Path": path, **outgoing()}
+        if replica:
+            headers["X-Nvpair-Replica"] = replica
+        return self._forwards.post(
+            self._base(node_id), "/v1/forward", body, headers, self._tls(node_id)
         )
+
+    def _tls(self, node_id: str) -> Tls:
+        try:
+            context = self._contexts.current()
+        except CertsError as exc:
+            raise MemberUnreachable(f"{node_id}: {exc}") from exc
+        held = self._tls_for.get(node_id)
+        if held is None or held.context is not context:
+            if len(self._tls_for) >= MAX_MEMBERS_HELD:
+                self._tls_for.clear()
+            pins = self._pins
+            held = self._tls_for[node_id] = Tls(
+                context,
+                server_hostname_for(node_id),
+                lambda ssl_object: pinned_peer(ssl_object, pins) == node_id,
+                (self._dial_from, 0) if self._dial_from else None,
+            )
+        return held

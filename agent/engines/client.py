@@ -8,6 +8,11 @@ uses) and costs about 90 µs. It is deliberately small: `POST` with a body alrea
 answers read whole or streamed chunk by chunk, connections reused while the engine keeps
 them alive, nothing else. Engines reached over `https` keep using aiohttp.
 
+The same client carries requests forwarded to another member (`agent.cluster.node_client`):
+given `Tls` (the cluster's client context, the member's server hostname and a check of the
+certificate it presented -- its pin), a connection is made with TLS, checked once when made,
+and kept for requests to that member only, so no request pays for TLS set-up or a context.
+
 What relay code reads of an answer is the subset of `aiohttp.ClientResponse` it used:
 `status`, `headers`, `content_type`, `content_length`, `read()` and `content.iter_any()`;
 failures raise what aiohttp raises (`ServerDisconnectedError`, `ClientPayloadError`,
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -29,7 +36,7 @@ import httptools  # llhttp bindings
 import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["EngineHttp", "EngineReply"]
+__all__ = ["EngineHttp", "EngineReply", "Tls"]
 
 CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 300.0  # between two pieces of an answer (a long generation streams)
@@ -241,18 +248,35 @@ class EngineReply:
         return msgspec.json.decode(await self.read())
 
 
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """How a connection to a member is made and checked: `context` (the cluster's client
+    context), `server_hostname` (the member's name in its certificate), and `check`, given
+    the connection's SSL object once the handshake is done: whether the peer is the member
+    meant (its pin). A connection that fails the check is closed before a byte is sent."""
+
+    context: ssl.SSLContext
+    server_hostname: str
+    check: Callable[[Any], bool]
+    local_addr: tuple[str, int] | None = None
+
+
+Origin = tuple[str, int, str, int]  # host, port, server hostname, id of the TLS context
+
+
 class _Exchange:
     """`async with client.post(...) as reply`: the connection goes back when it is done."""
 
-    def __init__(self, client: EngineHttp, origin: tuple[str, int], request: bytes) -> None:
+    def __init__(self, client: EngineHttp, origin: Origin, request: bytes, tls: Tls | None) -> None:
         self._client = client
         self._origin = origin
         self._request = request
+        self._tls = tls
         self._connection: _Connection | None = None
 
     async def __aenter__(self) -> EngineReply:
         for attempt in range(2):
-            connection, reused = await self._client._acquire(self._origin)
+            connection, reused = await self._client._acquire(self._origin, self._tls)
             self._connection = connection
             connection.start(self._request)
             assert connection.head is not None
@@ -287,21 +311,31 @@ class _Exchange:
 
 
 class EngineHttp:
-    """Kept-alive HTTP/1.1 connections to local engines, per origin (host, port)."""
+    """Kept-alive HTTP/1.1 connections to local engines (or, with `Tls`, to members), per
+    origin."""
 
     def __init__(self, *, max_idle: int = MAX_IDLE) -> None:
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()  # every connection not yet lost
         self._max_idle = max_idle
         self._urls: dict[str, tuple[tuple[str, int], str, str]] = {}  # url -> where, parsed
         self.opened = 0  # connections made, for tests: reuse shows as few
 
-    def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> _Exchange:
-        """POST `body` to `url` + `path` (`url`: `http://host:port`) with `headers`."""
+    def post(
+        self,
+        url: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        tls: Tls | None = None,
+    ) -> _Exchange:
+        """POST `body` to `url` + `path` (`url`: `http://host:port`, or `https://...` with
+        `tls`) with `headers`."""
         where = self._urls.get(url)
         if where is None:
             parts = urlsplit(url)
-            origin = (parts.hostname or "127.0.0.1", parts.port or 80)
+            default = 443 if parts.scheme == "https" else 80
+            origin = (parts.hostname or "127.0.0.1", parts.port or default)
             where = (origin, parts.path.rstrip("/"), parts.netloc)
             if len(self._urls) >= MAX_URLS:
                 self._urls.clear()
@@ -314,9 +348,10 @@ class EngineHttp:
             lines.append(f"{name}: {value}")
         lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return _Exchange(self, origin, head + body)
+        key = (*origin, tls.server_hostname, id(tls.context)) if tls else (*origin, "", 0)
+        return _Exchange(self, key, head + body, tls)
 
-    async def _acquire(self, origin: tuple[str, int]) -> tuple[_Connection, bool]:
+    async def _acquire(self, origin: Origin, tls: Tls | None) -> tuple[_Connection, bool]:
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
@@ -326,13 +361,31 @@ class EngineHttp:
             connection.close()
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            _, connection = await loop.create_connection(_Connection, *origin)
+            if tls is None:
+                _, connection = await loop.create_connection(_Connection, *origin[:2])
+            else:
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    *origin[:2],
+                    ssl=tls.context,
+                    server_hostname=tls.server_hostname,
+                    local_addr=tls.local_addr,
+                )
+        if tls is not None:
+            transport = connection.transport
+            ssl_object = transport.get_extra_info("ssl_object") if transport else None
+            if not tls.check(ssl_object):
+                connection.close()
+                raise aiohttp.ClientConnectionError(
+                    f"the server at {origin[0]}:{origin[1]} is not {tls.server_hostname!r}: "
+                    "its certificate is not that member's pin"
+                )
         self.opened += 1
         self._open.add(connection)
         connection.closed.add_done_callback(lambda _: self._open.discard(connection))
         return connection, False
 
-    def _release(self, origin: tuple[str, int], connection: _Connection) -> None:
+    def _release(self, origin: Origin, connection: _Connection) -> None:
         idle = self._idle.setdefault(origin, [])
         if len(idle) >= self._max_idle or connection.transport is None:
             connection.close()

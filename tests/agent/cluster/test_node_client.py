@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -67,8 +69,13 @@ async def node_api(member: Member, hits: list[str]) -> AsyncIterator[int]:
         await request.read()
         return web.json_response({})
 
+    async def forward(request: web.Request) -> web.Response:
+        hits.append(f"{member.name}:{request.headers['X-Nvpair-Path']}:{await request.text()}")
+        return web.json_response({"ran": member.name})
+
     app = web.Application()
     app.router.add_post("/v1/cordon", cordon)
+    app.router.add_post("/v1/forward", forward)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -114,6 +121,43 @@ async def test_a_record_pointing_a_member_elsewhere_gets_that_server_nothing(
             records[c.node_id] = node_record(c.node_id, node_port=c_port)
             await client.cordon(c.node_id, True)
             assert hits == ["b", "c"]
+        finally:
+            await client.aclose()
+
+
+async def test_a_forwarded_request_goes_to_the_pinned_member_only_on_a_kept_connection(
+    tmp_path: Path,
+) -> None:
+    # Forwarded inference has a client of its own (agent.engines.client with Tls): the same
+    # checks as every other call, made once per connection, and the connection kept.
+    a, b, c = make_cluster(tmp_path, ["a", "b", "c"])
+    mallory = impostor(tmp_path, a, b)
+    hits: list[str] = []
+    async with (
+        node_api(b, hits) as b_port,
+        node_api(c, hits) as c_port,
+        node_api(mallory, hits) as mallory_port,
+    ):
+        records: dict[str, NodeRecord] = {}
+        client = NodeClient(a.cluster, records.get)
+
+        async def forward(body: bytes) -> bytes:
+            async with client.forward(b.node_id, "/v1/completions", body) as reply:
+                assert reply.status == 200
+                return await reply.read()
+
+        try:
+            records[b.node_id] = node_record(b.node_id, node_port=b_port)  # the control
+            assert await forward(b"one") == b'{"ran": "b"}'
+            assert await forward(b"two") == b'{"ran": "b"}'
+            assert client._forwards.opened == 1  # one connection, one handshake, kept
+            records[b.node_id] = node_record(b.node_id, node_port=c_port)
+            with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+                await forward(b"to c")
+            records[b.node_id] = node_record(b.node_id, node_port=mallory_port)
+            with pytest.raises(aiohttp.ClientConnectionError, match="not that member's pin"):
+                await forward(b"to mallory")
+            assert hits == ["b:/v1/completions:one", "b:/v1/completions:two"]
         finally:
             await client.aclose()
 
