@@ -12,6 +12,7 @@ and a read timeout between chunks.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 import aiohttp
@@ -20,7 +21,7 @@ import msgspec
 from agent.core.errors import MemberRefused, MemberUnreachable
 from agent.core.request_identity import outgoing
 from agent.engines import tunnel
-from agent.engines.client import EngineHttp, Tls
+from agent.engines.client import EngineHttp, EngineReply, Tls
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import CertsError, ClientContexts, ClusterDir, pinned_peer, server_hostname_for
 from facts.artifact_fetch import from_bitmap
@@ -249,7 +250,7 @@ class NodeClient:
         body: bytes,
         replica: str = "",
         content_type: str = "application/json",
-    ) -> Any:
+    ) -> AbstractAsyncContextManager[EngineReply]:
         """POST a request to run on `node_id` (on `replica` there, when given), its body
         with the `content_type` the engine is to get; a request context (streamed back).
 
