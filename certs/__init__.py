@@ -28,9 +28,10 @@ from certs.invites import (
 )
 from certs.pin_check import pinned_peer
 from certs.pins import Member, PinStore
-from certs.tls import ClientContexts, ServerContexts, server_hostname_for
+from certs.tls import FORWARD_ALPN, ClientContexts, ServerContexts, server_hostname_for
 
 __all__ = [
+    "FORWARD_ALPN",
     "BadCertificate",
     "BadInviteLifetime",
     "BadJoinResponse",

@@ -30,7 +30,7 @@ from certs.cluster_dir import ClusterDir
 from certs.errors import CertsError
 from certs.ids import node_dns_name
 
-__all__ = ["ClientContexts", "ServerContexts", "server_hostname_for"]
+__all__ = ["FORWARD_ALPN", "ClientContexts", "ServerContexts", "server_hostname_for"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ _Stamp = tuple[tuple[int, int, int, int] | None, ...]
 # each were a tenth of the agent's time under load. A client picks up a rotated identity
 # within this; a server looks at every handshake (a key left readable fails the next one).
 CLIENT_RECHECK_S: Final = 1.0
+# The ALPN name of forwarded inference on the node API (issue 33): a connection that agrees
+# on it is served by the facade's lean HTTP/1.1 server, any other by aiohttp. The bytes on
+# the wire are HTTP/1.1 either way, so a member that does not know the name serves it too.
+FORWARD_ALPN: Final = "nvpair-forward/1"
 
 
 def server_hostname_for(node_id: str) -> str:
@@ -50,8 +54,15 @@ def server_hostname_for(node_id: str) -> str:
 class _IdentityCache:
     """Builds a context from the identity files, again only when they change."""
 
-    def __init__(self, cluster: ClusterDir, purpose: ssl.Purpose, recheck_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        purpose: ssl.Purpose,
+        recheck_s: float = 0.0,
+        alpn: tuple[str, ...] = (),
+    ) -> None:
         self.cluster = cluster
+        self.alpn = alpn
         self.purpose = purpose
         self.recheck_s = recheck_s
         self._stamp: _Stamp | None = None
@@ -89,6 +100,8 @@ class _IdentityCache:
             context.verify_mode = ssl.CERT_REQUIRED
             context.load_cert_chain(cluster.node_crt, cluster.node_key)
             context.load_verify_locations(cafile=cluster.ca_crt)
+            if self.alpn:
+                context.set_alpn_protocols(list(self.alpn))
         except (OSError, ssl.SSLError, CertsError) as exc:
             # Half-written files (a join in progress) or a refused key: no identity for now.
             log.error("cluster identity in %s is unusable: %s", cluster.path, exc)
@@ -100,12 +113,21 @@ class _IdentityCache:
 class ServerContexts:
     """The listening context for an mTLS server, resolving its identity per handshake."""
 
-    def __init__(self, cluster: ClusterDir, *, client_certificate: str = "required") -> None:
+    def __init__(
+        self,
+        cluster: ClusterDir,
+        *,
+        client_certificate: str = "required",
+        alpn: tuple[str, ...] = (),
+    ) -> None:
         """`client_certificate="optional"` lets a caller without a certificate through the
         handshake (one that sends a certificate must still chain to the cluster CA); the
-        per-request guard then refuses it everywhere but where that is the point (join)."""
-        self._identity = _IdentityCache(cluster, ssl.Purpose.CLIENT_AUTH)
+        per-request guard then refuses it everywhere but where that is the point (join).
+        `alpn`: the protocols a client may agree on (none agreed: plain HTTP/1.1)."""
+        self._identity = _IdentityCache(cluster, ssl.Purpose.CLIENT_AUTH, alpn=alpn)
         outer = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        if alpn:
+            outer.set_alpn_protocols(list(alpn))
         outer.minimum_version = ssl.TLSVersion.TLSv1_3
         if client_certificate not in ("required", "optional"):
             raise ValueError("client_certificate is 'required' or 'optional'")
@@ -137,8 +159,11 @@ class ServerContexts:
 class ClientContexts:
     """The client context that presents this node's identity, rebuilt on change."""
 
-    def __init__(self, cluster: ClusterDir) -> None:
-        self._identity = _IdentityCache(cluster, ssl.Purpose.SERVER_AUTH, CLIENT_RECHECK_S)
+    def __init__(self, cluster: ClusterDir, *, alpn: tuple[str, ...] = ()) -> None:
+        """`alpn`: the protocols offered (forwarded inference offers `FORWARD_ALPN`)."""
+        self._identity = _IdentityCache(
+            cluster, ssl.Purpose.SERVER_AUTH, CLIENT_RECHECK_S, alpn=alpn
+        )
 
     def current(self) -> ssl.SSLContext:
         """The context to connect with; raises `CertsError` without an identity."""

@@ -23,7 +23,7 @@ nvpair listener keeps (`netkit.sites`, issue 12) and its own:
   (the transport's high-water mark), so a slow reader holds no more than that in memory.
 
 The connection caps, the per-source caps and idle eviction are `netkit.sites`' book, which
-wraps each connection here as it wraps aiohttp's (`start_lean`).
+wraps each connection here as it wraps aiohttp's (`netkit.lean_sites.start_lean`).
 
 A handler answers with an aiohttp `web.Response` (its status, reason, headers and bytes are
 written as they are: the facade's OpenAI-shaped errors stay byte for byte) or with a

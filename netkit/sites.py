@@ -70,12 +70,10 @@ from netkit.lean_http import LeanApp, LeanConnection
 
 __all__ = [
     "Bounds",
-    "LeanServer",
     "PerSourceRate",
     "handler_bounds",
     "quiet_accept_errors",
     "raise_open_files_limit",
-    "start_lean",
     "start_runner",
     "start_site",
 ]
@@ -153,18 +151,23 @@ async def start_site(
     port: int,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    lean: tuple[str, LeanApp] | None = None,
 ) -> int:
     """Set `runner` up, serve it on `host:port` within `Bounds.from_env()` and return the
     port actually bound.
 
     `host` None listens on every interface. An address in use raises `OSError` (errno
     EADDRINUSE) from the bind, with the runner left set up for the caller's `cleanup()`.
+    `lean` (an ALPN name and an application): a TLS connection that agrees on that name is
+    served by `netkit.lean_http` instead of aiohttp (`start_lean`'s bounds).
     """
     bounds = Bounds.from_env()
     quiet_accept_errors(asyncio.get_running_loop())
     runner.app.middlewares.append(_body_deadline(bounds.body_s))  # frozen by setup()
     await runner.setup()
-    site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=bounds)
+    if lean is not None:
+        lean = (lean[0], dataclasses.replace(lean[1], idle_s=bounds.idle_s, body_s=bounds.body_s))
+    site = _BoundedSite(runner, host, port, ssl_context=ssl_context, bounds=bounds, lean=lean)
     await site.start()
     return site.port  # the bound port once started (the kernel's choice for port 0)
 
@@ -176,6 +179,7 @@ async def start_runner(
     *,
     ssl_context: ssl.SSLContext | None = None,
     bound_idle: bool = True,
+    lean: tuple[str, LeanApp] | None = None,
     **options: Any,
 ) -> tuple[web.AppRunner, int]:
     """Serve `app` on `host:port` as `start_site` does, from a runner of its own; returns
@@ -191,63 +195,10 @@ async def start_runner(
         defaults |= handler_bounds()
     runner = web.AppRunner(app, **(defaults | options))
     try:
-        return runner, await start_site(runner, host, port, ssl_context=ssl_context)
+        return runner, await start_site(runner, host, port, ssl_context=ssl_context, lean=lean)
     except BaseException:
         await runner.cleanup()
         raise
-
-
-class LeanServer:
-    """A `netkit.lean_http` listener behind the book's caps; `aclose()` stops it."""
-
-    def __init__(self, server: asyncio.Server, book: _Book) -> None:
-        self._server = server
-        self._book = book
-
-    @property
-    def port(self) -> int:
-        """The port bound (the kernel's choice for port 0)."""
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
-
-    async def aclose(self, grace_s: float = SHUTDOWN_S) -> None:
-        """Stop listening, close idle connections, give the requests in flight `grace_s`
-        to end, then cancel them (their handlers see CancelledError)."""
-        self._server.close()
-        busy = []
-        for conn in list(self._book.all):
-            handler = conn.handler
-            task = handler.serving if isinstance(handler, LeanConnection) else None
-            if task is None:
-                conn.evict()
-            else:
-                busy.append(task)
-        if busy:
-            _, late = await asyncio.wait(busy, timeout=grace_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        for conn in list(self._book.all):
-            conn.evict()
-        await self._server.wait_closed()
-
-
-async def start_lean(app: LeanApp, host: str | None, port: int) -> LeanServer:
-    """Serve `app` (`netkit.lean_http`) on `host:port` within `Bounds.from_env()`: the idle
-    and body deadlines its own, the connection caps this module's book. `OSError` (errno
-    EADDRINUSE) when the port is in use."""
-    bounds = Bounds.from_env()
-    loop = asyncio.get_running_loop()
-    quiet_accept_errors(loop)
-    app = dataclasses.replace(app, idle_s=bounds.idle_s, body_s=bounds.body_s)
-    book = _Book(bounds)
-    server = await loop.create_server(
-        lambda: _Bounded(LeanConnection(app), book, None, bounds.handshake_s),
-        host,
-        port,
-        reuse_address=True,
-    )
-    return LeanServer(server, book)
 
 
 _OUT_OF_RESOURCE: Final = "socket.accept() out of system resource"
@@ -321,9 +272,11 @@ class _BoundedSite(web.TCPSite):
         *,
         ssl_context: ssl.SSLContext | None,
         bounds: Bounds,
+        lean: tuple[str, LeanApp] | None = None,
     ) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context)
         self._bounds = bounds
+        self._lean = lean
         self._where = (host, port)
         self._listening: asyncio.Server | None = None
 
@@ -338,7 +291,7 @@ class _BoundedSite(web.TCPSite):
         # and only then starts its TLS handshake (`_Bounded`), so connections still in
         # their handshake count against the caps too.
         self._server = self._listening = await asyncio.get_running_loop().create_server(
-            lambda: _Bounded(server(), book, tls, handshake_s),
+            lambda: _Bounded(server(), book, tls, handshake_s, self._lean),
             self._where[0],
             self._where[1],
             reuse_address=True,
@@ -495,8 +448,10 @@ class _Bounded(asyncio.Protocol):
         book: _Book,
         tls: ssl.SSLContext | None,
         handshake_s: float,
+        lean: tuple[str, LeanApp] | None = None,
     ) -> None:
         self.handler = handler
+        self._lean = lean  # (ALPN name, app): who serves a connection that agreed on it
         self.book = book
         self.source = ""
         self.admitted = False
@@ -563,6 +518,10 @@ class _Bounded(asyncio.Protocol):
             return
         self.member = bool(secure.get_extra_info("peercert"))  # verified against the CA
         self.book.secured(self, self.member)
+        if self._lean is not None:
+            ssl_object = secure.get_extra_info("ssl_object")
+            if ssl_object is not None and ssl_object.selected_alpn_protocol() == self._lean[0]:
+                self.handler = LeanConnection(self._lean[1])  # aiohttp's never connected
         self._connect(secure)
 
     def _connect(self, transport: asyncio.Transport) -> None:

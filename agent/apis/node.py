@@ -44,12 +44,14 @@ from agent.core.lifetime import SHUTDOWN_S
 from agent.serving.openai_routes import ROUTES, read_body
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
 from certs import (
+    FORWARD_ALPN,
     ClusterDir,
     InviteRefused,
     JoinRequest,
     NotCAHolder,
     ServerContexts,
     admit,
+    pinned_peer,
 )
 from certs.invites import Tombstone
 from facts.api_keys import ApiKey
@@ -59,6 +61,7 @@ from facts.key_limits import LeaseAnswer, LeaseAsk
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import Handler, peer_node_id, pinned
+from netkit.lean_http import LeanApp, LeanRequest, LeanStream
 from netkit.sites import PerSourceRate, start_runner
 
 __all__ = ["JoinAnswer", "NodeApi"]
@@ -75,6 +78,7 @@ _HEX: Final = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = 4 * 1024 * 1024
+MAX_FORWARD: Final = max(route.limit for route in ROUTES.values())  # a forwarded body, at most
 JOIN_BURST: Final = 20  # joins one source may try at once (a few nodes, a few typos)
 JOINS_PER_S: Final = 0.1  # then one each 10 s
 _join_decoder: Final = msgspec.json.Decoder(JoinRequest)
@@ -123,7 +127,10 @@ class NodeApi:
         on_push: Callable[[RecordsPush, str], RecordsPush],
         on_admitted: Callable[[], None],
         records: Callable[[], list[Kept[NodeRecord]]],
-        run_here: Callable[[web.Request, str, bytes], Awaitable[web.StreamResponse]] | None = None,
+        run_here: Callable[
+            [web.Request | LeanRequest, str, bytes], Awaitable[web.StreamResponse | LeanStream]
+        ]
+        | None = None,
         on_cordon: Callable[[bool], None] = lambda cordoned: None,
         on_cancel: Callable[[str], int] = lambda target: 0,
         on_digest: Callable[[Digest], Awaitable[Differences]] | None = None,
@@ -155,7 +162,9 @@ class NodeApi:
         self.on_cordon = on_cordon
         self.on_cancel = on_cancel
         self.cluster = cluster
-        self.contexts = ServerContexts(cluster, client_certificate="optional")
+        # Forwarded inference agrees on FORWARD_ALPN and is served by the lean server
+        # (`_lean_forward`); everything else by aiohttp, on the same port.
+        self.contexts = ServerContexts(cluster, client_certificate="optional", alpn=(FORWARD_ALPN,))
         self.host = host
         self.port = port
         self.on_push = on_push
@@ -219,6 +228,7 @@ class NodeApi:
             ssl_context=self.contexts.listening,
             shutdown_timeout=SHUTDOWN_S,
             handler_cancellation=True,
+            lean=(FORWARD_ALPN, LeanApp(self._lean_forward, lambda _m, _p: MAX_FORWARD, _plain)),
         )
         return self.port
 
@@ -279,7 +289,30 @@ class NodeApi:
         body = await read_body(request, route.limit)
         if body is None:
             raise web.HTTPRequestEntityTooLarge(route.limit, request.content_length or -1)
-        return await self.run_here(request, path, body)
+        answer = await self.run_here(request, path, body)
+        assert isinstance(answer, web.StreamResponse)  # an aiohttp request is answered so
+        return answer
+
+    async def _lean_forward(self, request: LeanRequest) -> web.StreamResponse | LeanStream:
+        """`POST /v1/forward` on a connection that agreed on `FORWARD_ALPN`: the same
+        checks as aiohttp's route (the caller's pin on every request, its wire range, the
+        route's body limit), served without aiohttp's application stack (issue 33)."""
+        if request.path != "/v1/forward" or request.method != "POST":
+            return _plain(404, "only POST /v1/forward is served on this connection")
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        peer = pinned_peer(ssl_object, self.cluster.pins)
+        if peer is None:
+            return _plain(403, "forbidden")
+        why = self.refusal(peer)
+        if why is not None:
+            return _plain(409, why)
+        route = ROUTES.get(request.headers.get("X-Nvpair-Path", ""))
+        if route is None or self.run_here is None:
+            return _plain(400, "X-Nvpair-Path names an inference route")
+        if len(request.body) > route.limit:
+            return _plain(413, f"the body is over {route.limit} bytes")
+        return await self.run_here(request, route.path, request.body)
 
     async def _cordon(self, request: web.Request) -> web.Response:
         # A member's cordon or drain operation targets this node: only it speaks for itself.
@@ -372,6 +405,11 @@ class NodeApi:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         self._served.served(peer_node_id(request), len(data))
         return web.Response(body=data, content_type="application/octet-stream")
+
+
+def _plain(status: int, message: str) -> web.Response:
+    """A node API answer in its plain-text shape (as aiohttp's HTTP errors are)."""
+    return web.Response(status=status, text=f"{message}\n")
 
 
 async def _now(value: object) -> object:

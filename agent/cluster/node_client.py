@@ -23,7 +23,14 @@ from agent.core.request_identity import outgoing
 from agent.engines import tunnel
 from agent.engines.client import EngineHttp, EngineReply, Tls
 from broker.anti_entropy import Differences, Digest, Exchange, ExchangeAnswer
-from certs import CertsError, ClientContexts, ClusterDir, pinned_peer, server_hostname_for
+from certs import (
+    FORWARD_ALPN,
+    CertsError,
+    ClientContexts,
+    ClusterDir,
+    pinned_peer,
+    server_hostname_for,
+)
 from facts.artifact_fetch import from_bitmap
 from facts.artifacts import MAX_PIECE_SIZE
 from facts.key_limits import LeaseAnswer, LeaseAsk
@@ -86,6 +93,9 @@ class NodeClient:
         self._short: aiohttp.ClientSession | None = None
         self._long: aiohttp.ClientSession | None = None
         self._forwards = EngineHttp()  # forwarded inference (`forward`)
+        # ... whose connections offer FORWARD_ALPN: a member that knows it serves them on
+        # its lean server, any other on aiohttp (HTTP/1.1 either way).
+        self._forward_contexts = ClientContexts(cluster, alpn=(FORWARD_ALPN,))
         self._tls_for: dict[str, Tls] = {}  # node id -> how its connections are made
 
     async def aclose(self) -> None:
@@ -266,7 +276,7 @@ class NodeClient:
 
     def _tls(self, node_id: str) -> Tls:
         try:
-            context = self._contexts.current()
+            context = self._forward_contexts.current()
         except CertsError as exc:
             raise MemberUnreachable(f"{node_id}: {exc}") from exc
         held = self._tls_for.get(node_id)

@@ -37,10 +37,11 @@ from agent.serving.job_errors import JobError, for_status
 from agent.serving.jobs import JobBook
 from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
-from agent.serving.openai_errors import json_answer, openai_error
+from agent.serving.openai_errors import json_answer, not_allowed, openai_error, refusal
 from agent.serving.openai_routes import (
     ROUTES,
     BadBody,
+    body_limit,
     form_model,
     json_request,
     model_object,
@@ -64,7 +65,7 @@ from agent.serving.wait_line import Ticket
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 from netkit import tracing
 from netkit.lean_http import LeanApp, LeanRequest, LeanStream
-from netkit.sites import LeanServer, start_lean
+from netkit.lean_sites import LeanServer, start_lean
 from scheduler import Cluster, Load, Refusal
 from scheduler.prefix import anchor_of
 from scheduler.replicas import ReplicaView
@@ -75,12 +76,8 @@ __all__ = ["Facade", "facade_address", "openai_error"]
 log = logging.getLogger(__name__)
 
 MAX_BODY: Final = max(route.limit for route in ROUTES.values())  # `_read` bounds each route
-OTHER_BODY: Final = 1 << 20  # what a request to any other path may carry (read, unused)
 _MODELS: Final = "/v1/models"
 _MODEL: Final = "/v1/models/"
-_REFUSAL_CODES: Final = {
-    400: None, 413: "request_too_large", 414: "url_too_long", 431: "request_headers_too_large"
-}  # fmt: skip
 MAX_TALLIES: Final = 4096  # (model, reason) pairs and round-robin turns kept
 SESSION_HEADER: Final = "X-Session-Id"  # names a conversation, as `prompt_cache_key` does
 
@@ -168,8 +165,8 @@ class Facade:
         # X-Request-Id, and the server's own refusals are OpenAI-shaped like the rest.
         self._app = LeanApp(
             handler=self._dispatch,
-            body_limit=_body_limit,
-            refusal=_refusal,
+            body_limit=body_limit,
+            refusal=refusal,
             on_answer=stamp_into,
         )
         self._server: LeanServer | None = None  # while serving
@@ -194,13 +191,13 @@ class Facade:
         path, method = request.path, request.method
         if path in ROUTES:  # agent.serving.openai_routes: every route a job, as chat is
             if method != "POST":
-                return _not_allowed(method, "POST")
+                return not_allowed(method, "POST")
             if tracing.on():
                 return await self._traced(request, path)
             return await self._infer(request, path)
         if path == _MODELS or (path.startswith(_MODEL) and len(path) > len(_MODEL)):
             if method not in ("GET", "HEAD"):
-                return _not_allowed(method, "GET, HEAD")
+                return not_allowed(method, "GET, HEAD")
             if path == _MODELS:
                 return self._models(request)
             return self._model(request, path[len(_MODEL) :])
@@ -462,8 +459,8 @@ class Facade:
     # -- running ----------------------------------------------------------------------------
 
     async def run_forwarded(
-        self, request: web.Request, path: str, raw: bytes
-    ) -> web.StreamResponse:
+        self, request: web.Request | LeanRequest, path: str, raw: bytes
+    ) -> web.StreamResponse | LeanStream:
         """Run a request another member placed here, on a local engine."""
         identify(request)  # the origin's X-Request-Id, on to the engine
         sent = request.headers.get("Content-Type", "")
@@ -496,12 +493,11 @@ class Facade:
             self.waits.poke()
 
     async def _run_here(
-        self, request: web.Request, url: str, path: str, raw: bytes, sent: str
-    ) -> web.StreamResponse:
+        self, request: web.Request | LeanRequest, url: str, path: str, raw: bytes, sent: str
+    ) -> web.StreamResponse | LeanStream:
         try:
             async with self._engines.post(url, path, raw, sent) as reply:
                 answer, _ = await relay(request, reply, origin=False)
-                assert isinstance(answer, web.StreamResponse)  # an aiohttp request's
                 return answer
         except (aiohttp.ClientError, TimeoutError, OSError):
             return openai_error(502, "engine unreachable", "server_error")
@@ -554,28 +550,6 @@ class Facade:
 
     def _requester(self, request: LeanRequest | web.Request) -> Requester:
         return self.keys.requester(request.headers.get("Authorization", ""))
-
-
-def _body_limit(method: str, path: str) -> int:
-    """The most a request's body may be: its route's bound, else `OTHER_BODY`."""
-    route = ROUTES.get(path)
-    return route.limit if route is not None and method == "POST" else OTHER_BODY
-
-
-def _refusal(status: int, message: str) -> web.Response:
-    """The lean server's own refusals (a body or headers too large, a malformed request),
-    OpenAI-shaped like every other answer of the facade."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return openai_error(status, message, kind, _REFUSAL_CODES.get(status))
-
-
-def _not_allowed(method: str, allowed: str) -> web.Response:
-    response = openai_error(
-        405, f"{method[:16]} is not allowed here (allowed: {allowed})",
-        "invalid_request_error", "method_not_allowed",
-    )  # fmt: skip
-    response.headers["Allow"] = allowed
-    return response
 
 
 def _job_attributes(job: Workload) -> dict[str, str]:

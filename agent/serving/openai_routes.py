@@ -25,9 +25,11 @@ from netkit.lean_http import LeanRequest
 __all__ = [
     "AUDIO_MAX_BODY",
     "JSON_MAX_BODY",
+    "OTHER_BODY",
     "ROUTES",
     "BadBody",
     "Route",
+    "body_limit",
     "form_model",
     "json_model",
     "json_request",
@@ -88,6 +90,16 @@ ROUTES: Final = _routes(
 
 class BadBody(Exception):
     """The client's body names no model we can read: a 400 with this message."""
+
+
+OTHER_BODY: Final = 1 << 20  # what a request to any other path may carry (read, unused)
+
+
+def body_limit(method: str, path: str) -> int:
+    """The most a request's body may be on the facade: its route's bound, else
+    `OTHER_BODY` (the lean server refuses more before the handler runs)."""
+    route = ROUTES.get(path)
+    return route.limit if route is not None and method == "POST" else OTHER_BODY
 
 
 async def read_body(request: web.BaseRequest | LeanRequest, limit: int) -> bytes | None:

@@ -1,4 +1,4 @@
-"""`netkit.lean_http` behind `netkit.sites.start_lean`, for real on 127.0.0.1: its bounds.
+"""`netkit.lean_http` behind `netkit.lean_sites.start_lean`, for real on 127.0.0.1: its bounds.
 
 Each refusal is paired with a control that is answered: an oversized header, too many
 headers, a long target, a body over its limit (declared, or chunked and found on the way --
@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from netkit.lean_http import MAX_FIELD, MAX_HEADERS, MAX_URL, LeanApp, LeanRequest, LeanStream
-from netkit.sites import LeanServer, start_lean
+from netkit.lean_sites import LeanServer, start_lean
 from tests.fixtures.waiting import TIMEOUT_S, eventually
 
 LIMIT = 1000  # bytes a body may have

@@ -24,6 +24,7 @@ from certs import ClientContexts, ClusterDir, server_hostname_for
 from facts.artifacts import manifest_digest
 from facts.kept import raws
 from facts.records import NodeRecord, RecordsPush
+from netkit.lean_http import LeanRequest, LeanStream
 from tests.fixtures.records import node_record
 from tests.fixtures.waiting import eventually
 
@@ -69,7 +70,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         cancels.append(target)
         return 2
 
-    async def run_here(request: web.Request, path: str, body: bytes) -> web.StreamResponse:
+    async def run_here(
+        request: web.Request | LeanRequest, path: str, body: bytes
+    ) -> web.StreamResponse | LeanStream:
+        if path == "/v1/completions":  # answered at once, saying which server carried it
+            forwarded.append(f"{type(request).__name__}:{body.decode()}")
+            return web.Response(text=type(request).__name__)
         # A forwarded request that runs until it is cancelled (an engine generating).
         forwarded.append("started")
         try:
@@ -259,3 +265,36 @@ async def test_a_forwarded_request_whose_caller_hangs_up_is_cancelled_here(rig: 
     request.cancel()
     await client.aclose()  # the placing member's connection goes
     await eventually(lambda: rig.forwarded == ["started", "cancelled"], "a cancels it")
+
+
+async def test_forwarded_inference_takes_the_lean_server_with_the_same_checks(rig: Rig) -> None:
+    # NodeClient.forward offers FORWARD_ALPN: the node API serves those connections with
+    # netkit.lean_http, and checks the caller's pin on every request as aiohttp's route does.
+    b_id = rig.b.node_id()
+    assert b_id is not None
+    client = rig.client(rig.b)
+    try:
+        async with client.forward(rig.a_id, "/v1/completions", b"one") as reply:
+            assert (reply.status, await reply.read()) == (200, b"LeanRequest")
+        async with client.forward(rig.a_id, "/v1/nowhere", b"two") as reply:
+            assert reply.status == 400  # not an inference route
+        # The control: a client that offers no ALPN (aiohttp's) gets aiohttp's route.
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"https://127.0.0.1:{rig.api.port}/v1/forward",
+                data=b"three",
+                headers={"X-Nvpair-Path": "/v1/completions"},
+                ssl=ClientContexts(rig.b).current(),
+                server_hostname=server_hostname_for(rig.a_id),
+            ) as answer,
+        ):
+            assert (answer.status, await answer.text()) == (200, "Request")
+        # Removed: refused on the connection it already holds, as on a new one.
+        rig.a.pins.unpin(b_id)
+        async with client.forward(rig.a_id, "/v1/completions", b"four") as reply:
+            assert reply.status == 403
+        assert client._forwards.opened == 1  # the kept connection: checked per request
+        assert rig.forwarded == ["LeanRequest:one", "Request:three"]
+    finally:
+        await client.aclose()
