@@ -2,7 +2,17 @@
 functions over snapshots and pending work, with a reason for every refusal. No I/O."""
 
 from scheduler.place import Placement, PlacementRequest, rank_placement
-from scheduler.rank import Cluster, DeviceView, EngineView, Load, NodeView, Ranking, Request, rank
+from scheduler.rank import (
+    Cluster,
+    DeviceView,
+    EngineView,
+    Load,
+    NodeView,
+    Ranking,
+    Request,
+    rank,
+    top,
+)
 from scheduler.refusal import Refusal
 from scheduler.replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
 
@@ -23,4 +33,5 @@ __all__ = [
     "rank",
     "rank_placement",
     "rank_replicas",
+    "top",
 ]

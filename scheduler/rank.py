@@ -38,6 +38,7 @@ __all__ = [
     "Refusal",
     "Request",
     "rank",
+    "top",
 ]
 
 MAX_GROUP: Final = 16  # the largest tensor-parallel group the fit arrays cover
@@ -126,6 +127,10 @@ class Cluster:
     # What ranking a kind of request finds that does not move with the load, per
     # (engine, model, GPUs, memory, origin): the filters but the queue's, the static score.
     _static: dict[tuple[object, ...], _Static] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    # The best nodes per kind of request and load (`top`).
+    _tops: dict[tuple[object, ...], list[tuple[str, float]]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -302,6 +307,29 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
 
 
 MAX_STATIC: Final = 256  # kinds of request remembered per compiled cluster
+MAX_TOPS: Final = 1024  # (kind of request, load) pairs whose best nodes are remembered
+
+
+def top(
+    request: Request, cluster: Cluster, load: Load, n: int = 2
+) -> list[tuple[str, float]] | Ranking:
+    """`rank(request, cluster, load).top(n)`, remembered per compiled cluster for each kind
+    of request and load: a facade asks this for every request, and the pending work per
+    node takes few values (what is in flight), so most requests are a dict lookup. The
+    `Ranking` instead when no node can take it (its `refusal()` says why)."""
+    key = (request.engine, request.model, request.gpus, request.memory_bytes, request.origin, n,
+           load.counts.tobytes())  # fmt: skip
+    cached = cluster._tops.get(key)
+    if cached is not None:
+        return cached
+    ranking = rank(request, cluster, load)
+    best = ranking.top(n)
+    if not best:
+        return ranking  # not remembered: a refusal is asked for rarely, and explained
+    if len(cluster._tops) >= MAX_TOPS:
+        cluster._tops.clear()
+    cluster._tops[key] = best
+    return best
 
 
 def _static_part(request: Request, cluster: Cluster) -> _Static:

@@ -28,7 +28,7 @@ import msgspec
 
 from facts.deployments import Deployment
 from facts.records import NodeRecord, is_worker
-from scheduler import Cluster, Load, Refusal, Request, prefix, rank
+from scheduler import Cluster, Load, Ranking, Refusal, Request, prefix, top
 from scheduler.replicas import ReplicaRanking, ReplicaView, ReportedLoad, rank_replicas
 
 __all__ = [
@@ -135,11 +135,10 @@ def choose(
     cluster, load = nodes()
     if (None, model) not in cluster.served:  # served by some engine (of any kind)
         return Refusal.MODEL_NOT_SERVED
-    ranked = rank(Request(model, origin=origin), cluster, load)
-    top = ranked.top(2)
-    if not top:
-        return ranked.refusal() or Refusal.MODEL_NOT_SERVED
-    return [Target(node, "", kind_on(node, model), "load", score) for node, score in top]
+    best = top(Request(model, origin=origin), cluster, load, 2)  # remembered per load
+    if isinstance(best, Ranking):
+        return best.refusal() or Refusal.MODEL_NOT_SERVED
+    return [Target(node, "", kind_on(node, model), "load", score) for node, score in best]
 
 
 def _replicas_in_order(

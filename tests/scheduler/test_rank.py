@@ -5,7 +5,18 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler import Cluster, DeviceView, EngineView, Load, NodeView, Refusal, Request, rank
+from scheduler import (
+    Cluster,
+    DeviceView,
+    EngineView,
+    Load,
+    NodeView,
+    Ranking,
+    Refusal,
+    Request,
+    rank,
+    top,
+)
 
 GIB = 1024**3
 
@@ -177,3 +188,30 @@ def test_a_node_without_any_gpu_serves_with_its_engines() -> None:
     busy = Load.of(Cluster.compile([node("cpu", devices=(), queue_limit=1)]), {"cpu": 1})
     full = rank(Request("llama"), Cluster.compile([node("cpu", devices=(), queue_limit=1)]), busy)
     assert full.refused() == [("cpu", Refusal.QUEUE_FULL)]
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 8), st.integers(0, 40)), min_size=1, max_size=12
+    ),
+    st.lists(st.dictionaries(st.integers(0, 11), st.integers(0, 40)), min_size=1, max_size=6),
+)
+def test_the_remembered_best_nodes_are_what_ranking_says_for_every_load(
+    specs: list[tuple[bool, int, int]], loads: list[dict[int, int]]
+) -> None:
+    # `top` is asked for every request the facade places; it remembers per kind of request
+    # and load. Whatever the loads and their order, it answers as `rank` would, now.
+    nodes = [
+        node(f"n{i:02d}", reachable=reach, devices=gpus(n_gpus), queue_limit=32)
+        for i, (reach, n_gpus, _) in enumerate(specs)
+    ]
+    cluster = Cluster.compile(nodes)
+    for pending in [*loads, *loads]:  # each load twice: the second from memory
+        load = Load.of(cluster, {f"n{i:02d}": count for i, count in pending.items()})
+        ranking = rank(Request("llama", origin="n00"), cluster, load)
+        best = top(Request("llama", origin="n00"), cluster, load, 2)
+        if ranking.top(2):
+            assert best == ranking.top(2)
+        else:
+            assert isinstance(best, Ranking)
+            assert best.refusal() == ranking.refusal()
