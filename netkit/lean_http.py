@@ -221,7 +221,10 @@ class LeanConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._ahead: collections.deque[LeanRequest] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None  # idle or body deadline
+        self._timer: asyncio.TimerHandle | None = None  # for the deadline, or an earlier one
+        self._due: float | None = None  # the idle or body deadline (loop time)
+        self._why = ""
+        self._after_s = 0.0
         self._drained: asyncio.Future[None] | None = None  # while the client does not read
         self._reading = True
         self._closing = False
@@ -301,7 +304,7 @@ class LeanConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.transport = None
-        self._disarm()
+        self._stop_timer()
         self._ahead.clear()
         if self._task is not None:
             self._task.cancel()  # the client went: its request's handler is cancelled
@@ -501,7 +504,7 @@ class LeanConnection(asyncio.Protocol):
         if transport.can_write_eof():
             transport.write_eof()
             self._lingering = 0
-            self._timer = self._loop.call_later(LINGER_S, self._abort)
+            self._arm(LINGER_S, "lingered after a refusal")
         else:
             transport.close()
 
@@ -513,26 +516,47 @@ class LeanConnection(asyncio.Protocol):
 
     def _abort(self) -> None:
         self._closing = True
-        self._disarm()
+        self._stop_timer()
         if self.transport is not None:
             self.transport.abort()
 
     # -- time ------------------------------------------------------------------------------
 
+    # One timer per connection, moved only when it fires: a request re-arms the deadline
+    # twice (its body, then the idle wait for the next), and a timer made and cancelled for
+    # each was a fortieth of the facade's time per request.
+
     def _arm(self, after_s: float, why: str) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(after_s, self._expired, why, after_s)
+        due = self._loop.time() + after_s
+        self._due, self._why, self._after_s = due, why, after_s
+        timer = self._timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(due, self._check)
 
     def _disarm(self) -> None:
+        self._due = None  # the timer, when it fires, finds nothing due
+
+    def _stop_timer(self) -> None:
+        self._due = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _expired(self, why: str, after_s: float) -> None:
+    def _check(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self._due = None
         if self._task is not None:
             return  # a request is being served: its own bounds hold
-        log.info("closing a facade connection that %s within %g s", why, after_s)
+        if self._lingering < 0:
+            log.info("closing a connection that %s within %g s", self._why, self._after_s)
         self._abort()
 
 
