@@ -15,11 +15,13 @@ event or `/v1/replicas`, and `EngineCredentials` hides it from `repr()`.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Final
 
 from msgspec import Meta, Struct
@@ -144,6 +146,10 @@ def new_engine_key() -> str:
     return "sk-nvpair-" + secrets.token_urlsafe(32)
 
 
+_NONE: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+@functools.lru_cache(maxsize=256)  # a few engines' URLs, asked per request
 def _origin(url: str | URL) -> str:
     parsed = url if isinstance(url, URL) else URL(url)
     return f"{parsed.scheme}://{parsed.host}:{parsed.port}"
@@ -178,6 +184,8 @@ class EngineAuth:
 
     def headers_for(self, url: str | URL) -> Mapping[str, str]:
         """The headers a call to `url` carries."""
+        if not self._by_origin and not self._managed:
+            return _NONE  # no engine here has a key: nothing to parse the URL for
         origin = _origin(url)
         return self._by_origin.get(origin) or self._managed.get(origin, {})
 
