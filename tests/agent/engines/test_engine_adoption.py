@@ -142,6 +142,10 @@ def test_the_port_pool_skips_ports_in_use_and_held() -> None:
     # ports, one of which another worker's agent may hold (seen at -n 4).
     low, _ = engine_ports(3)
     with socket.socket() as listener:
+        # As every server binds (asyncio's set it): a connection an earlier engine on this
+        # port closed first lingers in TIME_WAIT for a minute, and once this worker's band
+        # wraps -- sooner the faster the suite -- a bare bind() found the port "in use".
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", low))
         listener.listen()
         pool = PortPool(low, low + 2)
