@@ -37,10 +37,10 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import httptools
 from aiohttp import web
@@ -52,6 +52,8 @@ __all__ = [
     "MAX_HEAD",
     "MAX_HEADERS",
     "MAX_URL",
+    "Answer",
+    "LeanAnswer",
     "LeanApp",
     "LeanConnection",
     "LeanRequest",
@@ -77,6 +79,19 @@ _REASONS: Final = {
 }  # fmt: skip
 
 
+@dataclass(slots=True)
+class LeanAnswer:
+    """A whole answer built for this server (no aiohttp object): its status, its headers
+    (`Content-Length` and `Date` are added) and its body."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+Answer: TypeAlias = "web.StreamResponse | LeanStream | LeanAnswer"  # what a handler returns
+
+
 class _Refused(Exception):
     """A request the server refuses before its handler: the status and the reason."""
 
@@ -90,10 +105,10 @@ class LeanApp:
     """What the server serves: the handler, and the application's own words for the
     answers the server gives itself (so they are in the application's shape)."""
 
-    handler: Callable[[LeanRequest], Awaitable[web.StreamResponse | LeanStream]]
+    handler: Callable[[LeanRequest], Awaitable[Answer]]
     body_limit: Callable[[str, str], int]  # (method, path) -> bytes a body may have
     refusal: Callable[[int, str], web.Response]  # (status, message) -> the answer
-    on_answer: Callable[[LeanRequest, CIMultiDict[str]], None] = lambda _r, _h: None
+    on_answer: Callable[[LeanRequest, MutableMapping[str, str]], None] = lambda _r, _h: None
     idle_s: float = 30.0
     body_s: float = 60.0
 
@@ -441,7 +456,11 @@ class LeanConnection(asyncio.Protocol):
         self.transport.write(self._head_of(request, status, reason, headers))
 
     def _head_of(
-        self, request: LeanRequest, status: int, reason: str, headers: CIMultiDict[str]
+        self,
+        request: LeanRequest,
+        status: int,
+        reason: str,
+        headers: CIMultiDict[str],
     ) -> bytes:
         self.app.on_answer(request, headers)
         if "Content-Type" not in headers:
@@ -462,7 +481,14 @@ class LeanConnection(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             await self._drained
 
-    def _write_whole(self, request: LeanRequest, answer: web.StreamResponse) -> None:
+    def _write_whole(self, request: LeanRequest, answer: web.StreamResponse | LeanAnswer) -> None:
+        if self.transport is None:
+            raise ConnectionResetError("the client went away")
+        if isinstance(answer, LeanAnswer):  # the hot path: an engine's answer passed on
+            answer.headers["Content-Length"] = str(len(answer.body))
+            head = self._head_of(request, answer.status, "", answer.headers)
+            self._write_once(request, head, answer.body)
+            return
         if not isinstance(answer, web.Response):
             raise RuntimeError("an aiohttp answer other than web.Response")
         body = answer.body
@@ -473,11 +499,13 @@ class LeanConnection(asyncio.Protocol):
         headers = CIMultiDict(answer.headers)
         headers.popall("Transfer-Encoding", None)
         headers["Content-Length"] = str(len(body))
-        if self.transport is None:
-            raise ConnectionResetError("the client went away")
-        head = self._head_of(request, answer.status, answer.reason, headers)
+        self._write_once(request, self._head_of(request, answer.status, answer.reason, headers),
+                         bytes(body))  # fmt: skip
+
+    def _write_once(self, request: LeanRequest, head: bytes, body: bytes) -> None:
         # One write, one system call: on loopback a send costs as much as the rest of the
         # answer's work together.
+        assert self.transport is not None
         self.transport.write(head + body if body and request.method != "HEAD" else head)
 
     def _refuse(self, status: int, message: str) -> None:

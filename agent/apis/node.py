@@ -61,7 +61,7 @@ from facts.key_limits import LeaseAnswer, LeaseAsk
 from facts.probing import Ping, PingReq
 from facts.records import NodeRecord, RecordsPush, push_decoder
 from netkit.guard import Handler, peer_node_id, pinned
-from netkit.lean_http import LeanApp, LeanRequest, LeanStream
+from netkit.lean_http import Answer, LeanApp, LeanRequest
 from netkit.sites import PerSourceRate, start_runner
 
 __all__ = ["JoinAnswer", "NodeApi"]
@@ -127,9 +127,7 @@ class NodeApi:
         on_push: Callable[[RecordsPush, str], RecordsPush],
         on_admitted: Callable[[], None],
         records: Callable[[], list[Kept[NodeRecord]]],
-        run_here: Callable[
-            [web.Request | LeanRequest, str, bytes], Awaitable[web.StreamResponse | LeanStream]
-        ]
+        run_here: Callable[[web.Request | LeanRequest, str, bytes], Awaitable[Answer]]
         | None = None,
         on_cordon: Callable[[bool], None] = lambda cordoned: None,
         on_cancel: Callable[[str], int] = lambda target: 0,
@@ -293,7 +291,7 @@ class NodeApi:
         assert isinstance(answer, web.StreamResponse)  # an aiohttp request is answered so
         return answer
 
-    async def _lean_forward(self, request: LeanRequest) -> web.StreamResponse | LeanStream:
+    async def _lean_forward(self, request: LeanRequest) -> Answer:
         """`POST /v1/forward` on a connection that agreed on `FORWARD_ALPN`: the same
         checks as aiohttp's route (the caller's pin on every request, its wire range, the
         route's body limit), served without aiohttp's application stack (issue 33)."""

@@ -29,7 +29,7 @@ from agent.serving.endpoint_routes import EndpointRoutes, Pick
 from agent.serving.openai_errors import openai_error
 from agent.serving.openai_routes import ROUTES, with_model
 from agent.serving.relay import relay
-from netkit.lean_http import LeanRequest, LeanStream
+from netkit.lean_http import Answer, LeanRequest
 
 __all__ = ["FORWARDED", "EndpointForward"]
 
@@ -68,7 +68,7 @@ class EndpointForward:
 
     async def route(
         self, request: web.Request | LeanRequest, path: str, raw: bytes, model: str
-    ) -> tuple[bytes, str] | web.StreamResponse | LeanStream:
+    ) -> tuple[bytes, str] | Answer:
         """(body, model) to serve here -- unchanged when `model` is no endpoint name -- or
         the answer already given (forwarded to another cluster, or refused)."""
         if FORWARDED in request.headers:
@@ -94,7 +94,7 @@ class EndpointForward:
 
     async def _forward(
         self, request: web.Request | LeanRequest, path: str, body: bytes, pick: Pick
-    ) -> web.StreamResponse | LeanStream | None:
+    ) -> Answer | None:
         """The answer of one of the target's facades, or None when none could take it."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=_TIMEOUT)

@@ -64,7 +64,7 @@ from agent.serving.view import SchedulingView
 from agent.serving.wait_line import Ticket
 from agent.serving.wait_queue import WAIT_QUEUE, WAIT_TIMEOUT_S, WaitQueue, gave_up
 from netkit import tracing
-from netkit.lean_http import LeanApp, LeanRequest, LeanStream
+from netkit.lean_http import Answer, LeanApp, LeanRequest
 from netkit.lean_sites import LeanServer, start_lean
 from scheduler import Cluster, Load, Refusal
 from scheduler.prefix import anchor_of
@@ -185,7 +185,7 @@ class Facade:
             self._server = None
         await self._endpoint.aclose()
 
-    async def _dispatch(self, request: LeanRequest) -> web.StreamResponse | LeanStream:
+    async def _dispatch(self, request: LeanRequest) -> Answer:
         """The route a request's method and path name, or the OpenAI-shaped 404 or 405."""
         identify(request)
         path, method = request.path, request.method
@@ -230,7 +230,7 @@ class Facade:
         served += endpoint_models(self.endpoints.models(host), served)
         return [m for m in served if self.keys.may_use(requester, str(m["id"]))]
 
-    async def _traced(self, request: LeanRequest, path: str) -> web.StreamResponse | LeanStream:
+    async def _traced(self, request: LeanRequest, path: str) -> Answer:
         """`_infer` in a span of the request's trace (the client's, when it sent one)."""
         attributes = {
             "http.request.method": "POST",
@@ -246,7 +246,7 @@ class Facade:
                 span.set_attribute("http.response.status_code", answer.status)
             return answer
 
-    async def _infer(self, request: LeanRequest, path: str) -> web.StreamResponse | LeanStream:
+    async def _infer(self, request: LeanRequest, path: str) -> Answer:
         requester = self._requester(request)
         if requester is Access.REFUSED:
             return openai_error(401, "invalid API key", "invalid_request_error", "invalid_api_key")
@@ -430,7 +430,7 @@ class Facade:
 
     async def _attempt(
         self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
+    ) -> tuple[Answer | None, Outcome]:
         """One target; no answer (None) when it failed before any byte reached the client."""
         node, replica = target.node_id, target.replica
         self.in_flight[node] = self.in_flight.get(node, 0) + 1
@@ -460,7 +460,7 @@ class Facade:
 
     async def run_forwarded(
         self, request: web.Request | LeanRequest, path: str, raw: bytes
-    ) -> web.StreamResponse | LeanStream:
+    ) -> Answer:
         """Run a request another member placed here, on a local engine."""
         identify(request)  # the origin's X-Request-Id, on to the engine
         sent = request.headers.get("Content-Type", "")
@@ -494,7 +494,7 @@ class Facade:
 
     async def _run_here(
         self, request: web.Request | LeanRequest, url: str, path: str, raw: bytes, sent: str
-    ) -> web.StreamResponse | LeanStream:
+    ) -> Answer:
         try:
             async with self._engines.post(url, path, raw, sent) as reply:
                 answer, _ = await relay(request, reply, origin=False)
@@ -504,7 +504,7 @@ class Facade:
 
     async def _run(
         self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
+    ) -> tuple[Answer | None, Outcome]:
         if not tracing.on():
             return await self._run_on(request, path, raw, target, model)
         # A span the call is made in: its context goes to the engine or the member.
@@ -519,7 +519,7 @@ class Facade:
 
     async def _run_on(
         self, request: LeanRequest, path: str, raw: bytes, target: Target, model: str
-    ) -> tuple[web.StreamResponse | LeanStream | None, Outcome]:
+    ) -> tuple[Answer | None, Outcome]:
         local = target.node_id == self.node_id
         sent = ROUTES[path].engine_content_type(request.headers.get("Content-Type", ""))
         try:

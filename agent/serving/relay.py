@@ -12,6 +12,7 @@ from typing import Final
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from agent.core.request_identity import passed_back
 from agent.serving.job_errors import JobError, for_status
@@ -19,7 +20,7 @@ from agent.serving.lifecycle import Complete, Fail, Outcome
 from agent.serving.openai_errors import openai_error
 from agent.serving.routing import sse_error
 from agent.serving.usage import Meter
-from netkit.lean_http import LeanRequest, LeanStream
+from netkit.lean_http import Answer, LeanAnswer, LeanRequest, LeanStream
 from scheduler import Refusal
 
 __all__ = ["METER", "for_exception", "refused", "relay"]
@@ -54,7 +55,7 @@ async def relay(
     *,
     local: bool = True,
     origin: bool = True,
-) -> tuple[web.StreamResponse | LeanStream, Outcome]:
+) -> tuple[Answer, Outcome]:
     """Pass the engine's answer through, streaming what streams. A stream that breaks is
     ended with an error event at the `origin` (the member facing the client); a member
     running a forwarded request breaks its own answer instead, so the origin sees it."""
@@ -62,8 +63,7 @@ async def relay(
     if reply.status >= 400:
         # The client gets the engine's answer as it is; the job, only the status class.
         body = await reply.read()
-        failed = web.Response(status=reply.status, body=body, headers=_headers_of(reply))
-        return failed, Fail(error=for_status(reply.status))
+        return _whole(request, reply, body), Fail(error=for_status(reply.status))
     if _streams(reply):
         headers = {
             **passed_back(reply.headers),
@@ -99,7 +99,17 @@ async def relay(
     body = await reply.read()
     if meter is not None:
         meter.read(body)
-    return web.Response(status=reply.status, body=body, headers=_headers_of(reply)), Complete()
+    return _whole(request, reply, body), Complete()
+
+
+def _whole(
+    request: web.Request | LeanRequest, reply: aiohttp.ClientResponse, body: bytes
+) -> web.Response | LeanAnswer:
+    """The engine's whole answer as the server at hand writes it: for the facade's lean
+    server, its own answer object (no aiohttp response built and copied per request)."""
+    if isinstance(request, LeanRequest):
+        return LeanAnswer(reply.status, CIMultiDict(_headers_of(reply)), body)
+    return web.Response(status=reply.status, body=body, headers=_headers_of(reply))
 
 
 def _streams(reply: aiohttp.ClientResponse) -> bool:

@@ -85,6 +85,10 @@ class WaitLine:
         line = self._lines.get(ticket.model)
         return line is not None and len(line) > 0 and line[0] is ticket
 
+    def __bool__(self) -> bool:
+        """Whether any request waits (the common case on the hot path: none)."""
+        return bool(self._lines)
+
     def heads(self, now: float) -> list[Ticket]:
         """The first ticket of every line. A head past its deadline by more than
         `ABANDONED_S` is dropped first: its request would have left by itself (a handler

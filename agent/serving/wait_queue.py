@@ -67,7 +67,8 @@ class WaitQueue(Generic[T]):
         """Targets now, a refusal now (no job: `QUEUE_FULL` when the line is full too), or a
         place in line (the request becomes a queued job and calls `wait`), for what
         `timeout_s` says when it joins (None: the line's own) at most."""
-        self.line.heads(self._clock())  # drops abandoned heads first
+        if self.line:  # someone waits somewhere (the hot path: nobody)
+            self.line.heads(self._clock())  # drops abandoned heads first
         if not self.line.waiting(model):
             placed = place()
             if placed is not Refusal.QUEUE_FULL:
@@ -110,6 +111,8 @@ class WaitQueue(Generic[T]):
 
     def poke(self) -> None:
         """Capacity may have freed somewhere: every line's head looks again."""
+        if not self.line:
+            return
         for head in self.line.heads(self._clock()):
             self._wake(head)
 
