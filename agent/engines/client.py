@@ -89,6 +89,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._stop_watching()  # a closed connection holds no timer
         if not self.closed.done():
             self.closed.set_result(None)
         if not self.complete:
@@ -118,8 +119,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.reusable = bool(self.parser.should_keep_alive())
-        self._stop_watching()
-        self._wake()
+        self._wake()  # the read timer stays: it ends itself when it finds the exchange done
 
     # -- the exchange ---------------------------------------------------------------------------
 
@@ -130,9 +130,11 @@ class _Connection(asyncio.Protocol):
         self.status, self.raw_headers, self._head_bytes = 0, [], 0
         self.complete = self.reusable = self.got_bytes = False
         self._last = self._loop.time()
-        # One timer per exchange, moved on only when it fires: a timeout per read would
-        # cost a timer (made and cancelled) per chunk of every answer.
-        self._timer = self._loop.call_at(self._last + READ_TIMEOUT_S, self._watch)
+        # One timer, moved on only when it fires: a timeout per read would cost a timer
+        # (made and cancelled) per chunk of every answer, and one per exchange a timer per
+        # request. One left from an earlier exchange watches this one too.
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._last + READ_TIMEOUT_S, self._watch)
         self.transport.write(request)
 
     def _watch(self) -> None:
