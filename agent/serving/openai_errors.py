@@ -1,24 +1,21 @@
 """Errors in the shape OpenAI clients parse, for every answer the facade gives -- its own
-refusals and aiohttp's (an unknown path, a method the path does not take, a body too large),
-which would otherwise be plain text that no OpenAI client can read -- and the facade's own
-JSON answers. A body's JSON is decoded by `agent.core.json_input` (`openai_routes`)."""
+refusals and its server's (an unknown path, a method the path does not take, a body or
+headers too large, a malformed request: `netkit.lean_http` asks `refusal` for its words) --
+and the facade's own JSON answers. A body's JSON is decoded by `agent.core.json_input`
+(`openai_routes`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
-__all__ = ["json_answer", "not_allowed", "openai_error", "openai_errors", "refusal"]
+__all__ = ["json_answer", "not_allowed", "openai_error", "refusal"]
 
 _REFUSAL_CODES: Final = {
     400: None, 413: "request_too_large", 414: "url_too_long", 431: "request_headers_too_large"
 }  # fmt: skip
-
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_answer(value: object, status: int = 200) -> web.Response:
@@ -49,26 +46,3 @@ def not_allowed(method: str, allowed: str) -> web.Response:
     )  # fmt: skip
     response.headers["Allow"] = allowed
     return response
-
-
-@web.middleware
-async def _middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        path = request.path[:200]
-        return openai_error(404, f"no route {request.method} {path}", "invalid_request_error",
-                            "unknown_url")  # fmt: skip
-    except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        response = openai_error(
-            405, f"{request.method} is not allowed here (allowed: {allowed})",
-            "invalid_request_error", "method_not_allowed",
-        )  # fmt: skip
-        response.headers["Allow"] = allowed
-        return response
-
-
-def openai_errors() -> Middleware:
-    """The middleware: aiohttp's 404 and 405 as OpenAI-shaped JSON."""
-    return _middleware

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -89,40 +90,62 @@ async def node_api(member: Member, hits: list[str]) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
-async def test_a_record_pointing_a_member_elsewhere_gets_that_server_nothing(
-    tmp_path: Path,
-) -> None:
+@dataclass
+class Scene:
+    """a's client; b, c and mallory (whose certificate passes TLS as b) serving; what each
+    server was sent (`hits`) and where a's records say each member is (`records`)."""
+
+    b: Member
+    c: Member
+    b_port: int
+    c_port: int
+    mallory_port: int
+    client: NodeClient
+    records: dict[str, NodeRecord] = field(default_factory=dict)
+    hits: list[str] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
     a, b, c = make_cluster(tmp_path, ["a", "b", "c"])
     mallory = impostor(tmp_path, a, b)
     hits: list[str] = []
+    records: dict[str, NodeRecord] = {}
     async with (
         node_api(b, hits) as b_port,
         node_api(c, hits) as c_port,
         node_api(mallory, hits) as mallory_port,
     ):
-        records: dict[str, NodeRecord] = {}
         client = NodeClient(a.cluster, records.get)
         try:
-            # The control: b's record points at b, and b takes the call.
-            records[b.node_id] = node_record(b.node_id, node_port=b_port)
-            await client.cordon(b.node_id, True)
-            assert hits == ["b"]
-            # A record that points b's address at a member that is not b: TLS refuses c (its
-            # certificate names only c) ...
-            records[b.node_id] = node_record(b.node_id, node_port=c_port)
-            with pytest.raises(MemberUnreachable, match="Hostname mismatch"):
-                await client.cordon(b.node_id, True)
-            # ... and the pin check refuses one whose certificate passes TLS as b.
-            records[b.node_id] = node_record(b.node_id, node_port=mallory_port)
-            with pytest.raises(MemberUnreachable, match="not that member's pin"):
-                await client.cordon(b.node_id, True)
-            assert hits == ["b"]
-            # c itself, by its own record, still answers: nothing else broke.
-            records[c.node_id] = node_record(c.node_id, node_port=c_port)
-            await client.cordon(c.node_id, True)
-            assert hits == ["b", "c"]
+            yield Scene(b, c, b_port, c_port, mallory_port, client, records, hits)
         finally:
             await client.aclose()
+
+
+async def test_a_record_pointing_a_member_elsewhere_gets_that_server_nothing(
+    tmp_path: Path,
+) -> None:
+    async with scene(tmp_path) as s:
+        b, c = s.b.node_id, s.c.node_id
+        # The control: b's record points at b, and b takes the call.
+        s.records[b] = node_record(b, node_port=s.b_port)
+        await s.client.cordon(b, True)
+        assert s.hits == ["b"]
+        # A record that points b's address at a member that is not b: TLS refuses c (its
+        # certificate names only c) ...
+        s.records[b] = node_record(b, node_port=s.c_port)
+        with pytest.raises(MemberUnreachable, match="Hostname mismatch"):
+            await s.client.cordon(b, True)
+        # ... and the pin check refuses one whose certificate passes TLS as b.
+        s.records[b] = node_record(b, node_port=s.mallory_port)
+        with pytest.raises(MemberUnreachable, match="not that member's pin"):
+            await s.client.cordon(b, True)
+        assert s.hits == ["b"]
+        # c itself, by its own record, still answers: nothing else broke.
+        s.records[c] = node_record(c, node_port=s.c_port)
+        await s.client.cordon(c, True)
+        assert s.hits == ["b", "c"]
 
 
 async def test_a_forwarded_request_goes_to_the_pinned_member_only_on_a_kept_connection(
@@ -130,36 +153,25 @@ async def test_a_forwarded_request_goes_to_the_pinned_member_only_on_a_kept_conn
 ) -> None:
     # Forwarded inference has a client of its own (agent.engines.client with Tls): the same
     # checks as every other call, made once per connection, and the connection kept.
-    a, b, c = make_cluster(tmp_path, ["a", "b", "c"])
-    mallory = impostor(tmp_path, a, b)
-    hits: list[str] = []
-    async with (
-        node_api(b, hits) as b_port,
-        node_api(c, hits) as c_port,
-        node_api(mallory, hits) as mallory_port,
-    ):
-        records: dict[str, NodeRecord] = {}
-        client = NodeClient(a.cluster, records.get)
+    async with scene(tmp_path) as s:
+        b = s.b.node_id
 
         async def forward(body: bytes) -> bytes:
-            async with client.forward(b.node_id, "/v1/completions", body) as reply:
+            async with s.client.forward(b, "/v1/completions", body) as reply:
                 assert reply.status == 200
                 return await reply.read()
 
-        try:
-            records[b.node_id] = node_record(b.node_id, node_port=b_port)  # the control
-            assert await forward(b"one") == b'{"ran": "b"}'
-            assert await forward(b"two") == b'{"ran": "b"}'
-            assert client._forwards.opened == 1  # one connection, one handshake, kept
-            records[b.node_id] = node_record(b.node_id, node_port=c_port)
-            with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
-                await forward(b"to c")
-            records[b.node_id] = node_record(b.node_id, node_port=mallory_port)
-            with pytest.raises(aiohttp.ClientConnectionError, match="not that member's pin"):
-                await forward(b"to mallory")
-            assert hits == ["b:/v1/completions:one", "b:/v1/completions:two"]
-        finally:
-            await client.aclose()
+        s.records[b] = node_record(b, node_port=s.b_port)  # the control
+        assert await forward(b"one") == b'{"ran": "b"}'
+        assert await forward(b"two") == b'{"ran": "b"}'
+        assert s.client._forwards.opened == 1  # one connection, one handshake, kept
+        s.records[b] = node_record(b, node_port=s.c_port)
+        with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+            await forward(b"to c")
+        s.records[b] = node_record(b, node_port=s.mallory_port)
+        with pytest.raises(aiohttp.ClientConnectionError, match="not that member's pin"):
+            await forward(b"to mallory")
+        assert s.hits == ["b:/v1/completions:one", "b:/v1/completions:two"]
 
 
 def test_the_admitter_drops_names_of_the_clusters_own_namespace(tmp_path: Path) -> None:
