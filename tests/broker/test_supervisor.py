@@ -347,3 +347,33 @@ async def test_frames_a_stalled_manager_could_not_take_reach_its_successor(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         await sup.aclose()
+
+
+async def test_a_removal_never_overtakes_the_held_events_of_its_job(
+    parts: tuple[JobsStore, JobsWriter, ClusterDir],
+) -> None:
+    # A job's events are held a moment (broker.event_hold); a removal sent meanwhile must
+    # reach the manager after them, or the job would arrive after its own tombstone.
+    store, writer, cluster = parts
+    sup = supervisor(store, writer, cluster)
+    await sup.start()
+    try:
+        origin = cluster.node_id()
+        assert origin is not None
+        job = decode_workload(record("held").replace('"nod_x"', f'"{origin}"'))
+        sup.send_event("workload:submitted", job)
+        assert len(sup.held) == 1  # held, not sent
+        sup.send_removal(WorkloadRemoval(workloadId="held", originatedFrom=origin))
+        assert len(sup.held) == 0  # sent first, before the removal
+
+        async def both_taken() -> bool:
+            counters = (await sup.request("manager:status"))["counters"]
+            return bool(counters["received_local"] == 2)
+
+        await eventually_async(both_taken, "the event and the removal reach the manager")
+        counters = (await sup.request("manager:status"))["counters"]
+        assert counters["accepted"] == 1  # the event first: accepted ...
+        assert counters["removals"] == 1  # ... then removed
+        assert counters["blocked_by_tombstone"] == 0  # never after its tombstone
+    finally:
+        await sup.aclose()
