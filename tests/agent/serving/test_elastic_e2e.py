@@ -240,10 +240,12 @@ async def test_a_cold_deployment_takes_a_gpu_from_one_above_its_min_and_no_furth
         try:
 
             async def no_room() -> bool:  # the decider's last word on it (no new version:
-                # the count stays what it was)
+                # the count stays what it was), once every member holds it: b is read next,
+                # and a decider found first (a) once answered before b had it
                 for node in trio:
                     if not any(d["name"] == "later" for d in await node.get("/v1/deployments")):
                         return False  # not here yet
+                for node in trio:
                     scaling = (await node.get("/v1/deployments/later/explain")).get("scaling")
                     if scaling and scaling["decidesHere"] and scaling["lastDecision"]:
                         return bool(scaling["lastDecision"]["reason"] == "no room")
