@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Final, TypeAlias
+from urllib.parse import unquote_to_bytes
 
 import httptools
 from aiohttp import web
@@ -125,18 +126,15 @@ class LeanRequest:
     def __init__(
         self,
         method: str,
-        target: bytes,
+        target: tuple[str, str],  # the path and the query (`_target_of`)
         headers: CIMultiDictProxy[str],
         body: bytes,
         transport: asyncio.Transport | None,
         keep_alive: bool,
         version: str,
     ) -> None:
-        url = httptools.parse_url(target) if target[:1] != b"/" or b"?" in target else None
-        raw_path = url.path if url is not None and url.path is not None else target
         self.method = method
-        self.path = _unquote(raw_path)
-        self.query_string = url.query.decode("latin-1") if url and url.query else ""
+        self.path, self.query_string = target
         self.headers = headers
         self.body = body
         self.transport = transport
@@ -218,12 +216,14 @@ def _date() -> bytes:
     return value
 
 
-def _unquote(raw: bytes) -> str:
-    if b"%" not in raw:
-        return raw.decode("utf-8", "replace")
-    from urllib.parse import unquote_to_bytes
-
-    return unquote_to_bytes(raw).decode("utf-8", "replace")
+def _target_of(target: bytes) -> tuple[str, str]:
+    """A request target's path (percent-decoded) and query, as aiohttp's request gives them;
+    an absolute-form target (`http://host/path`) is parsed for its path too."""
+    url = httptools.parse_url(target) if target[:1] != b"/" or b"?" in target else None
+    raw = url.path if url is not None and url.path is not None else target
+    query = url.query.decode("latin-1") if url is not None and url.query else ""
+    path = unquote_to_bytes(raw) if b"%" in raw else raw
+    return path.decode("utf-8", "replace"), query
 
 
 class LeanConnection(asyncio.Protocol):
@@ -252,6 +252,7 @@ class LeanConnection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._target = bytearray()
+        self._where = ("/", "")  # the target's path and query, once its headers are in
         self._fields: list[tuple[str, str]] = []
         self._head = 0
         self._body: list[bytes] = []
@@ -356,8 +357,11 @@ class LeanConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._busy = True
         method = self._parser.get_method().decode("latin-1")
-        path = _unquote(bytes(self._target).split(b"?", 1)[0])
-        self._limit = self.app.body_limit(method, path)
+        try:
+            self._where = _target_of(bytes(self._target))
+        except httptools.HttpParserInvalidURLError:
+            raise _Refused(400, "the request target is not a URL") from None
+        self._limit = self.app.body_limit(method, self._where[0])
         declared = next((v for k, v in self._fields if k.lower() == "content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self._limit:
             raise _Refused(413, f"the body is over {self._limit} bytes")
@@ -378,7 +382,7 @@ class LeanConnection(asyncio.Protocol):
         version = self._parser.get_http_version()
         request = LeanRequest(
             self._parser.get_method().decode("latin-1"),
-            bytes(self._target),
+            self._where,
             CIMultiDictProxy(CIMultiDict(self._fields)),
             b"".join(self._body) if len(self._body) != 1 else self._body[0],
             self.transport,
@@ -520,7 +524,7 @@ class LeanConnection(asyncio.Protocol):
             self._ahead.clear()
             return  # `_next` closes once it has
         answer = self.app.refusal(status, message)
-        request = LeanRequest("GET", b"/", CIMultiDictProxy(CIMultiDict()), b"", transport,
+        request = LeanRequest("GET", ("/", ""), CIMultiDictProxy(CIMultiDict()), b"", transport,
                               False, "1.1")  # fmt: skip
         request[_CONNECTION] = self
         with contextlib.suppress(ConnectionError):

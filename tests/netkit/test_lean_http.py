@@ -268,3 +268,15 @@ async def test_a_streamed_answer_is_chunked() -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"Transfer-Encoding: chunked" in head
     assert body == b"".join(b"9\r\ndata: %d\n\n\r\n" % i for i in range(3)) + b"0\r\n\r\n"
+
+
+async def test_an_absolute_form_target_is_read_for_its_path_and_bounded_by_it() -> None:
+    app = App()
+    async with serving(app) as server:
+        absolute = post("/ok", b"hi", "Connection: close").replace(
+            b"POST /ok", b"POST http://x/o%6B?q=1"
+        )
+        assert (await exchange(server.port, absolute)).startswith(b"HTTP/1.1 200")
+        bad = b"POST http://[::1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        assert (await exchange(server.port, bad)).startswith(b"HTTP/1.1 400")
+    assert app.seen == ["/ok"]
