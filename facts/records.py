@@ -213,6 +213,9 @@ class Membership:
     unreachable_after_s: float = 6.0
     _known: dict[str, _Known] = field(default_factory=dict)
     _removed: dict[str, Kept[Removal]] = field(default_factory=dict)
+    # Counts every change to the records held (one taken, one removed): what is derived from
+    # them per request (the members placement sees) is derived again only when it moved.
+    version: int = 0
 
     def offer(self, record: NodeRecord, now: float, raw: bytes | None = None) -> bool:
         """Take a record if it is newer than ours and not tombstoned; returns if taken.
@@ -225,6 +228,7 @@ class Membership:
             return False
         kept = Kept.made(record) if raw is None else Kept(record, raw)
         self._known[record.nodeId] = _Known(record, kept.raw, now)
+        self.version += 1
         return True
 
     def heard_from(self, node_id: str, now: float) -> None:
@@ -239,6 +243,7 @@ class Membership:
             return False
         self._removed[removal.nodeId] = Kept.made(removal) if raw is None else Kept(removal, raw)
         self._known.pop(removal.nodeId, None)
+        self.version += 1
         return True
 
     def is_removed(self, node_id: str) -> bool:

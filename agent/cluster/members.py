@@ -113,6 +113,9 @@ class Members:
         # What each member speaks, as it signed it (this node's own included): the wire
         # version the cluster speaks and who is too far apart to work with follow from it.
         self._speaks: dict[str, Kept[wire.Speaks]] = {}
+        self._speaks_version = 0  # counts changes to `_speaks`, as `Membership.version` does
+        # `working_records()` as last derived, and the versions it was derived at.
+        self._working: tuple[tuple[int, int], list[NodeRecord]] | None = None
         self.refused_pushes: dict[str, str] = {}  # member -> why its last push was refused
         self.refused_by: dict[str, str] = {}  # member -> why it refused our last push
         self.mine = wire.Range(wire.RELEASE, wire.WIRE_MIN, wire.WIRE_MAX)
@@ -212,8 +215,16 @@ class Members:
 
     def working_records(self) -> list[NodeRecord]:
         """The records of the members this node works with: what placement and routing
-        see (a member too far apart is shown, never used)."""
-        return [r for r in self.membership.records() if self.works_with(r.nodeId)]
+        see (a member too far apart is shown, never used).
+
+        Every request placed asks for them, so they are derived again only when a record or
+        a wire statement changed, and the list is shared: callers do not change it."""
+        versions = (self.membership.version, self._speaks_version)
+        working = self._working
+        if working is None or working[0] != versions:
+            records = [r for r in self.membership.records() if self.works_with(r.nodeId)]
+            working = self._working = (versions, records)
+        return working[1]
 
     def is_member(self, node_id: str) -> bool:
         """Whether `node_id` is pinned here (this node always is)."""
@@ -410,6 +421,7 @@ class Members:
             held = self._speaks.get(kept.fact.nodeId)
             if held is None or kept.fact.at > held.fact.at:
                 self._speaks[kept.fact.nodeId] = kept
+                self._speaks_version += 1
                 log.info("%s speaks %s", kept.fact.nodeId, wire.describe(wire.of(kept.fact)))
 
     def _workable(self, offered: Iterable[Kept[S]], refused: list[str]) -> list[Kept[S]]:

@@ -50,16 +50,15 @@ class SchedulingView:
         self._reachable = reachable
         self._remote_load = remote_load
         self._clock = clock
-        self._cache: tuple[tuple[tuple[str, int], ...], float, Cluster] | None = None
+        self._cache: tuple[list[NodeRecord], float, Cluster] | None = None
 
     def current(self) -> tuple[Cluster, Load]:
         """The compiled cluster and a fresh copy of the pending work per node."""
         now = self._clock()
         records = self._records()
-        key = tuple((r.nodeId, r.generation) for r in records)
         cached = self._cache
-        if cached is None or cached[0] != key or now - cached[1] > TTL_S:
-            cached = self._cache = (key, now, self._compile(records, now))
+        if cached is None or now - cached[1] > TTL_S or _moved(cached[0], records):
+            cached = self._cache = (records, now, self._compile(records, now))
         cluster = cached[2]
         return cluster, Load.of(cluster, self._remote_load())
 
@@ -128,15 +127,14 @@ class ReplicaViews:
         self._reachable = reachable
         self._deployment_of = deployment_of
         self._clock = clock
-        self._cache: tuple[tuple[tuple[str, int], ...], float, list[ReplicaView]] | None = None
+        self._cache: tuple[list[NodeRecord], float, list[ReplicaView]] | None = None
 
     def current(self) -> list[ReplicaView]:
         """The views (shared: callers do not change them)."""
         now = self._clock()
         records = self._records()
-        key = tuple((r.nodeId, r.generation) for r in records)
         cached = self._cache
-        if cached is None or cached[0] != key or now - cached[1] > REPLICA_TTL_S:
+        if cached is None or now - cached[1] > REPLICA_TTL_S or _moved(cached[0], records):
             views = replica_views(
                 records,
                 self_id=self._self_id,
@@ -144,5 +142,17 @@ class ReplicaViews:
                 deployment_of=self._deployment_of,
                 now_ms=int(time.time() * 1000),
             )
-            cached = self._cache = (key, now, views)
+            cached = self._cache = (records, now, views)
         return cached[2]
+
+
+def _moved(held: list[NodeRecord], records: list[NodeRecord]) -> bool:
+    # Whether the records differ from those a view was built from: not when they are the
+    # same list (`Members.working_records` hands out one until something changes), nor when
+    # every member's generation is the same.
+    if held is records:
+        return False
+    return len(held) != len(records) or any(
+        a.nodeId != b.nodeId or a.generation != b.generation
+        for a, b in zip(held, records, strict=True)
+    )

@@ -1,7 +1,8 @@
 """`broker.event_hold`: a job's events held a moment, the latest going out alone.
 
 Against a real loop's timers: a job that ends within the hold is one event with its final
-record; one that lives longer is announced in each state it is in when a hold ends; a newer
+record, whenever it started; one that lives longer is announced in each state it is in when
+a hold ends; a newer
 record is never replaced by an older one; nothing waits past the bound of jobs held.
 """
 
@@ -57,6 +58,23 @@ async def test_a_longer_job_is_announced_in_each_state_a_hold_ends_in() -> None:
     await eventually(lambda: len(sent) == 3, "the final record")
     assert [m for m, _ in sent] == ["workload:submitted", "workload:started", "workload:completed"]
     assert hold.replaced == 0
+
+
+async def test_a_job_that_starts_as_another_ones_hold_ends_keeps_its_own_hold() -> None:
+    # Each job's hold runs from its own first event: a job that starts late in another's hold
+    # is not sent with it (then cut in two: queued now, completed later) but ends in one event.
+    hold, sent = sent_by(0.5)
+    hold.put("workload:submitted", workload("1", 1))
+    await asyncio.sleep(0.3)  # time passing, not a wait for an event: job 2 starts late
+    hold.put("workload:submitted", workload("2", 1))
+    await eventually(lambda: bool(sent), "job 1's hold ends")
+    assert [r.id for _, r in sent] == ["1"]  # job 2's hold has not ended with it
+    hold.put("workload:completed", workload("2", 3, **COMPLETED))
+    await eventually(lambda: len(sent) == 2, "job 2's hold ends")  # the control: it arrives
+    assert [(m, r.id, r.seq) for m, r in sent] == [
+        ("workload:submitted", "1", 1),
+        ("workload:completed", "2", 3),
+    ]
 
 
 async def test_an_older_record_never_replaces_a_newer_one() -> None:

@@ -1,4 +1,5 @@
-"""Membership: newer generations win, tombstones win, reachability needs fresh news."""
+"""Membership: newer generations win, tombstones win, reachability needs fresh news, and
+the version moves with every change to the records held."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def test_tombstone_wins_over_any_generation() -> None:
     assert not members.offer(rec("c", 10**12), now=1)
     assert [r.nodeId for r in members.removals()] == ["c"]
     assert members.peers() == []
+
+
+def test_the_version_moves_with_every_record_taken_or_removed_and_only_then() -> None:
+    # What placement derives from the records per request is derived again only when this
+    # moves (agent.cluster.members.working_records): a change it missed would go unseen.
+    members = Membership("me")
+    seen = members.version
+    assert members.offer(rec("b", 2), now=0)
+    assert members.version > seen
+    seen = members.version
+    members.offer(rec("b", 2), now=1)  # the same record, relayed again
+    members.offer(rec("b", 1), now=1)  # an older one
+    members.heard_from("b", now=2)  # reachability is not a record
+    assert members.version == seen
+    assert members.offer(rec("b", 3), now=3)
+    assert members.version > seen
+    seen = members.version
+    assert members.remove(Removal(nodeId="b", removedAt=1))
+    assert members.version > seen
+    seen = members.version
+    assert not members.remove(Removal(nodeId="b", removedAt=2))
+    assert members.version == seen
