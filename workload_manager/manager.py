@@ -316,10 +316,19 @@ class Manager:
         """Relay a batch of lifecycle notifications; `False` leaves it to the dispatcher."""
         if not frames or not all(map(_is_lifecycle_notification, frames)):
             return False
+        # receive() and carry_out() inlined, as for one frame: a batch is what members send.
         now = self.clock()
-        receive = self.relay.receive
+        take = self.relay.take
+        to_broker = self.send_to_broker
+        to_peers = self.send_to_peers
         for frame in frames:
-            self.carry_out(receive(frame.params.workloadInfo, now, sender))
+            workload = frame.params.workloadInfo
+            if take(workload, now, sender) is None:
+                if sender is None:
+                    to_peers(workload, ())
+                else:
+                    to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
+                    to_peers(workload, (sender, workload.originatedFrom))
         return True
 
     # -- methods --------------------------------------------------------------------------
