@@ -3,16 +3,20 @@
 Subject: peer frames through the manager's inter-node entry point -- JSON-RPC decode, typed
 workload decode and validation, dedup, and the encoded `workloads:upsert` for the broker.
 Baseline: bare msgspec decode + encode of the same frames (schema-less pass-through), in
-the same run, interleaved. Then the memory of the dedup state after 1,000,000 events over
-10,000 live workloads, measured with tracemalloc.
+the same run, interleaved. `ratio:` is for single frames (seed 002's notification, one per
+payload). Members send each other batches (the broadcaster's JSON-RPC arrays, up to 1,024
+events), so the same is measured first for payloads of `--batch` frames, the baseline
+decoding the array and encoding each frame. Then the memory of the dedup state after
+1,000,000 events over 10,000 live workloads, measured with tracemalloc.
 
-    python bench/relay_core.py [--frames 100000] [--rounds 7]
+    python bench/relay_core.py [--frames 100000] [--rounds 7] [--batch 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -77,6 +81,28 @@ def run_baseline(data: list[bytes]) -> float:
     return len(data) / elapsed
 
 
+def run_subject_batches(data: list[bytes], frames: int) -> float:
+    sink: list[bytes] = []
+    manager = Manager(version="bench", port=1, send_to_broker=sink.append)
+    start = time.perf_counter()
+    handle = manager.handle_remote
+    for payload in data:
+        handle(payload, "nod_peer")
+    elapsed = time.perf_counter() - start
+    assert len(sink) == frames, (len(sink), frames)
+    return frames / elapsed
+
+
+def run_baseline_batches(data: list[bytes], frames: int) -> float:
+    decode, encode = msgspec.json.decode, msgspec.json.encode
+    sink: list[bytes] = []
+    start = time.perf_counter()
+    for payload in data:
+        sink.extend(encode(item) for item in decode(payload))
+    elapsed = time.perf_counter() - start
+    return frames / elapsed
+
+
 def dedup_memory(events: int, workloads: int) -> tuple[int, int]:
     """Bytes held by the relay state after `events` events over `workloads` workloads."""
     gc.collect()
@@ -102,10 +128,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--workloads", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=64, help="frames per batched payload")
     args = parser.parse_args()
 
     data = list(frames(args.frames, workloads=args.frames // 5))
     print(f"frames: {len(data):,}, mean size {sum(map(len, data)) / len(data):.0f} B")
+    size = args.batch
+    batches = [b"[" + b",".join(data[i : i + size]) + b"]" for i in range(0, len(data), size)]
+    base: list[float] = []
+    subject: list[float] = []
+    for i in range(args.rounds):
+        pair = [
+            (base, lambda: run_baseline_batches(batches, len(data))),
+            (subject, lambda: run_subject_batches(batches, len(data))),
+        ]
+        for rates, run in pair if i % 2 == 0 else pair[::-1]:
+            rates.append(run())
+    ratios = [s / b for b, s in zip(base, subject, strict=True)]
+    print(
+        f"relay core, batches of {size} (as members send them): baseline median "
+        f"{statistics.median(base):,.0f} events/s, subject {statistics.median(subject):,.0f}; "
+        f"per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, "
+        f"median {statistics.median(ratios):.2f}"
+    )
     interleave(
         lambda: run_baseline(data),
         lambda: run_subject(data),
