@@ -130,14 +130,30 @@ async def test_a_burst_reaches_max_and_no_further_then_quiet_returns_to_min_and_
     trio: list[Node],
 ) -> None:
     a, b, _ = trio
+    # A burst lasts 12 s on one replica (30 requests of 400 ms, one at a time), time for the
+    # decider's 3 s of waiting samples on a slow machine. The second replica is then kept
+    # at least 15 s after it was asked for: with a quiet period of 2 s, a burst that ended
+    # while it started could have it asked away before every member saw it ready.
     body = {
         "name": "bursty", "engine": "mock", "source": "bursty", "gpus": 0, "maxInFlight": 1,
-        "args": ["--latency-ms", "300"], "minReplicas": 1, "maxReplicas": 2,
-        "scaleDownAfterS": 2, "idleToZeroS": 600,
+        "args": ["--latency-ms", "400"], "minReplicas": 1, "maxReplicas": 2,
+        "scaleDownAfterS": 15, "idleToZeroS": 600,
     }  # fmt: skip
     status, made = await post(a, "/v1/deployments", body)
     assert status == 201, made
     await eventually(lambda: ready_everywhere(trio, "bursty", 1), "one replica", within_s=60)
+
+    async def limited_everywhere() -> bool:
+        # A member sees a replica in its holder's record before it may hold the deployment,
+        # and until then knows no `maxInFlight` for it: a burst sent then runs all at once,
+        # nothing waits, and nothing is scaled (seen in one run of three).
+        for node in trio:
+            held = [d for d in await node.get("/v1/deployments") if d["name"] == "bursty"]
+            if not held or held[0]["maxInFlight"] != 1:
+                return False
+        return True
+
+    await eventually(limited_everywhere, "every member holds the deployment and its limit")
     seen: list[int] = []
 
     async def burst() -> list[int]:
@@ -170,7 +186,8 @@ async def test_a_burst_reaches_max_and_no_further_then_quiet_returns_to_min_and_
 
     await eventually(back_to_min, "quiet brings it back to its min", within_s=60)
     # To zero once idle: the same deployment with min 0 and a short idle period.
-    status, made = await post(a, "/v1/deployments", body | {"minReplicas": 0, "idleToZeroS": 3})
+    quick = {"minReplicas": 0, "idleToZeroS": 3, "scaleDownAfterS": 2}
+    status, made = await post(a, "/v1/deployments", body | quick)
     assert status == 201, made
 
     async def at_zero() -> bool:
