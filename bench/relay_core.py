@@ -19,7 +19,7 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 from _interleave import interleave
@@ -138,7 +138,7 @@ def main() -> None:
     base: list[float] = []
     subject: list[float] = []
     for i in range(args.rounds):
-        pair = [
+        pair: list[tuple[list[float], Callable[[], float]]] = [
             (base, lambda: run_baseline_batches(batches, len(data))),
             (subject, lambda: run_subject_batches(batches, len(data))),
         ]
