@@ -54,14 +54,15 @@ from workload_manager.workload import (
     Workload,
 )
 
-__all__ = ["RELAY_MODES", "Broadcaster", "encode_events", "ring_successor"]
+__all__ = ["RELAY_MODES", "Broadcaster", "encode_events", "linger_left", "ring_successor"]
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S: Final = 0.5  # how often a sender that may not send looks again
 VIEW_WAIT_S: Final = 5.0  # how long senders wait for the broker's snapshot before syncing
-# A batch follows the previous one by at least this much unless it is full: an event after a
-# quiet spell goes out at once, and under load a peer gets a request per LINGER_S with every
+# A batch follows the previous one by at least this much unless it, or the previous one, is
+# full (`linger_left`): an event after a quiet spell goes out at once, a burst back to back,
+# and under a steady load a peer gets a request per LINGER_S with every
 # event of that time in it (a job's submitted/started/completed often coalesced into one)
 # instead of one request per event or two -- a TLS write and a wake-up each, on both sides.
 LINGER_S: Final = 0.025
@@ -89,6 +90,18 @@ def encode_events(events: list[Event], *, sync: bool = False) -> bytes:
     if sync:
         calls.append(request("workloads:sync", UNSET, _SYNC_ID))
     return encode_batch(calls)
+
+
+def linger_left(
+    now: float, last_at: float, last_full: bool, depth: int, max_batch: int, linger_s: float
+) -> float:
+    """How long a sender waits before its next batch (`LINGER_S`): not at all when a full
+    batch waits, or when the last batch was full -- a burst's tail goes at once, as its full
+    batches did; else what is left of `linger_s` since the last batch, so a trickle goes out
+    a request per `linger_s`, not one per event."""
+    if depth >= max_batch or last_full:
+        return 0.0
+    return max(0.0, last_at + linger_s - now)
 
 
 def ring_successor(
@@ -285,6 +298,7 @@ class _Sender:
         self.heard = 0  # payloads received from this peer (its batches, its catch-up)
         self.task: asyncio.Task[None]
         self._last_batch_at = -LINGER_S
+        self._last_full = False  # the last batch was a full one: a burst is going out
 
     async def supervised(self, name: str) -> None:
         """`run()`, reported when it dies. Its coroutine is made only once this task starts,
@@ -323,8 +337,12 @@ class _Sender:
             sync = self.needs_sync
             if sync:
                 self.queue_view()
-            elif self.outbox.depth < self.outbox.max_batch:
-                linger = self._last_batch_at + self.owner.linger_s - now
+            else:
+                outbox = self.outbox
+                linger = linger_left(
+                    now, self._last_batch_at, self._last_full, outbox.depth, outbox.max_batch,
+                    self.owner.linger_s,
+                )  # fmt: skip
                 if linger > 0:
                     await asyncio.sleep(linger)
                     continue  # from the top: the peer may have been unpinned meanwhile
@@ -334,6 +352,7 @@ class _Sender:
                 await self._sleep(None)
                 continue
             self._last_batch_at = now
+            self._last_full = batch is not None and len(batch) >= self.outbox.max_batch
             await self._send(batch or [], sync=sync)
 
     def _may_send(self) -> bool:

@@ -1,11 +1,14 @@
-"""The broadcaster's reactions to the manager's news, in one process (no peer answers)."""
+"""The broadcaster's reactions to the manager's news, in one process (no peer answers), and
+when a sender waits before its next batch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from certs import ClusterDir
-from workload_manager.broadcaster import Broadcaster
+from workload_manager.broadcaster import Broadcaster, linger_left
 from workload_manager.manager import Peer
 from workload_manager.relay import RelayCore
 
@@ -37,3 +40,14 @@ async def test_hearing_from_a_peer_ends_its_backoff(tmp_path: Path) -> None:
         assert sender.outbox.retry_at() == 0.0
         assert sender.outbox.failures == 0
         broadcaster.peer_heard("nod_unknown")  # no sender: nothing to do, nothing raised
+
+
+def test_a_bursts_tail_goes_at_once_and_a_trickle_waits_for_the_linger() -> None:
+    linger, batch = 0.025, 1024
+    # A full batch waits: it goes at once.
+    assert linger_left(1.0, 1.0, False, batch, batch, linger) == 0.0
+    # The tail of a burst (the last batch was full): at once, not a linger after it.
+    assert linger_left(1.001, 1.0, True, 10, batch, linger) == 0.0
+    # The control, a trickle (the last batch was not full): what is left of the linger.
+    assert linger_left(1.01, 1.0, False, 10, batch, linger) == pytest.approx(0.015)
+    assert linger_left(1.03, 1.0, False, 10, batch, linger) == 0.0  # its time is up
