@@ -76,6 +76,11 @@ class ReplicaView:
     reachable: bool = True
     cordoned: bool = False
     max_in_flight: int = 0  # requests it takes at once (its deployment's maxInFlight); 0: any
+    # Whether its deployment, and so its limit, is known here: a member may hold the record
+    # that lists a replica a push before the deployment. Until then the replica is counted
+    # at its limit -- requests wait in line (the head looks again every second) -- rather
+    # than sent to it with no limit at all.
+    limit_known: bool = True
 
     def __post_init__(self) -> None:
         if not self.capacity > 0:
@@ -188,7 +193,9 @@ def rank_replicas(
             age = replica.load_age_ms
             then = pending_then(replica.replica_id, age) if pending_then and age else None
             on_it = requests[replica.replica_id] = in_use(replica, ours, then, stale_ms)
-            if replica.max_in_flight and on_it >= replica.max_in_flight:
+            if not replica.limit_known or (
+                replica.max_in_flight and on_it >= replica.max_in_flight
+            ):
                 reason = Refusal.QUEUE_FULL
         if reason is None:
             eligible.append(replica)

@@ -97,6 +97,7 @@ def replica_views(
                     r.deployment,
                     kind=deployment.engine if deployment else "unknown",
                     max_in_flight=deployment.maxInFlight if deployment else 0,
+                    limit_known=deployment is not None,
                     state=r.state,
                     load=load,
                     load_age_ms=max(0, now_ms - r.loadAt) if r.loadAt else None,
