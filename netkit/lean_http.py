@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias
 from urllib.parse import unquote_to_bytes
 
 import httptools
@@ -274,7 +274,7 @@ class LeanConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=HIGH_WATER)
         self._arm(self.app.idle_s, "sent no request")

@@ -60,7 +60,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -478,7 +478,7 @@ class _Bounded(asyncio.Protocol):
         return transport is not None and (transport.is_closing() or _waiting(self.handler))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # a stream server's (uvloop's too)
+        assert isinstance(transport, asyncio.Transport)  # a stream server's
         peer = transport.get_extra_info("peername")
         self.source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.admitted = self.book.admit(self, self._tls is not None)
