@@ -106,6 +106,8 @@ class Agent:
         self.cluster = ClusterDir(config.cluster_dir)
         self.started_at = time.time()
         self.health = Health()
+        self._up = False  # /healthz is 503 "starting" until every part is started
+        self.health.watch("start", lambda: None if self._up else "starting")
         self._stack = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
@@ -222,7 +224,6 @@ class Agent:
             bind, members, engines, control, deployments, api_keys, client, usage, load, waits
         )
         facade.anchor_key = anchor_key(identity.ca.public_bytes(Encoding.DER))
-        self.facade = facade
         loads_moved.follow(facade.waits.poke)
         heartbeat.on_renewed = facade.waits.poke  # a replica here ready: waiting ones look
         scaler = Scaler(
@@ -403,6 +404,7 @@ class Agent:
         local_api.registry.register(ArtifactMetrics(fetches.counters, fetches.running))
         local_api.registry.register(TraceMetrics(traces))
         self._write_state(local_api.url)
+        self._up = True  # the engines probed, the manager up: requests are placed from here
         log.info("node %s (%s) up; local API %s", node_id, config.name, local_api.url)
 
     # -- the builders: each returns its area's parts, built from parts that exist --------------
@@ -457,16 +459,15 @@ class Agent:
     def _engine_parts(
         self, deployments: Deployments, here: NodeState, nudge: Nudge, weights: Weights, client: Any
     ) -> tuple[Engines, ReplicaControl]:
-        record_changed = nudge
         """The engine registry, and the replica controller over the engine supervisor (with its
-        load scraper, and its tunnels through `client`); a change is in the next record at once."""
+        load scraper, and its tunnels through `client`); a change `nudge`s the next record."""
         config, members = self.config, self.members
         stack, launch = self._stack, config.launch
         auth = self.engine_auth = EngineAuth(config.engine_credentials)  # every engine call
-        engines = Engines(config.engines, on_change=record_changed, auth=auth)
+        engines = Engines(config.engines, on_change=nudge, auth=auth)
         stack.push_async_callback(engines.aclose)
         engines_moved = Nudge("engines-moved")  # a replica's engine: a round soon
-        engines_moved.follow(record_changed)
+        engines_moved.follow(nudge)
         engine_supervisor = EngineSupervisor(
             config.home,
             templates={t.name: t for t in launch.templates},
@@ -485,7 +486,7 @@ class Agent:
             cordoned=lambda: here.cordoned,
             name=config.name,
             auth=auth,
-            on_change=record_changed, weights=weights, dial=client.tunnel,
+            on_change=nudge, weights=weights, dial=client.tunnel,
             trusted_network=launch.trusted_network,
         )  # fmt: skip
         engines_moved.follow(control.engines_changed)
@@ -527,7 +528,7 @@ class Agent:
         )
         usage.metrics.follow(known_to(deployments, view, keys))
         host, self._facade_why = facade_address(config.facade_bind, bind, keys.in_use())
-        facade = Facade(
+        self.facade = facade = Facade(
             node_id=node_id,
             view=view,
             engines=engines,
@@ -570,13 +571,12 @@ class Agent:
         self.supervisor.send_event(method, record)
 
     async def remove_job(self, removal: WorkloadRemoval) -> None:
-        """A local removal: out to the cluster and into our Jobs store, returning once it is
-        committed there (`StoreUnavailable` when it cannot be in time; it is still kept)."""
+        """A local removal: out to the cluster and into our Jobs store, committed there on
+        return (`StoreUnavailable` when it cannot be in time; it is still kept)."""
         self.supervisor.send_removal(removal)
         await self.writer.remove_durable(removal)
 
-    async def _remote_load(self) -> dict[str, int]:
-        # Others' queued and running jobs by node, from the shared Jobs view.
+    async def _remote_load(self) -> dict[str, int]:  # others' placed jobs, by node
         await self.writer.flush()
         return await self.store.running_by_node(exclude_origin=self.node_id)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -271,3 +272,50 @@ async def test_the_record_advertises_other_ports_than_the_listening_ones(
         assert node.facade.port not in (0, 24323)  # it listens where it was told to
     finally:
         await node.aclose()
+
+
+async def test_health_says_starting_until_the_engines_are_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine whose `/v1/models` answers only when let: until then the agent's ports answer
+    # but it does not yet know what the engine serves -- /healthz must not say ok.
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def models(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        asked.set()
+        await answer.wait()
+        return aiohttp.web.json_response({"object": "list", "data": [{"id": "slow-m"}]})
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    monkeypatch.setenv("NVPAIR_BIND", "127.0.0.1")
+    ClusterDir(tmp_path / "cluster").init("lab", "solo", ["127.0.0.1"])
+    config = load_config(tmp_path, {"engines": [f"vllm=http://127.0.0.1:{port}"]} | {
+        "name": "solo", "simulate_gpus": "l4:2", "facade_bind": "127.0.0.1",
+        **{f"{kind}_port": 0 for kind in ("manager", "node", "api", "facade")},
+    })  # fmt: skip
+    node = Agent(config)
+    starting = asyncio.create_task(node.start())
+    try:
+        await asyncio.wait_for(asked.wait(), 30)
+        status, health = await call(node, "GET", "/healthz")
+        assert (status, health["ok"]) == (503, False)
+        assert [f["part"] for f in health["failing"]] == ["start"]
+        answer.set()
+        await starting
+        status, health = await call(node, "GET", "/healthz")  # the control: ok once started
+        assert (status, health["ok"], health["failing"]) == (200, True, [])
+        facade = f"http://127.0.0.1:{node.facade.port}/v1/models"
+        async with aiohttp.ClientSession() as session, session.get(facade) as listed:
+            assert "slow-m" in [m["id"] for m in (await listed.json())["data"]]
+    finally:
+        answer.set()
+        with contextlib.suppress(BaseException):
+            await starting
+        await node.aclose()
+        await runner.cleanup()
