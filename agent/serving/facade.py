@@ -53,10 +53,12 @@ from agent.serving.routing import (
     FAILOVER_STATUSES,
     NO_ANCHOR,
     Anchor,
+    AnchorSource,
     Policy,
     Target,
     choose,
     explain,
+    lazy_anchor,
     served_models,
 )
 from agent.serving.usage import Meter, ask_for_usage
@@ -324,7 +326,7 @@ class Facade:
 
     async def _read(
         self, request: LeanRequest, path: str
-    ) -> tuple[bytes, str, Anchor] | web.Response:
+    ) -> tuple[bytes, str, AnchorSource] | web.Response:
         """The body, the model it names (read as the route says) and what it is routed by;
         or the error the client gets -- OpenAI-shaped: aiohttp's own 413 is plain text."""
         route = ROUTES[path]
@@ -340,13 +342,11 @@ class Facade:
             return openai_error(400, str(exc), "invalid_request_error")
         if not route.prompted or self.policy != "prefix":
             return raw, model, NO_ANCHOR
-        digest, session = anchor_of(
-            body, self.anchor_key, session=request.headers.get(SESSION_HEADER, "")
-        )
-        return raw, model, Anchor(digest, session)
+        session = request.headers.get(SESSION_HEADER, "")
+        return raw, model, lazy_anchor(body, self.anchor_key, session)
 
     async def _wait(
-        self, entered: list[Target] | Ticket, model: str, anchor: Anchor, cold: bool
+        self, entered: list[Target] | Ticket, model: str, anchor: AnchorSource, cold: bool
     ) -> list[Target] | Refusal:
         """The targets once the request's turn comes (at once when it did not wait); a span
         of the trace for the time it waited."""
@@ -359,7 +359,7 @@ class Facade:
                 span.set_attribute("nvpair.wait.refusal", targets.value)
             return targets
 
-    def _place(self, model: str, anchor: Anchor = NO_ANCHOR) -> list[Target] | Refusal:
+    def _place(self, model: str, anchor: AnchorSource = NO_ANCHOR) -> list[Target] | Refusal:
         """Where the request runs (best first, for one failover), or why nowhere."""
         turn = 0
         if self.policy == "round-robin":

@@ -59,6 +59,21 @@ class Anchor:
 
 
 NO_ANCHOR: Final = Anchor()  # a request routed on load alone
+# An anchor, or how to make it: hashing the prompt is left until a replica ranking asks for
+# it (a model served by `--engine`s never does).
+AnchorSource = Anchor | Callable[[], Anchor]
+
+
+def lazy_anchor(body: Mapping[str, Any], key: bytes, session: str) -> Callable[[], Anchor]:
+    """`scheduler.prefix.anchor_of(body, key, session=session)` when first asked, then kept."""
+    made: list[Anchor] = []
+
+    def anchor() -> Anchor:
+        if not made:
+            made.append(Anchor(*prefix.anchor_of(body, key, session=session)))
+        return made[0]
+
+    return anchor
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +132,7 @@ def choose(
     origin: str,
     kind_on: Callable[[str, str], str],
     pending_then: Callable[[str, float], int] | None = None,
-    anchor: Anchor = NO_ANCHOR,
+    anchor: AnchorSource = NO_ANCHOR,
     policy: Policy = "prefix",
     turn: int = 0,
 ) -> list[Target] | Refusal:
@@ -127,6 +142,8 @@ def choose(
         ranking = rank_replicas(model, replicas, pending, pending_then=pending_then)
         if not ranking.ranked:
             return ranking.refusal() or Refusal.REPLICA_NOT_READY
+        if not isinstance(anchor, Anchor):
+            anchor = anchor() if policy == "prefix" else NO_ANCHOR
         kinds = {r.replica_id: r.kind for r in replicas}
         scores = {rid: score for rid, _, score in ranking.ranked}
         return [
