@@ -20,11 +20,10 @@ import contextvars
 import itertools
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Final
 
 from aiohttp import web
-from multidict import CIMultiDictProxy
 from ulid import ULID
 
 from netkit import tracing
@@ -107,10 +106,10 @@ def outgoing() -> dict[str, str]:
     return headers
 
 
-def passed_back(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> dict[str, str]:
-    """The engine's answer headers a client may see (bounded)."""
+def passed_back(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The engine's answer headers (its `(name, value)` items) a client may see (bounded)."""
     out: dict[str, str] = {}
-    for name, value in headers.items():
+    for name, value in headers:
         lowered = name.lower()
         wanted = lowered in _PASSED or lowered.startswith(_PASSED_PREFIXES)
         if wanted and len(value) <= MAX_VALUE and len(out) < MAX_PASSED:

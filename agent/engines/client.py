@@ -211,23 +211,36 @@ class EngineReply:
         self._connection = connection
         self.status = connection.status
         self._headers: CIMultiDictProxy[str] | None = None
+        self._items: list[tuple[str, str]] | None = None
         self.content = _Body(connection)
+
+    def header_items(self) -> list[tuple[str, str]]:
+        """The answer's headers as sent, decoded once: what the facade passes on reads these,
+        without a multidict built per request."""
+        if self._items is None:
+            self._items = [
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in self._connection.raw_headers
+            ]
+        return self._items
+
+    def _header(self, lowered: str) -> str | None:
+        for name, value in self.header_items():
+            if name.lower() == lowered:
+                return value
+        return None
 
     @property
     def headers(self) -> CIMultiDictProxy[str]:
         """The answer's headers (decoded when first asked for)."""
         if self._headers is None:
-            decoded: CIMultiDict[str] = CIMultiDict(
-                (name.decode("latin-1"), value.decode("latin-1"))
-                for name, value in self._connection.raw_headers
-            )
-            self._headers = CIMultiDictProxy(decoded)
+            self._headers = CIMultiDictProxy(CIMultiDict(self.header_items()))
         return self._headers
 
     @property
     def content_type(self) -> str:
         """The media type without parameters, as aiohttp gives it."""
-        raw = self.headers.get("Content-Type")
+        raw = self._header("content-type")
         if raw is None:
             return "application/octet-stream"
         return raw.partition(";")[0].strip().lower()
@@ -235,7 +248,7 @@ class EngineReply:
     @property
     def content_length(self) -> int | None:
         """The declared length of the body, if any."""
-        raw = self.headers.get("Content-Length")
+        raw = self._header("content-length")
         return int(raw) if raw is not None and raw.isdigit() else None
 
     async def read(self) -> bytes:

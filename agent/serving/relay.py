@@ -8,6 +8,7 @@ job (`job_lifecycle`): `Complete`, or `Fail` with that phrase.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import aiohttp
@@ -15,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agent.core.request_identity import passed_back
+from agent.engines.client import EngineReply
 from agent.serving.job_errors import JobError, for_status
 from agent.serving.lifecycle import Complete, Fail, Outcome
 from agent.serving.openai_errors import openai_error
@@ -66,7 +68,7 @@ async def relay(
         return _whole(request, reply, body), Fail(error=for_status(reply.status))
     if _streams(reply):
         headers = {
-            **passed_back(reply.headers),
+            **passed_back(_items(reply)),
             **{h: reply.headers[h] for h in _HOP_HEADERS if h in reply.headers},
         }
         response: web.StreamResponse | LeanStream
@@ -123,10 +125,15 @@ def _streams(reply: aiohttp.ClientResponse) -> bool:
 def _headers_of(reply: aiohttp.ClientResponse) -> dict[str, str]:
     # The engine's Content-Type as it sent it, parameters (charset) and all, and the
     # headers clients use (agent.core.request_identity.passed_back).
-    return {
-        **passed_back(reply.headers),
-        "Content-Type": reply.headers.get("Content-Type", "application/octet-stream"),
-    }
+    items = _items(reply)
+    given = next((v for k, v in items if k.lower() == "content-type"), None)
+    return {**passed_back(items), "Content-Type": given or "application/octet-stream"}
+
+
+def _items(reply: aiohttp.ClientResponse | EngineReply) -> Iterable[tuple[str, str]]:
+    # An engine's answer read by the agent's own client gives its headers as sent; aiohttp's
+    # (a member's answer to a forwarded request) as its multidict.
+    return reply.header_items() if isinstance(reply, EngineReply) else reply.headers.items()
 
 
 def for_exception(exc: BaseException, *, local: bool) -> JobError:

@@ -110,7 +110,7 @@ def test_only_the_answer_headers_clients_read_pass() -> None:
             "Server": "uvicorn",
         }
     )
-    assert passed_back(engine) == {
+    assert passed_back(engine.items()) == {
         "X-Request-Id": "abc",
         "openai-processing-ms": "12",
         "x-ratelimit-remaining-requests": "9",
