@@ -34,7 +34,7 @@ from agent.serving.endpoint_forward import EndpointForward
 from agent.serving.endpoint_routes import EndpointRoutes, endpoint_models, ready_in
 from agent.serving.in_flight import InFlight
 from agent.serving.job_errors import JobError, for_status
-from agent.serving.jobs import JobBook
+from agent.serving.jobs import Job, JobBook
 from agent.serving.key_check import Access, KeyCheck, Requester
 from agent.serving.lifecycle import Cancel, Ending, Fail, Failover, Outcome, Start
 from agent.serving.openai_errors import json_answer, not_allowed, openai_error, refusal
@@ -314,15 +314,20 @@ class Facade:
             # The error is a phrase of the closed vocabulary, never an engine's words.
             jobs.advance(job, ending)
             meter.finish()
-            self._on_usage(job.record, meter)  # before the record: the plane gets both
-            if meter.usage is not None:  # a key's tokens per minute count what engines said
-                used = meter.usage.prompt + meter.usage.completion
-                self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
-            jobs.emit(job)  # workload:completed, or workload:errored
+            # Told once the answer is written (the server writes it as this returns), before
+            # anything the client sends next is read: off the request's own time.
+            asyncio.get_running_loop().call_soon(self._ended, job, meter, requester)
             if tracing.on():  # the error is our phrase, as in the job
                 tracing.note(
                     {"nvpair.job.state": job.record.state.value}, error=job.record.error or None
                 )
+
+    def _ended(self, job: Job, meter: Meter, requester: Requester) -> None:
+        self._on_usage(job.record, meter)  # before the record: the plane gets both
+        if meter.usage is not None:  # a key's tokens per minute count what engines said
+            used = meter.usage.prompt + meter.usage.completion
+            self.keys.record_tokens(requester if isinstance(requester, str) else None, used)
+        self.jobs.emit(job)  # workload:completed, or workload:errored
 
     async def _read(
         self, request: LeanRequest, path: str
