@@ -12,6 +12,11 @@ Rounds on identical stores, paired (A B, B A, ...):
 For the subject, also the bytes per round (both directions) and the CPU time per round
 (`time.process_time()`: the whole process, so both members and SQLite's threads).
 
+Then the same under writes, as on members serving requests: `--writes` new jobs committed
+to both stores between rounds (not measured); the subject's round, against the baseline's
+full comparison after the same writes -- what a round cost when each one read its store
+whole again.
+
 Then 1,000 jobs are made to differ (a quarter newer on each side, a quarter deleted behind
 one store's back, a quarter removed on one side) and rounds run until one moves nothing;
 both stores' contents are then asserted identical.
@@ -222,6 +227,33 @@ async def compare_rounds(
     return base, subject, costs
 
 
+async def rounds_under_writes(
+    a: Member, b: Member, wire: Wire, rounds: int, writes: int, first: int, now_ms: int
+) -> None:
+    """Paired rounds with `writes` new jobs in both stores before each; prints the medians."""
+    base_cpu: list[float] = []
+    costs: list[RoundCost] = []
+    for i in range(rounds):
+        batch = [job(first + i * writes + n, 1, now_ms) for n in range(writes)]
+        for member in (a, b):
+            for record in batch:
+                member.writer.upsert(record)
+            await member.writer.flush()
+        if i % 2 == 0:
+            base_cpu.append((await full_comparison(a, b))[1])
+        moved, cost = await one_round(a, wire)
+        assert moved == 0, f"a round between identical stores moved {moved}"
+        costs.append(cost)
+        if i % 2 == 1:
+            base_cpu.append((await full_comparison(a, b))[1])
+    print(
+        f"under writes ({writes:,} new jobs in both stores between rounds): subject round "
+        f"(median) {statistics.median(c.cpu_s for c in costs) * 1000:,.1f} ms CPU (both "
+        f"members), {statistics.median(c.wall_s for c in costs) * 1000:,.1f} ms wall; "
+        f"baseline (every key read again) {statistics.median(base_cpu) * 1000:,.0f} ms CPU"
+    )
+
+
 async def make_differ(a: Member, b: Member, count: int, jobs: int, now_ms: int) -> None:
     """`count` jobs made to differ: a quarter newer on a, a quarter newer on b, a quarter
     deleted from b's file behind its back, a quarter removed on a."""
@@ -281,7 +313,7 @@ async def repair(a: Member, b: Member, wire: Wire, differ: int) -> None:
         )
 
 
-async def main_async(jobs: int, differ: int, rounds: int) -> None:
+async def main_async(jobs: int, differ: int, rounds: int, writes: int) -> None:
     """Fill both stores, compare rounds, repair, then print the round comparison's ratio."""
     now_ms = int(time.time() * 1000)
     with tempfile.TemporaryDirectory() as tmp:
@@ -292,6 +324,7 @@ async def main_async(jobs: int, differ: int, rounds: int) -> None:
             print(f"filled two stores with {jobs:,} identical jobs in {took:.1f} s")
             base, subject, costs = await compare_rounds(a, b, wire, rounds)
             print_round_costs(base, subject, costs)
+            await rounds_under_writes(a, b, wire, rounds, writes, jobs, now_ms)
             await make_differ(a, b, differ, jobs, now_ms)
             await repair(a, b, wire, differ)
     # rounds/min: `report` prints whole numbers, and a round takes a good part of a second
@@ -325,12 +358,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--differ", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--writes", type=int, default=2_000, help="new jobs between rounds")
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error("at least 5 paired rounds (STYLE.md)")
     if not 4 <= args.differ <= args.jobs // 2:
         parser.error("--differ is between 4 and half of --jobs")
-    asyncio.run(main_async(args.jobs, args.differ, args.rounds))
+    asyncio.run(main_async(args.jobs, args.differ, args.rounds, args.writes))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ Cassandra's Merkle repair do, and exchange only what differs:
    twice changes nothing.
 
 A round where nothing differs costs one digest one way (~90 KB at 100,000 jobs: one entry
-per non-empty bucket) and a short answer; `agent.cluster.repair` reads a store's keys again only
-when it changed (`bench/anti_entropy.py`).
+per non-empty bucket) and a short answer; `agent.cluster.repair` keeps its store's digest as
+the store commits (`broker.digest_book`) rather than reading every key for each round.
 """
 
 from __future__ import annotations

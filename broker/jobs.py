@@ -146,6 +146,9 @@ class JobsStore:
         self._one_transaction = asyncio.Lock()
         # Every committed record's JSON, local and relayed, in commit order (the page's feed).
         self.on_commit: Callable[[list[bytes]], None] = lambda records: None
+        # Every commit: the job rows it upserted, and whether it changed anything else (a
+        # removal, a prune) -- the anti-entropy digest follows it (`broker.digest_book`).
+        self.on_written: Callable[[list[tuple[Any, ...]], bool], None] = lambda rows, other: None
 
     @classmethod
     async def open(cls, path: Path) -> JobsStore:
@@ -219,6 +222,7 @@ class JobsStore:
                 cursor = await self.db.executemany(_UPSERT, relayed_rows)
                 redundant = len(relayed_rows) - cursor.rowcount
         self._removed = gone
+        self.on_written(upsert_rows + relayed_rows, bool(removal_rows))
         self.on_commit([row[10] for row in (*upsert_rows, *relayed_rows)])
         return redundant
 
@@ -386,7 +390,12 @@ class JobsStore:
                 (*_TERMINAL, older_than_ms),
             )
             pruned = cursor.rowcount
-            await self.db.execute("DELETE FROM removed WHERE removed_at < ?", (removed_before,))
+            cursor = await self.db.execute(
+                "DELETE FROM removed WHERE removed_at < ?", (removed_before,)
+            )
+            expired = cursor.rowcount
             async with self.db.execute("SELECT origin, id FROM removed") as rows:
                 self._removed = {(str(o), str(w)) for o, w in await rows.fetchall()}
+        if pruned or expired:
+            self.on_written([], True)
         return pruned

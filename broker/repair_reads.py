@@ -14,10 +14,18 @@ from typing import Final
 import msgspec
 
 from broker.anti_entropy import JobKey
+from broker.digest_book import BookRow
 from broker.jobs import JobsStore
 from workload_manager.workload import Workload, WorkloadState
 
-__all__ = ["compared_keys", "compared_removals", "data_version", "records_for", "runs_of"]
+__all__ = [
+    "book_rows",
+    "compared_keys",
+    "compared_removals",
+    "data_version",
+    "records_for",
+    "runs_of",
+]
 
 _TERMINAL: Final = tuple(s.value for s in WorkloadState if s.is_terminal)
 _decode: Final = msgspec.json.Decoder(Workload).decode
@@ -36,6 +44,18 @@ async def compared_keys(
         (*_TERMINAL, finished_after_ms),
     ) as cursor:
         return [(str(o), str(r), str(i), int(s)) for o, r, i, s in await cursor.fetchall()]
+
+
+async def book_rows(store: JobsStore) -> list[BookRow]:
+    """Every job's `(originatedFrom, runId, id, seq, state, finished)` -- `finished` is when
+    it completed, else when it was created -- for `broker.digest_book.DigestBook.load`."""
+    async with store.db.execute(
+        "SELECT origin, run_id, id, seq, state, coalesce(completed_at, created_at) FROM jobs"
+    ) as cursor:
+        return [
+            (str(o), str(r), str(i), int(s), str(st), int(f))
+            for o, r, i, s, st, f in await cursor.fetchall()
+        ]
 
 
 async def compared_removals(store: JobsStore, *, since: float) -> list[tuple[str, str]]:

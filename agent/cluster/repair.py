@@ -23,7 +23,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -35,16 +35,14 @@ from broker.anti_entropy import (
     Exchange,
     ExchangeAnswer,
     JobKey,
-    bucket_of,
     differing,
-    digest,
-    keys_in,
     plan_repair,
     removal_bucket,
 )
+from broker.digest_book import REBUILD_S, DigestBook
 from broker.errors import BrokerError
 from broker.jobs import JobsStore, JobsWriter
-from broker.repair_reads import compared_keys, compared_removals, data_version, records_for
+from broker.repair_reads import book_rows, compared_removals, data_version, records_for
 from workload_manager.workload import Workload, WorkloadRemoval
 
 __all__ = ["AntiEntropy", "RepairCounters"]
@@ -56,17 +54,12 @@ INTERVAL_S: Final = 5.0
 # (pruning takes them) and removals within an hour of their expiry (a day).
 MARGIN_S: Final = 3600.0
 REMOVAL_KEEP_S: Final = 86_400.0
-# What this store holds is read again only when it changed: a commit of ours (the writer's
-# count), one from another connection (SQLite's data_version), or this long since (pruning
-# and the margins move with time).
-CACHE_S: Final = 60.0
 # A record is handed on only once it has been in this store this long: one that came
 # moments ago is most likely still on its way to the other member through the relay, and
 # repairing it too delivers it there twice (~13,000 times per member in a 5-minute soak).
 SETTLE_S: Final = 3.0
 
 _Event = TypeVar("_Event", Workload, WorkloadRemoval)
-_Local = tuple[list[tuple[str, str, str, int]], list[tuple[str, str]]]
 
 
 @dataclass
@@ -80,6 +73,7 @@ class RepairCounters:
     records_out: int = 0
     own_origin: int = 0  # records and removals a member sent claiming this node's origin
     unproven_own: int = 0  # rows a member holds in this node's name, of a run it never made
+    loads: int = 0  # times the store was read whole for the digest (else moved by commits)
 
 
 class AntiEntropy:
@@ -120,7 +114,12 @@ class AntiEntropy:
         self._clock = clock
         self._sleep = sleep
         self._turn = 0
-        self._cached: tuple[tuple[int, int], float, _Local, Digest] | None = None
+        # The digest of our store, moved by each commit (`broker.digest_book`); read whole
+        # again only when it must be.
+        self._book = DigestBook()
+        store.on_written = self._book.written
+        self._version: int | None = None  # SQLite's data_version when the book was loaded
+        self._reading = asyncio.Lock()
         self.counters = RepairCounters()
 
     async def run(self) -> None:
@@ -138,35 +137,35 @@ class AntiEntropy:
                 self.counters.failed += 1
                 log.debug("anti-entropy with %s failed: %s", peer, exc)
 
-    async def _local(self) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str]], Digest]:
+    async def _local(self) -> tuple[DigestBook, Digest]:
         await self._writer.flush()  # what was handed in is compared too
-        now = self._clock()
-        version = (self._writer.commits, await data_version(self._store))
-        cached = self._cached
-        if cached is not None and cached[0] == version and now - cached[1] < CACHE_S:
-            rows, removed = cached[2]
-            return rows, removed, cached[3]
-        rows = await compared_keys(
-            self._store, finished_after_ms=int((now - self._retention_s + MARGIN_S) * 1000)
-        )
-        removed = await compared_removals(self._store, since=now - REMOVAL_KEEP_S + MARGIN_S)
-        mine = digest(rows, removed)
-        self._cached = (version, now, (rows, removed), mine)
-        return rows, removed, mine
+        async with self._reading:  # one load at a time: a round and a peer's may overlap
+            now = self._clock()
+            version = await data_version(self._store)
+            book = self._book
+            if book.stale or version != self._version or now - book.loaded_at >= REBUILD_S:
+                # Read whole again: at start, after a removal or a prune, when another
+                # connection wrote the file, and every REBUILD_S (the removals' window moves).
+                book.begin_load()
+                self._version = version
+                self.counters.loads += 1
+                rows = await book_rows(self._store)
+                since = now - REMOVAL_KEEP_S + MARGIN_S
+                book.load(rows, await compared_removals(self._store, since=since), now)
+            return book, book.digest(int((now - self._retention_s + MARGIN_S) * 1000))
 
     async def round_with(self, peer: str) -> int:
         """One round as the initiator; returns how many records moved either way."""
-        rows, removed, mine = await self._local()
+        book, mine = await self._local()
         theirs = await self._digest_at(peer, mine)
         self.counters.rounds += 1
         if not theirs.buckets:
             return 0
         buckets = set(theirs.buckets)
         self.counters.differing_buckets += len(buckets)
+        removed = book.removed
         mine_removed = {r for r in removed if removal_bucket(*r) in buckets}
-        plan = plan_repair(
-            keys_in(rows, buckets), mine_removed, theirs, all_my_removed=set(removed)
-        )
+        plan = plan_repair(book.keys_in(buckets), mine_removed, theirs, all_my_removed=set(removed))
         # Neither side's own jobs go to it: it is their only writer -- except a row of its
         # own that its store lost altogether (a disk that dropped its last commits, a row
         # deleted behind its back), which it asks back for itself, never to change one it has,
@@ -175,7 +174,7 @@ class AntiEntropy:
         their_keys = [key for key in plan.give if key[0] != peer]
         give = await records_for(self._store, their_keys, stored_before=self._settled())
         removals = [_removal(pair) for pair in plan.give_removals if pair[0] != peer]
-        want = self._wanted(plan.want, {(o, r, i) for o, r, i, _ in rows if o == own})
+        want = self._wanted(plan.want, book)
         answer = await self._exchange_at(peer, Exchange(records=give, removals=removals, want=want))
         for pair in plan.take_removals:
             if pair[0] != own:
@@ -195,7 +194,7 @@ class AntiEntropy:
             log.info("anti-entropy with %s: %d record(s) and removal(s) repaired", peer, moved)
         return moved
 
-    def _wanted(self, keys: list[JobKey], held: set[JobKey]) -> list[JobKey]:
+    def _wanted(self, keys: list[JobKey], held: Container[JobKey]) -> list[JobKey]:
         # Another node's keys, all; ours only when lost here and of a run of ours.
         own, own_run = self._node_id, self._own_run
         want: list[JobKey] = []
@@ -237,13 +236,14 @@ class AntiEntropy:
 
     async def answer_digest(self, theirs: Digest) -> Differences:
         """The responder's side of step 2: our keys and removals where the digests differ."""
-        rows, removed, mine = await self._local()
+        book, mine = await self._local()
         buckets = differing(mine, theirs)
         wanted = set(buckets)
+        keys = book.keys_in(buckets)
         return Differences(
             buckets=buckets,
-            keys=[row for row in rows if bucket_of(*row[:3]) in wanted][:MAX_KEYS],
-            removed=[r for r in removed if removal_bucket(*r) in wanted][:MAX_KEYS],
+            keys=[(*key, seq) for key, seq in keys.items()][:MAX_KEYS],
+            removed=[r for r in book.removed if removal_bucket(*r) in wanted][:MAX_KEYS],
         )
 
     async def answer_exchange(self, exchange: Exchange) -> ExchangeAnswer:

@@ -223,3 +223,30 @@ async def two_stores(tmp_path: Path) -> AsyncIterator[list[tuple[JobsStore, Jobs
             stack.push_async_callback(store.close)
             pairs.append((store, await stack.enter_async_context(JobsWriter(store))))
         yield pairs
+
+
+async def test_rounds_under_writes_follow_the_commits_and_read_the_store_only_when_they_must(
+    tmp_path: Path,
+) -> None:
+    async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
+        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
+        a.peer, b.peer = b.repair, a.repair
+        for n in range(50):
+            record = workload(str(n), 1, origin="nod_a")
+            wa.upsert(record)
+            wb.upsert(record)
+        assert await a.repair.round_with("nod_b") == 0
+        loads = (a.repair.counters.loads, b.repair.counters.loads)
+        for n in range(50, 80):  # writes between rounds: a's own, b's own, a newer state
+            wa.upsert(workload(str(n), 1, origin="nod_a"))
+            wb.upsert(workload(f"b{n}", 1, origin="nod_b"))
+        wa.upsert(workload("3", 2, origin="nod_a"))
+        assert await a.repair.round_with("nod_b") > 0  # what differs is found and moved
+        assert await a.view() == await b.view()
+        assert await b.repair.round_with("nod_a") == 0
+        assert (a.repair.counters.loads, b.repair.counters.loads) == loads  # neither re-read
+        wa.remove(WorkloadRemoval(workloadId="4", originatedFrom="nod_a"))
+        await wa.flush()
+        assert await a.repair.round_with("nod_b") == 1  # the control: a removal re-reads
+        assert a.repair.counters.loads == loads[0] + 1
+        assert await a.view() == await b.view()
