@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
@@ -117,6 +117,13 @@ ChannelAction = (
 )
 
 
+class _Upsert(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    # Exactly the frame the manager writes for a first-seen remote record, checked in C.
+    jsonrpc: Literal["2.0"]
+    method: Literal["workloads:upsert"]
+    params: LifecycleParams
+
+
 class _ReadyParams(Struct, frozen=True):
     version: Annotated[str, Meta(max_length=64)]
 
@@ -126,6 +133,8 @@ class _SnapshotParams(Struct, frozen=True):
     cursor: Annotated[str, Meta(max_length=4096)] | None = None
 
 
+_UPSERT_HEAD: Final = b'{"jsonrpc":"2.0","method":"workloads:upsert",'
+_upsert_frame: Final = msgspec.json.Decoder(_Upsert)
 _ready_decoder: Final = msgspec.json.Decoder(_ReadyParams)
 _upsert_decoder: Final = msgspec.json.Decoder(LifecycleParams)
 _remove_decoder: Final = msgspec.json.Decoder(WorkloadRemoval)
@@ -151,6 +160,18 @@ class BrokerChannel:
         )
 
     # -- inbound ----------------------------------------------------------------------------
+
+    @staticmethod
+    def upsert_of(payload: bytes) -> Workload | None:
+        """The record of a `workloads:upsert` frame as the manager writes it, decoded in one
+        typed pass (one per relayed event on every member); None for anything else, which
+        `receive()` answers."""
+        if not payload.startswith(_UPSERT_HEAD):
+            return None
+        try:
+            return _upsert_frame.decode(payload).params.workloadInfo
+        except (msgspec.DecodeError, RecursionError):  # malformed, another shape: receive() says
+            return None
 
     def receive(self, payload: bytes | memoryview) -> list[ChannelAction]:
         """What to do about one payload (a frame) from the manager; never raises."""

@@ -357,8 +357,13 @@ class ManagerSupervisor:
         assert proc.stdout is not None
         framer = LineFramer(MAX_FRAME)
         while chunk := await proc.stdout.read(65536):
+            upsert_of = channel.upsert_of
             for frame in framer.feed(chunk):
                 if isinstance(frame, bytes):
+                    record = upsert_of(frame)  # the common frame, taken without a dispatch
+                    if record is not None:
+                        self.writer.upsert(record, relayed=True)
+                        continue
                     for action in channel.receive(frame):
                         await self._carry_out(action, channel)
                 else:

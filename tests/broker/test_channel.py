@@ -32,7 +32,7 @@ from workload_manager.jsonrpc import (
     PARSE_ERROR,
     ErrorObject,
 )
-from workload_manager.manager import Manager, View
+from workload_manager.manager import Manager, View, broker_frame
 from workload_manager.workload import WorkloadRemoval
 
 
@@ -226,3 +226,31 @@ def test_a_frame_the_manager_refused_is_logged_not_dropped_unseen(
     }
     assert channel.receive(json.dumps(refusal).encode()) == []
     assert "the workload manager refused a frame: Invalid Request frame exceeds" in caplog.text
+
+
+def test_the_managers_upsert_frames_are_taken_in_one_pass_and_nothing_else_is() -> None:
+    record = workload("1", 2)
+    sent = broker_frame(record)  # the manager's own encoding
+    assert BrokerChannel.upsert_of(sent) == record
+    assert BrokerChannel().receive(sent) == [StoreUpsert(record)]  # the same by dispatch
+    others = [
+        frame("workloads:upsert", {"workloadInfo": workload_record("1", 2)}),  # spaced: dispatch
+        frame("workloads:remove", {"workloadId": "1", "originatedFrom": "nod_a"}),
+        sent[:-1] + b',"id":1}',  # a request: answered by the dispatcher
+        sent[:40] + b"\xff" + sent[41:],  # the head, then not JSON
+        sent.replace(b'"seq":2', b'"seq":0'),  # out of bounds
+    ]
+    for other in others:
+        assert BrokerChannel.upsert_of(other) is None, other
+    assert BrokerChannel().receive(others[0]) == [StoreUpsert(record)]  # the control
+
+
+@given(
+    st.binary(max_size=300).map(
+        lambda tail: b'{"jsonrpc":"2.0","method":"workloads:upsert",' + tail
+    )
+)
+def test_any_bytes_after_the_upsert_head_are_a_record_or_left_to_receive(payload: bytes) -> None:
+    record = BrokerChannel.upsert_of(payload)
+    if record is not None:
+        assert BrokerChannel().receive(payload) == [StoreUpsert(record)]
