@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 import signal
@@ -191,6 +192,7 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
                 status_extras=peers.manager_status,
             )
             await start_inter_node(manager, cluster, stack)
+        gc.freeze()  # what start-up made lives as long as we do: kept out of every collection
         async with asyncio.TaskGroup() as tasks:
             pruner = tasks.create_task(_prune_forever(manager))
             serving = tasks.create_task(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -104,6 +105,10 @@ async def _serve(config: AgentConfig) -> int:
         return 0
     stopping.cancel()
     starting.result()  # a start-up failure: raised to run_agent (the start cleaned up)
+    # What start-up made lives as long as the agent: out of the collector's way, so a full
+    # collection under load scans what requests made, not every module and part (at 2,000
+    # requests/s its collections took 18 us a request, 3 us after; issue 33).
+    gc.freeze()
     await stop.wait()
     log.info("stopping")
     await agent.aclose()
