@@ -16,6 +16,7 @@ reporting. Both paths apply the same checks; tests hold them to the same answers
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -242,11 +243,20 @@ class Manager:
             return None
         return self.dispatcher.handle(payload)
 
-    def handle_remote(self, payload: bytes | memoryview, sender: str) -> Reply:
+    def handle_remote(
+        self,
+        payload: bytes | memoryview,
+        sender: str,
+        defer: Callable[[Callable[[], None]], object] | None = None,
+    ) -> Reply:
         """Answer one payload from peer `sender` (a pinned member's node id).
 
         The reply says what to send back and how many messages were invalid, which the
-        inter-node server turns into its HTTP status.
+        inter-node server turns into its HTTP status. With `defer` (the server's
+        `loop.call_soon`), a batch of lifecycle notifications, once decoded and checked, is
+        relayed by the callback it is given: the sender has its answer while the batch is
+        relayed, and sends the next one meanwhile (which, on the same connection, is read
+        only after).
         """
         self.on_peer_heard(sender)
         relay = self.relay
@@ -268,7 +278,11 @@ class Manager:
                         self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
                         self.send_to_peers(workload, (sender, workload.originatedFrom))
                     return NOTHING
-            elif isinstance(decoded, list) and self._relay_frames(decoded, sender):
+            elif isinstance(decoded, list) and _all_lifecycle(decoded):
+                if defer is None:
+                    self._relay_frames(decoded, sender)
+                else:
+                    defer(functools.partial(self._relay_frames, decoded, sender))
                 return NOTHING
         self._sender = sender
         try:
@@ -310,12 +324,13 @@ class Manager:
                     self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
                     self.send_to_peers(workload, (sender, workload.originatedFrom))
             return True
-        return self._relay_frames(decoded, sender)  # type: ignore[arg-type]  # not one frame
-
-    def _relay_frames(self, frames: list[_LifecycleFrame], sender: str | None) -> bool:
-        """Relay a batch of lifecycle notifications; `False` leaves it to the dispatcher."""
-        if not frames or not all(map(_is_lifecycle_notification, frames)):
+        if not _all_lifecycle(decoded):  # not one frame: a list, or something else
             return False
+        self._relay_frames(decoded, sender)  # type: ignore[arg-type]
+        return True
+
+    def _relay_frames(self, frames: list[_LifecycleFrame], sender: str | None) -> None:
+        """Relay a batch of lifecycle notifications (`_all_lifecycle`)."""
         # receive() and carry_out() inlined, as for one frame: a batch is what members send.
         now = self.clock()
         take = self.relay.take
@@ -329,7 +344,6 @@ class Manager:
                 else:
                     to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
                     to_peers(workload, (sender, workload.originatedFrom))
-        return True
 
     # -- methods --------------------------------------------------------------------------
 
@@ -390,6 +404,15 @@ class Manager:
             },
             **self.status_extras(),
         }
+
+
+def _all_lifecycle(decoded: object) -> bool:
+    # A non-empty batch (a list the fast decoder made) of lifecycle notifications only.
+    return (
+        isinstance(decoded, list)
+        and bool(decoded)
+        and all(map(_is_lifecycle_notification, decoded))
+    )
 
 
 def _is_lifecycle_notification(frame: _LifecycleFrame) -> bool:

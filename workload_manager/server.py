@@ -14,6 +14,7 @@ is not keeping up: try again after `Retry-After`; nothing was taken).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 from collections.abc import Callable
@@ -99,7 +100,9 @@ class InterNodeServer:
             # keeps them and retries.
             raise web.HTTPServiceUnavailable(text="broker busy\n", headers={"Retry-After": "1"})
         sender = peer_node_id(request)
-        reply = self.manager.handle_remote(body, sender)
+        # A batch is relayed just after this answer is written (`defer`): the sender's next
+        # batch, on this connection, is read only after that.
+        reply = self.manager.handle_remote(body, sender, asyncio.get_running_loop().call_soon)
         if reply.invalid:
             log.warning("peer %s sent %d invalid messages", sender, reply.invalid)
             # Invalid notifications get no JSON-RPC reply (the spec), but the sender must

@@ -129,6 +129,29 @@ def test_handle_remote_delivers_once_and_peers_cannot_call_local_methods() -> No
         assert reply.invalid == 1
 
 
+def test_a_deferred_batch_is_answered_first_and_relayed_by_its_callback() -> None:
+    # The inter-node server passes `loop.call_soon`: the sender has its answer, then the
+    # batch is relayed. A batch that is not all lifecycle notifications is not deferred.
+    to_broker: list[bytes] = []
+    later: list[Callable[[], None]] = []
+    manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
+    frame = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "workload:started",
+            "params": {"workloadInfo": json.loads(remote_record())},
+        }
+    ).encode()
+    reply = manager.handle_remote(b"[" + frame + b"]", "nod_b", later.append)
+    assert (reply.body, reply.invalid, to_broker) == (None, 0, [])
+    assert len(later) == 1
+    later.pop()()
+    assert len(to_broker) == 1  # the control: relayed by the callback
+    bad = frame.replace(b'"state": "running"', b'"state": "queued"')  # not what the method says
+    reply = manager.handle_remote(b"[" + bad + b"]", "nod_b", later.append)
+    assert (later, reply.invalid) == ([], 1)
+
+
 def test_fast_path_methods_are_the_lifecycle_methods() -> None:
     import typing
 
