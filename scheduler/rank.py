@@ -198,10 +198,12 @@ class Load:
     """Pending work per node, in the cluster's order; updated in place."""
 
     cluster: Cluster
-    counts: npt.NDArray[np.float64] = field(init=False)
+    # A list, made into an array only when a ranking is not remembered (`top`): one is made
+    # per request, for a handful of nodes, where numpy's per-call cost is most of the work.
+    counts: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.counts = np.zeros(len(self.cluster), dtype=np.float64)
+        self.counts = [0.0] * len(self.cluster)
 
     @classmethod
     def of(cls, cluster: Cluster, pending: Mapping[str, float]) -> Load:
@@ -215,7 +217,8 @@ class Load:
         """A job was assigned to (+1) or left (-1) a node."""
         i = self.cluster.index.get(node_id)
         if i is not None:
-            self.counts[i] = max(0.0, self.counts[i] + delta)
+            count = self.counts[i] + delta
+            self.counts[i] = count if count > 0.0 else 0.0
 
 
 @dataclass
@@ -300,7 +303,11 @@ def rank(request: Request, cluster: Cluster, load: Load | None = None) -> Rankin
     """Filter and score every node for `request`."""
     count = len(cluster)
     masks, passing, static_scores, per_gpu = _static_part(request, cluster)
-    pending = load.counts if load is not None else np.zeros(count, dtype=np.float64)
+    pending = (
+        np.array(load.counts, dtype=np.float64)
+        if load is not None
+        else np.zeros(count, dtype=np.float64)
+    )
     room = pending < cluster.queue_limit
     scores = static_scores - pending * per_gpu
     return Ranking(cluster, request, [*masks, room], passing & room, scores)
@@ -318,7 +325,7 @@ def top(
     node takes few values (what is in flight), so most requests are a dict lookup. The
     `Ranking` instead when no node can take it (its `refusal()` says why)."""
     key = (request.engine, request.model, request.gpus, request.memory_bytes, request.origin, n,
-           load.counts.tobytes())  # fmt: skip
+           tuple(load.counts))  # fmt: skip
     cached = cluster._tops.get(key)
     if cached is not None:
         return cached
