@@ -37,6 +37,7 @@ REPAIRS: Final = {
     "records_out": "Job records and removals anti-entropy sent to members",
     "own_origin": "Records and removals a member sent claiming this node's origin, dropped",
     "unproven_own": "Rows in this node's name a member holds, not asked back: not of its runs",
+    "loads": "Times the Jobs store was read whole for the anti-entropy digest",
 }
 
 

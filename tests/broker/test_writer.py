@@ -233,14 +233,20 @@ async def test_a_durable_write_the_store_refuses_is_store_unavailable_then_kept(
     store: JobsStore, lock: Lock
 ) -> None:
     async with JobsWriter(store, interval_s=0.01, retry_cap_s=0.1) as writer:
+        # Once the store has refused (SQLite's busy timeout, longer than a second on a busy
+        # machine), a durable write gives up with the reason, not only "nothing written".
+        first = asyncio.create_task(writer.upsert_durable(rec("1", 1), timeout_s=30))
+        await eventually(lambda: not writer.healthy, "the writer reports the store failing")
         with pytest.raises(StoreUnavailable, match="database is locked"):
-            await writer.upsert_durable(rec("1", 1), timeout_s=1.5)
+            await writer.upsert_durable(rec("1", 1), timeout_s=0.3)
+        assert not first.done()  # the control: still waiting, the record kept
         removal = WorkloadRemoval(workloadId="9", originatedFrom="nod_a")
         with pytest.raises(StoreUnavailable, match="database is locked"):
             await writer.remove_durable(removal, timeout_s=0.3)
-        assert len(writer._waiters) == 0  # a caller that gave up leaves no waiter behind
+        assert len(writer._waiters) == 1  # the first, still waiting: those that gave up left none
         lock.release()
         await writer.remove_durable(WorkloadRemoval(workloadId="8", originatedFrom="nod_a"))
+        await first  # committed once the store took writes again
         assert [job.id for job in await store.jobs()] == ["1"]  # kept and retried
 
 

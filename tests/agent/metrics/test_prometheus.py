@@ -215,6 +215,16 @@ async def test_a_burst_right_after_a_deployment_is_ready_shows_whole_in_increase
     code, text = await post(a, "/v1/deployments", {"name": "fresh", "engine": "mock", "gpus": 0})
     assert code == 201, text
     await eventually(lambda: ready_everywhere(scraped.nodes, "fresh", 1), "fresh ready")
+    # b shows fresh's series at 0 from the moment it knows the deployment; Prometheus holds
+    # them once it has scraped b since. A burst before that scrape starts the series at its
+    # end, which no exporter can help: increase() has no earlier sample. Wait for it.
+    series = 'sum(nvpair_requests_total{model="fresh",instance="b"})'
+
+    async def at_zero() -> bool:
+        result = await scraped.query(series)
+        return bool(result) and float(result[0]["value"][1]) == 0.0
+
+    await eventually(at_zero, "Prometheus holds fresh's series on b, at 0", within_s=20)
     burst = 25
     async with _client(b) as client:
         await asyncio.gather(
