@@ -179,17 +179,24 @@ async def test_burst_of_300_ends_the_same_everywhere(
             await response.read()
             refused += response.status == 429  # refused before it became a job
 
+    seen: dict[JobKey, str] = {}
+
     async def hung_up_ones_started() -> bool:
         started: set[JobKey] = set()
         for node in cluster:
             for j in await node.jobs():
-                if j["model"] == "only-c" and j["state"] != "queued" and job_key(j) not in before:
-                    started.add(job_key(j))
+                if j["model"] == "only-c" and job_key(j) not in before:
+                    seen[job_key(j)] = j["state"]
+                    if j["state"] != "queued":
+                        started.add(job_key(j))
         return len(started) >= dropped
 
     hang_ups = [asyncio.create_task(hang_up(n)) for n in range(dropped)]
     # They are placed and running when the burst starts (or already cancelled).
-    await eventually(hung_up_ones_started, f"the {dropped} hang-ups placed on c")
+    try:
+        await eventually(hung_up_ones_started, f"the {dropped} hang-ups placed on c")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; their jobs as the members list them: {seen}") from None
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=60)) as session:
         await asyncio.gather(*(one(n, cluster[n % 3], session) for n in range(300 - dropped)))
     await asyncio.gather(*hang_ups)
