@@ -135,8 +135,7 @@ async def test_rounds_between_two_stores_repair_everything_then_move_nothing(
     tmp_path: Path,
 ) -> None:
     async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
-        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
-        a.peer, b.peer = b.repair, a.repair
+        a, b = paired(sa, wa, sb, wb)
         for n in range(300):
             record = workload(str(n), 1 + n % 3, origin="nod_a" if n % 2 else "nod_b")
             wa.upsert(record)
@@ -174,8 +173,7 @@ async def test_a_node_asks_back_only_the_lost_rows_of_its_own_runs(tmp_path: Pat
     # made (a member planted it: only a node speaks for its own jobs). b's round takes the
     # first back and leaves the second where it is.
     async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
-        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
-        a.peer, b.peer = b.repair, a.repair
+        _, b = paired(sa, wa, sb, wb)
         mine = workload("lost", 2, origin="nod_b")
         wa.upsert(mine)
         wb.upsert(mine)
@@ -212,6 +210,13 @@ async def test_a_record_is_handed_on_only_once_it_has_settled(tmp_path: Path) ->
         assert await a.view() == await b.view()
 
 
+def paired(sa: JobsStore, wa: JobsWriter, sb: JobsStore, wb: JobsWriter) -> tuple[Side, Side]:
+    """Sides a and b of two stores, each the other's peer."""
+    a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
+    a.peer, b.peer = b.repair, a.repair
+    return a, b
+
+
 @contextlib.asynccontextmanager
 async def two_stores(tmp_path: Path) -> AsyncIterator[list[tuple[JobsStore, JobsWriter]]]:
     """Two stores with their writers, closed however the test ends (an open store's thread
@@ -229,8 +234,7 @@ async def test_rounds_under_writes_follow_the_commits_and_read_the_store_only_wh
     tmp_path: Path,
 ) -> None:
     async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
-        a, b = Side(sa, wa, "nod_a"), Side(sb, wb, "nod_b")
-        a.peer, b.peer = b.repair, a.repair
+        a, b = paired(sa, wa, sb, wb)
         for n in range(50):
             record = workload(str(n), 1, origin="nod_a")
             wa.upsert(record)

@@ -37,6 +37,13 @@ def remote_record(**extra: Any) -> bytes:
     ).encode()
 
 
+def started_frame() -> bytes:
+    """`remote_record()` as a peer sends it: a `workload:started` notification."""
+    record = json.loads(remote_record())
+    message = {"jsonrpc": "2.0", "method": "workload:started", "params": {"workloadInfo": record}}
+    return json.dumps(message).encode()
+
+
 def test_remote_event_becomes_one_upsert_without_unknown_fields() -> None:
     to_broker: list[bytes] = []
     to_peers: list[tuple[Event, tuple[str, ...]]] = []
@@ -108,13 +115,7 @@ def test_ready_frame() -> None:
 def test_handle_remote_delivers_once_and_peers_cannot_call_local_methods() -> None:
     to_broker: list[bytes] = []
     manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
-    frame = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "method": "workload:started",
-            "params": {"workloadInfo": json.loads(remote_record())},
-        }
-    ).encode()
+    frame = started_frame()
     batch = b"[" + b",".join([frame, frame]) + b"]"
     assert manager.handle_remote(batch, "nod_b").body is None
     assert manager.handle_remote(frame, "nod_c").body is None
@@ -135,13 +136,7 @@ def test_a_deferred_batch_is_answered_first_and_relayed_by_its_callback() -> Non
     to_broker: list[bytes] = []
     later: list[Callable[[], None]] = []
     manager = Manager(version="1", port=1, send_to_broker=to_broker.append)
-    frame = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "method": "workload:started",
-            "params": {"workloadInfo": json.loads(remote_record())},
-        }
-    ).encode()
+    frame = started_frame()
     reply = manager.handle_remote(b"[" + frame + b"]", "nod_b", later.append)
     assert (reply.body, reply.invalid, to_broker) == (None, 0, [])
     assert len(later) == 1
