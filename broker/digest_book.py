@@ -6,11 +6,11 @@ it again: at 60,000 jobs a member under load spent an eighth of its event loop o
 week's retention at a steady load holds millions. `DigestBook` holds the same per-bucket
 counts and sums, and each job's seq, and moves them by what each commit wrote:
 
-- `written(rows, other)` is the store's commit hook (`JobsStore.on_written`): the rows it
-  upserted are kept as they are (a list extend on the hot path) and applied, in one loop,
-  when a digest is next asked for. A row older than the one held changes nothing, as in the
-  store's own upsert. A commit that did anything else -- a removal, a prune -- and more
-  than `MAX_PENDING` rows waiting make the book stale;
+- `written(rows, other)` is the store's commit hook (`JobsStore.on_written`): what the
+  digest reads of the rows it upserted is kept (one list extend on the hot path) and
+  applied, in one loop, when a digest is next asked for. A row older than the one held
+  changes nothing, as in the store's own upsert. A commit that did anything else -- a
+  removal, a prune -- and more than `MAX_PENDING` rows waiting make the book stale;
 - `load(rows, removed)` builds it from the store (every job, with its state and the time it
   finished): at start, when stale, when another connection wrote the file (SQLite's
   `data_version`), and every `REBUILD_S` at least, which also moves the window of removals
@@ -35,7 +35,7 @@ from workload_manager.workload import WorkloadState
 
 __all__ = ["MAX_PENDING", "REBUILD_S", "BookRow", "DigestBook"]
 
-MAX_PENDING: Final = 100_000  # rows waiting for the next digest; past it, a rebuild
+MAX_PENDING: Final = 100_000  # rows waiting for the next digest (~12 MB); past it, a reload
 REBUILD_S: Final = 600.0
 _MASK: Final = (1 << 63) - 1
 _TERMINAL: Final = frozenset(s.value for s in WorkloadState if s.is_terminal)
@@ -56,7 +56,7 @@ class DigestBook:
         self._sums = [0] * BUCKETS
         self._finished: list[tuple[int, JobKey, int]] = []  # heap: (finished at, key, seq)
         self._aged: dict[JobKey, int] = {}  # left out (finished long ago), with their seq
-        self._pending: list[Sequence[Any]] = []
+        self._pending: list[BookRow] = []
         self._removed: list[tuple[str, str]] = []
         self._removed_digest = Digest()
         self._digest: Digest | None = None  # until the next change
@@ -73,7 +73,10 @@ class DigestBook:
             self.stale = True
             self._pending = []
             return
-        self._pending.extend(rows)
+        # Only what the digest reads (not the record's JSON, which the row holds too).
+        self._pending.extend(
+            (r[0], r[1], r[2], r[3], r[4], r[9] if r[9] is not None else r[8]) for r in rows
+        )
 
     def begin_load(self) -> None:
         """A load starts: what commits from now on is applied after it (some twice, which
@@ -102,9 +105,9 @@ class DigestBook:
     def digest(self, finished_after_ms: int) -> Digest:
         """The digest of the compared jobs and removals (`broker.anti_entropy.digest`)."""
         pending, self._pending = self._pending, []
+        apply = self._apply
         for row in pending:
-            finished = row[9] if row[9] is not None else row[8]
-            self._apply(row[0], row[1], row[2], row[3], row[4], finished)
+            apply(*row)
         self._age(finished_after_ms)
         if self._digest is None:
             counts, sums = self._counts, self._sums
