@@ -149,9 +149,13 @@ class AntiEntropy:
                 book.begin_load()
                 self._version = version
                 self.counters.loads += 1
-                rows = await book_rows(self._store)
-                since = now - REMOVAL_KEEP_S + MARGIN_S
-                book.load(rows, await compared_removals(self._store, since=since), now)
+                try:
+                    rows = await book_rows(self._store)
+                    since = now - REMOVAL_KEEP_S + MARGIN_S
+                    book.load(rows, await compared_removals(self._store, since=since), now)
+                except BaseException:
+                    book.stale = True  # not loaded: the next round reads it again
+                    raise
             return book, book.digest(int((now - self._retention_s + MARGIN_S) * 1000))
 
     async def round_with(self, peer: str) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -253,4 +254,26 @@ async def test_rounds_under_writes_follow_the_commits_and_read_the_store_only_wh
         await wa.flush()
         assert await a.repair.round_with("nod_b") == 1  # the control: a removal re-reads
         assert a.repair.counters.loads == loads[0] + 1
+        assert await a.view() == await b.view()
+
+
+async def test_a_store_read_that_fails_is_read_again_next_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with two_stores(tmp_path) as ((sa, wa), (sb, wb)):
+        a, b = paired(sa, wa, sb, wb)
+        for writer in (wa, wb):
+            writer.upsert(workload("4", 1, origin="nod_a"))
+        assert await a.repair.round_with("nod_b") == 0  # loaded once, nothing differs
+        wa.remove(WorkloadRemoval(workloadId="4", originatedFrom="nod_a"))  # a reload is due
+
+        async def failing(store: JobsStore) -> object:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with monkeypatch.context() as patched:
+            patched.setattr("agent.cluster.repair.book_rows", failing)
+            with pytest.raises(sqlite3.OperationalError):
+                await a.repair.round_with("nod_b")
+        assert await a.repair.round_with("nod_b") == 1  # read again: b gets the removal
+        assert a.repair.counters.loads == 3
         assert await a.view() == await b.view()
