@@ -138,11 +138,14 @@ async def test_chat_and_completions_through_any_member(pair: list[Node]) -> None
             assert answer.choices[0].message.content is not None
             assert answer.usage is not None
             assert answer.usage.completion_tokens >= 1
+            # Greedy, so the random-weight model says the same every run: sampled, its eight
+            # tokens were now and then all pieces of characters, streamed as no text at all.
             chunks = [
                 chunk
                 async for chunk in await api.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": "hello"}],
                     max_tokens=8, stream=True, stream_options={"include_usage": True},
+                    temperature=0, seed=7,
                 )
             ]  # fmt: skip
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
