@@ -45,6 +45,8 @@ __all__ = [
     "bucket_of",
     "differing",
     "digest",
+    "job_hash",
+    "job_leaf",
     "keys_in",
     "plan_repair",
     "removal_bucket",
@@ -64,9 +66,19 @@ _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Seq = Annotated[int, Meta(ge=1)]
 
 
+def job_hash(origin: str, run: str, wid: str) -> int:
+    """The hash of a job's key `(originatedFrom, runId, id)`; its bucket is this `% BUCKETS`."""
+    return zlib.crc32(f"{origin}\0{run}\0{wid}".encode())
+
+
+def job_leaf(hashed: int, seq: int) -> int:
+    """What a job at `seq` adds to its bucket's sum (= crc32 of its key, then "\\0seq")."""
+    return zlib.crc32(f"\0{seq}".encode(), hashed)
+
+
 def bucket_of(origin: str, run: str, wid: str) -> int:
     """The bucket of a job: from its key only, so a new seq never moves it."""
-    return zlib.crc32(f"{origin}\0{run}\0{wid}".encode()) % BUCKETS
+    return job_hash(origin, run, wid) % BUCKETS
 
 
 def removal_bucket(origin: str, wid: str) -> int:
@@ -83,14 +95,13 @@ class Digest(Struct, frozen=True, kw_only=True):
 
 def digest(rows: Iterable[tuple[str, str, str, int]], removed: Iterable[tuple[str, str]]) -> Digest:
     """The digest of a store's live jobs `(origin, runId, id, seq)` and removals."""
-    crc = zlib.crc32
     jobs = _Sums()
     for origin, run, wid, seq in rows:
-        key = crc(f"{origin}\0{run}\0{wid}".encode())
-        jobs.add(key % BUCKETS, crc(f"\0{seq}".encode(), key))  # = crc32(key + "\0seq")
+        key = job_hash(origin, run, wid)
+        jobs.add(key % BUCKETS, job_leaf(key, seq))
     gone = _Sums()
     for origin, wid in removed:
-        key = crc(f"{origin}\0{wid}".encode())
+        key = zlib.crc32(f"{origin}\0{wid}".encode())
         gone.add(key % BUCKETS, key)
     return Digest(jobs=_listed(jobs), removed=_listed(gone))
 

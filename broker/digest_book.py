@@ -26,11 +26,10 @@ holds it to that after random writes, removals and ageing).
 from __future__ import annotations
 
 import heapq
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from broker.anti_entropy import BUCKETS, Digest, JobKey, digest
+from broker.anti_entropy import BUCKETS, Digest, JobKey, digest, job_hash, job_leaf
 from workload_manager.workload import WorkloadState
 
 __all__ = ["MAX_PENDING", "REBUILD_S", "BookRow", "DigestBook"]
@@ -144,7 +143,7 @@ class DigestBook:
                 if aged >= seq:
                     return  # the store keeps its newer row, left out as it is
                 del self._aged[key]
-            hashed = zlib.crc32(f"{origin}\0{run}\0{wid}".encode())
+            hashed = job_hash(origin, run, wid)
             bucket = hashed % BUCKETS
             self._counts[bucket] += 1
             old = 0
@@ -153,7 +152,7 @@ class DigestBook:
             if held_seq >= seq:
                 return
             bucket = hashed % BUCKETS
-        leaf = zlib.crc32(f"\0{seq}".encode(), hashed)
+        leaf = job_leaf(hashed, seq)
         self._sums[bucket] = (self._sums[bucket] - old + leaf) & _MASK
         self._jobs[key] = (hashed, seq, leaf)
         self._in_bucket[bucket][key] = seq
