@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import random
+import sys
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -76,6 +77,7 @@ _SYNC_ID: Final = "sync"
 # kept for comparison in bench/scale.py).
 RELAY_MODES: Final = ("ring", "flood")
 _CANNOT_SEND: Final = frozenset({"retrying", "no identity", "not pinned"})
+_NEVER: Final = sys.maxsize  # a sender's `wake_at` while no enqueue should wake it
 
 
 def encode_events(events: list[Event], *, sync: bool = False) -> bytes:
@@ -215,13 +217,11 @@ class Broadcaster:
         with `NVPAIR_WM_RELAY=flood`, for every peer but those in `exclude`."""
         if exclude and self.relay_mode == "ring":
             target = self.successor(exclude)
-            if target is not None:
-                target.outbox.add(event)
+            if target is not None and target.outbox.add(event) >= target.wake_at:
                 target.wake.set()
             return
         for node_id, sender in self._senders.items():
-            if node_id not in exclude:
-                sender.outbox.add(event)
+            if node_id not in exclude and sender.outbox.add(event) >= sender.wake_at:
                 sender.wake.set()
 
     def successor(self, exclude: tuple[str, ...]) -> _Sender | None:
@@ -299,6 +299,11 @@ class _Sender:
         self.task: asyncio.Task[None]
         self._last_batch_at = -LINGER_S
         self._last_full = False  # the last batch was a full one: a burst is going out
+        # How many events must wait before an enqueue wakes this sender: one while it is
+        # idle, a full batch while it lingers (a burst goes on at once, not a linger later),
+        # never while it sends or may not (it looks again when that ends). An enqueue then
+        # costs a comparison, not an `Event.set()` per event.
+        self.wake_at = _NEVER
 
     async def supervised(self, name: str) -> None:
         """`run()`, reported when it dies. Its coroutine is made only once this task starts,
@@ -344,12 +349,12 @@ class _Sender:
                     self.owner.linger_s,
                 )  # fmt: skip
                 if linger > 0:
-                    await asyncio.sleep(linger)
+                    await self._sleep(linger, wake_at=outbox.max_batch)
                     continue  # from the top: the peer may have been unpinned meanwhile
             batch = self.outbox.next_batch(now)
             if batch is None and not sync:
                 self.state = "idle"
-                await self._sleep(None)
+                await self._sleep(None, wake_at=1)
                 continue
             self._last_batch_at = now
             self._last_full = batch is not None and len(batch) >= self.outbox.max_batch
@@ -366,12 +371,17 @@ class _Sender:
             return False
         return True
 
-    async def _sleep(self, delay: float | None) -> None:
-        # Until `delay` passes or an enqueue wakes us, whichever comes first.
+    async def _sleep(self, delay: float | None, *, wake_at: int = _NEVER) -> None:
+        # Until `delay` passes or `wake` is set, whichever comes first: by an enqueue that
+        # leaves `wake_at` events waiting, or by news (a peer back, moved, a catch-up).
         self.wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await self.wake.wait()
+        self.wake_at = wake_at
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.wake.wait()
+        finally:
+            self.wake_at = _NEVER
 
     async def _send(self, batch: list[Event], *, sync: bool) -> None:
         owner = self.owner

@@ -77,21 +77,22 @@ class Outbox:
         """Consecutive failed batches (0 while the peer is healthy)."""
         return self._failures
 
-    def add(self, event: Event) -> None:
-        """Queue an event, replacing what it supersedes."""
+    def add(self, event: Event) -> int:
+        """Queue an event, replacing what it supersedes; returns how many wait (the batch in
+        flight not counted), so its sender can tell whether a batch is full."""
         if type(event) is Workload:
             key: _Key = ("w", event.runId, event.id)
             if ("r", event.originatedFrom, event.id) in self._pending:
                 self.counters.coalesced += 1  # a removal is pending: the record is moot
-                return
+                return len(self._pending)
             old = self._pending.get(key)
             if old is not None:
                 assert type(old) is Workload
                 self.counters.coalesced += 1
                 if old.seq >= event.seq:
-                    return
+                    return len(self._pending)
                 self._pending[key] = event  # replaced in place: it keeps its turn
-                return
+                return len(self._pending)
         else:
             assert type(event) is WorkloadRemoval
             key = ("r", event.originatedFrom, event.workloadId)
@@ -112,6 +113,7 @@ class Outbox:
         self._pending[key] = event
         if len(self._pending) > self.max_pending:
             self._drop_oldest()
+        return len(self._pending)
 
     def next_batch(self, now: float) -> list[Event] | None:
         """The next batch to send, or None (nothing pending, one in flight, backing off)."""

@@ -320,12 +320,10 @@ class RelayCore:
 
     def _forget(self, key: _Key) -> None:
         workload = self._latest.pop(key)
-        pair = (workload.originatedFrom, workload.id)
-        runs = tuple(run for run in self._runs.get(pair, ()) if run != key[0])
-        if runs:
-            self._runs[pair] = runs
-        else:
-            self._runs.pop(pair, None)
+        pair = (workload.originatedFrom, key[1])
+        runs = self._runs.pop(pair, ())
+        if len(runs) > 1:  # other runs of the workload stay (one run is the common case)
+            self._runs[pair] = tuple(run for run in runs if run != key[0])
 
     def _evict_one(self) -> None:
         # Over the cap: the oldest finished record goes first, else the oldest record.

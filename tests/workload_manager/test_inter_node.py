@@ -342,6 +342,37 @@ async def post(sender: Member, receiver: Member, body: bytes) -> int:
         return response.status
 
 
+async def in_process(
+    member: Member, stack: contextlib.AsyncExitStack, **broadcaster_options: Any
+) -> tuple[Broadcaster, Manager]:
+    """`member`'s manager, run in this process as cli.py builds one with --cluster-dir
+    (broadcaster, manager, inter-node server), its view loaded (empty: no broker here)."""
+    relay = RelayCore()
+    broadcaster = await stack.enter_async_context(
+        Broadcaster(member.cluster, relay, **broadcaster_options)
+    )
+    manager = Manager(
+        version="t",
+        port=member.port,
+        identity=member.cluster.node_id,
+        relay=relay,
+        send_to_peers=broadcaster.enqueue,
+        on_peers=broadcaster.set_peers,
+        on_sync_request=broadcaster.enqueue_view,
+        on_view_loaded=broadcaster.view_loaded,
+        on_peer_heard=broadcaster.peer_heard,
+        status_extras=broadcaster.manager_status,
+    )
+    await start_inter_node(manager, member.cluster, stack)
+    return broadcaster, manager
+
+
+def submitted(origin: str, wid: str) -> bytes:
+    """A broker's `workload:submitted` frame for a new workload."""
+    params = {"workloadInfo": record(origin, wid, 1)}
+    return json.dumps({"jsonrpc": "2.0", "method": "workload:submitted", "params": params}).encode()
+
+
 async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -349,33 +380,15 @@ async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
     # first. When b comes back, its catch-up reaches a, and a must send to b at once.
     monkeypatch.setenv("NVPAIR_WM_BIND", "127.0.0.1")
     a_member, b = make_cluster(tmp_path, ["a", "b"])
-    relay = RelayCore()
     async with contextlib.AsyncExitStack() as stack:
-        # Built as cli.py builds a manager with --cluster-dir: broadcaster, manager, server.
-        broadcaster = await stack.enter_async_context(
-            Broadcaster(
-                a_member.cluster, relay, backoff=Backoff(base_s=40.0, cap_s=40.0), draw=lambda: 0.9
-            )
+        broadcaster, a = await in_process(
+            a_member, stack, backoff=Backoff(base_s=40.0, cap_s=40.0), draw=lambda: 0.9
         )
-        a = Manager(
-            version="t",
-            port=a_member.port,
-            identity=a_member.cluster.node_id,
-            relay=relay,
-            send_to_peers=broadcaster.enqueue,
-            on_peers=broadcaster.set_peers,
-            on_sync_request=broadcaster.enqueue_view,
-            on_view_loaded=broadcaster.view_loaded,
-            on_peer_heard=broadcaster.peer_heard,
-            status_extras=broadcaster.manager_status,
-        )
-        await start_inter_node(a, a_member.cluster, stack)
         a.on_peers((Peer(nodeId=b.node_id, host="127.0.0.1", port=b.port),))
-        a.view_state = "loaded"  # no broker here: a's view is empty, and complete
+        a.view_state = "loaded"
         a.on_view_loaded()
         rec = record(a_member.node_id, "1", 1)
-        frame = {"jsonrpc": "2.0", "method": "workload:submitted", "params": {"workloadInfo": rec}}
-        a.handle_local(json.dumps(frame).encode())
+        a.handle_local(submitted(a_member.node_id, "1"))
         await eventually(
             lambda: broadcaster.status()[0]["failures"] >= 1, "a's send to b fails: b is down"
         )
@@ -389,3 +402,37 @@ async def test_a_restarted_peer_is_sent_to_at_once_not_after_the_backoff(
             assert time.monotonic() - started < 15.0  # a's backoff had ~36 s left
         finally:
             await b.stop()
+
+
+async def test_a_full_batch_goes_at_once_while_its_sender_lingers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a batch, a sender waits out the linger before the next, so a trickle of events
+    # goes a request per linger. A burst that fills a batch meanwhile must not wait for it:
+    # here the linger is a minute, and the full batch must reach b at once.
+    monkeypatch.setenv("NVPAIR_WM_BIND", "127.0.0.1")
+    a_member, b = make_cluster(tmp_path, ["a", "b"])
+    await b.start()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(b.stop)
+        await b.set_peers([])  # b only takes a's batches: nothing comes back to a's outbox
+        broadcaster, a = await in_process(a_member, stack, max_batch=8)
+        a.on_peers((Peer(nodeId=b.node_id, host="127.0.0.1", port=b.port),))
+        broadcaster.linger_s = 60.0
+        a.view_state = "loaded"
+        a.on_view_loaded()
+        origin = a_member.node_id
+        run = record(origin, "first", 1)["runId"]
+        a.handle_local(submitted(origin, "first"))  # after a quiet spell: goes at once
+        await eventually(lambda: (run, "first") in b.jobs, "the first event reaches b")
+        for wid in range(7):  # a trickle: waits for the linger
+            a.handle_local(submitted(origin, str(wid)))
+        [status] = broadcaster.status()
+        assert status["queued"] == 7
+        assert not any((run, str(w)) in b.jobs for w in range(7))
+        a.handle_local(submitted(origin, "7"))  # the eighth fills a batch: it goes now
+        await eventually(
+            lambda: all((run, str(w)) in b.jobs for w in range(8)),
+            "the full batch reaches b within the minute's linger",
+            within_s=15.0,
+        )
