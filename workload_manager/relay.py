@@ -140,9 +140,11 @@ class RelayCore:
         # their origin are dropped.
         self.own_id: str | None = None
         self._latest: dict[_Key, Workload] = {}
-        # Live runIds under (originatedFrom, id), for removal. Tuples of strings, not lists:
-        # the collector stops tracking them, so full collections do not walk every workload.
-        self._runs: dict[_Pair, tuple[str, ...]] = {}
+        # For removals, which name (originatedFrom, id) and no runId: each origin's runIds
+        # and how many records each has here. A runId is a facade's nonce per start, so an
+        # origin has a few, and keeping this costs a lookup in a small dict per new record
+        # (an index per (originatedFrom, id) cost one in a dict as large as `_latest`).
+        self._runs: dict[str, dict[str, int]] = {}
         # FIFOs are OrderedDicts: taking the oldest entry of a plain dict after many
         # deletions from its front costs a scan over the deleted slots.
         self._finished_at: OrderedDict[_Key, float] = OrderedDict()  # terminal, oldest first
@@ -207,8 +209,11 @@ class RelayCore:
         latest = self._latest
         previous = latest.get(key)
         if previous is None:
-            pair = (workload.originatedFrom, workload.id)
-            self._runs[pair] = (*self._runs.get(pair, ()), workload.runId)
+            runs = self._runs.get(workload.originatedFrom)
+            if runs is None:
+                self._runs[workload.originatedFrom] = {workload.runId: 1}
+            else:
+                runs[workload.runId] = runs.get(workload.runId, 0) + 1
             arrivals = self._arrivals
             arrivals.append(key)
             if len(arrivals) > 2 * len(latest) + 1024:
@@ -220,8 +225,15 @@ class RelayCore:
                 return _DROPPED_DUPLICATE
             counters.stale += 1
             return _DROPPED_STALE
-        elif previous.state in _TERMINAL:
-            del self._finished_at[key]
+        else:
+            if previous.state in _TERMINAL:
+                del self._finished_at[key]
+            if previous.originatedFrom != workload.originatedFrom:
+                # A record naming another origin for a held key (a forgery: a job's origin
+                # never changes): counted where it now says, so a removal finds it there.
+                self._uncount(previous)
+                runs = self._runs.setdefault(workload.originatedFrom, {})
+                runs[workload.runId] = runs.get(workload.runId, 0) + 1
         latest[key] = workload
         if workload.state in _TERMINAL:
             self._finished_at[key] = now
@@ -307,10 +319,16 @@ class RelayCore:
         if pair in self._removed_at:
             self.counters.duplicate_removals += 1
             return _DROPPED_DUPLICATE
-        for run_id in self._runs.pop(pair, ()):
-            key = (run_id, pair[1])
-            del self._latest[key]
-            self._finished_at.pop(key, None)
+        # Each run of the origin is looked at: a few (a facade's starts). A member that made
+        # up a runId per record would make its own removals cost as many lookups.
+        origin, workload_id = pair
+        latest = self._latest
+        for run_id in tuple(self._runs.get(origin, ())):
+            key = (run_id, workload_id)
+            held = latest.get(key)
+            if held is not None and held.originatedFrom == origin:
+                self._forget(key)
+                self._finished_at.pop(key, None)
         self._removed_at[pair] = now
         self.counters.removals += 1
         if len(self._removed_at) > self.max_workloads:
@@ -319,11 +337,17 @@ class RelayCore:
         return None
 
     def _forget(self, key: _Key) -> None:
-        workload = self._latest.pop(key)
-        pair = (workload.originatedFrom, key[1])
-        runs = self._runs.pop(pair, ())
-        if len(runs) > 1:  # other runs of the workload stay (one run is the common case)
-            self._runs[pair] = tuple(run for run in runs if run != key[0])
+        self._uncount(self._latest.pop(key))
+
+    def _uncount(self, workload: Workload) -> None:
+        runs = self._runs[workload.originatedFrom]
+        left = runs[workload.runId] - 1
+        if left:
+            runs[workload.runId] = left
+        elif len(runs) > 1:
+            del runs[workload.runId]
+        else:
+            del self._runs[workload.originatedFrom]
 
     def _evict_one(self) -> None:
         # Over the cap: the oldest finished record goes first, else the oldest record.

@@ -287,3 +287,55 @@ def test_a_peers_event_claiming_this_node_as_origin_is_dropped_and_counted() -> 
     theirs = event(1, wid="2", origin="nod_peer")
     assert type(relay.receive_remote(theirs, "nod_peer", 0.0)[0]) is DeliverToBroker
     assert relay.counters.own_origin == 2
+
+
+ORIGINS = ["nod_a", "nod_b"]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Event]:
+    """Records over two origins, two runs and three ids, some claiming another origin for a
+    key another origin holds (a forgery), and removals, in any order."""
+    made: list[Event] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=40))):
+        origin = draw(st.sampled_from(ORIGINS))
+        wid = draw(st.sampled_from("xyz"))
+        if draw(st.integers(min_value=0, max_value=5)) == 0:
+            made.append(WorkloadRemoval(workloadId=wid, originatedFrom=origin))
+        else:
+            seq = draw(st.integers(min_value=1, max_value=5))
+            made.append(event(seq, wid=wid, run=draw(st.sampled_from(["r1", "r2"])), origin=origin))
+    return made
+
+
+@settings(max_examples=200)
+@given(
+    histories(),
+    st.integers(min_value=1, max_value=8),
+    st.sampled_from(ORIGINS),
+    st.sampled_from("xyz"),
+)
+def test_a_removal_takes_exactly_its_origins_records_whatever_came_before(
+    history: list[Event], cap: int, origin: str, wid: str
+) -> None:
+    # Whatever the relay took, evicted (a small cap) and removed before, removing
+    # (origin, id) leaves no record of that origin and id, and every other record as it was;
+    # and what it keeps for removals holds only what it still holds.
+    relay = RelayCore(max_workloads=cap)
+    for ev in history:
+        relay.receive_remote(ev, "nod_peer", now=0)
+    keys = [(run, w) for run in ("r1", "r2") for w in "xyz"]
+    before = {key: relay.latest(*key) for key in keys}
+    relay.receive_remote(WorkloadRemoval(workloadId=wid, originatedFrom=origin), "nod_c", now=0)
+    for key, held in before.items():
+        if held is not None and held.originatedFrom == origin and held.id == wid:
+            assert relay.latest(*key) is None, f"{key} of {origin} survived its removal"
+        else:
+            assert relay.latest(*key) == held, f"{key} changed by another's removal"
+    counted: dict[str, dict[str, int]] = {}
+    for key in keys:
+        held = relay.latest(*key)
+        if held is not None:
+            runs = counted.setdefault(held.originatedFrom, {})
+            runs[held.runId] = runs.get(held.runId, 0) + 1
+    assert relay._runs == counted
