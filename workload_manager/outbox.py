@@ -63,6 +63,9 @@ class Outbox:
         # Insertion order = send order. An OrderedDict, since batches are taken from the
         # front: a plain dict would rescan every slot deleted there before.
         self._pending: OrderedDict[_Key, Event] = OrderedDict()
+        # At least how many removals wait (reset when nothing does): while none may, a record
+        # is queued without looking for one that makes it moot.
+        self._removals = 0
         self._in_flight: list[Event] | None = None
         self._failures = 0
         self._retry_at = 0.0
@@ -82,7 +85,7 @@ class Outbox:
         flight not counted), so its sender can tell whether a batch is full."""
         if type(event) is Workload:
             key: _Key = ("w", event.runId, event.id)
-            if ("r", event.originatedFrom, event.id) in self._pending:
+            if self._removals and ("r", event.originatedFrom, event.id) in self._pending:
                 self.counters.coalesced += 1  # a removal is pending: the record is moot
                 return len(self._pending)
             old = self._pending.get(key)
@@ -110,6 +113,7 @@ class Outbox:
             self.counters.coalesced += len(moot)
             if self._pending.pop(key, None) is not None:
                 self.counters.coalesced += 1
+            self._removals += 1
         self._pending[key] = event
         if len(self._pending) > self.max_pending:
             self._drop_oldest()
@@ -119,9 +123,13 @@ class Outbox:
         """The next batch to send, or None (nothing pending, one in flight, backing off)."""
         if self._in_flight is not None or not self._pending or now < self._retry_at:
             return None
-        batch: list[Event] = []
-        while self._pending and len(batch) < self.max_batch:
-            batch.append(self._pending.popitem(last=False)[1])
+        pending = self._pending
+        if len(pending) <= self.max_batch:  # everything waiting fits: taken at once
+            batch = list(pending.values())
+            pending.clear()
+            self._removals = 0
+        else:
+            batch = [pending.popitem(last=False)[1] for _ in range(self.max_batch)]
         self._in_flight = batch
         return batch
 
@@ -182,6 +190,7 @@ class Outbox:
         """Forget everything (the peer left the cluster)."""
         self.counters.dropped += self.depth
         self._pending.clear()
+        self._removals = 0
         self._in_flight = None
 
     def _take_in_flight(self) -> list[Event]:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from netkit.backoff import Backoff
 from workload_manager.outbox import Outbox
-from workload_manager.relay import Event
+from workload_manager.relay import Event, RelayCore
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 STATES = [WorkloadState.QUEUED, WorkloadState.RUNNING, WorkloadState.COMPLETED]
@@ -168,3 +168,71 @@ def test_a_peer_sees_seq_only_rise_and_ends_with_the_latest(script: list[tuple[s
             assert event.seq > delivered.get(event.id, 0)
             delivered[event.id] = event.seq
     assert delivered == {wid: seq for wid, seq in seqs.items() if seq}
+
+
+@st.composite
+def scripts_with_removals(draw: st.DrawFn) -> list[tuple[str, str, str]]:
+    """Records (two runs of three ids) and removals, sent, acknowledged or failed."""
+    ops = st.sampled_from(["add", "add", "add", "remove", "send", "ack", "fail"])
+    return [
+        (draw(ops), draw(st.sampled_from("xyz")), draw(st.sampled_from(["r1", "r2"])))
+        for _ in range(draw(st.integers(1, 80)))
+    ]
+
+
+@settings(max_examples=300)
+@given(scripts_with_removals(), st.integers(1, 4))
+def test_what_a_peer_ends_with_is_what_every_event_in_order_makes(
+    script: list[tuple[str, str, str]], max_batch: int
+) -> None:
+    # Coalescing, a removal making records moot, batches that fail and go back: whatever
+    # happened, a peer's relay fed what the outbox delivered holds what one fed every event
+    # in the order they were queued holds; and a record queued while a removal of its
+    # workload waited to be sent (not in flight: it may yet fail) is never sent (it is moot).
+    box = Outbox(max_batch=max_batch, backoff=Backoff(base_s=0.0, cap_s=0.0))
+    every, peer = RelayCore(), RelayCore()
+    seqs: dict[tuple[str, str], int] = {}
+    removal_waits: set[str] = set()  # ids with a removal in the outbox, not in flight
+    moot: set[tuple[str, str, int]] = set()
+    in_flight = False
+
+    def queue(event: Event) -> None:
+        box.add(event)
+        every.receive_remote(event, "nod_origin", now=0)
+
+    def removed_in_flight() -> set[str]:
+        return {e.workloadId for e in box._in_flight or [] if isinstance(e, WorkloadRemoval)}
+
+    def delivered() -> None:
+        for event in box._in_flight or []:
+            if isinstance(event, Workload):
+                assert (event.runId, event.id, event.seq) not in moot, "a moot record went"
+            peer.receive_remote(event, "nod_origin", now=0)
+        box.ack()
+
+    for op, wid, run in script:
+        if op == "add":
+            seq = seqs[run, wid] = seqs.get((run, wid), 0) + 1
+            if wid in removal_waits:
+                moot.add((run, wid, seq))
+            queue(rec(wid, seq, run=run))
+        elif op == "remove":
+            removal_waits.add(wid)
+            queue(WorkloadRemoval(workloadId=wid, originatedFrom="nod_a"))
+        elif op == "send" and not in_flight:
+            in_flight = box.next_batch(0) is not None
+            removal_waits -= removed_in_flight()
+        elif op == "ack" and in_flight:
+            delivered()
+            in_flight = False
+        elif op == "fail" and in_flight:
+            removal_waits |= removed_in_flight()  # back in the outbox
+            box.fail(0.0, "x")
+            in_flight = False
+    if in_flight:
+        box.fail(0.0, "x")
+    while box.next_batch(0) is not None:
+        delivered()
+    for run in ("r1", "r2"):
+        for wid in "xyz":
+            assert peer.latest(run, wid) == every.latest(run, wid), (run, wid)
