@@ -75,3 +75,32 @@ def test_chunking_never_changes_the_frames(data: bytes, chunk: int) -> None:
     whole = feed_chunks(LineFramer(max_frame=50), [data])
     pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)]
     assert feed_chunks(LineFramer(max_frame=50), pieces) == whole
+
+
+def expected_frames(stream: bytes, limit: int) -> list[bytes | FrameTooLarge]:
+    """What a framer must make of `stream`, however it is chunked: each line over `limit`
+    is one `FrameTooLarge`, each other line its stripped self unless blank."""
+    out: list[bytes | FrameTooLarge] = []
+    for line in stream.split(b"\n"):
+        if len(line) > limit:
+            out.append(FrameTooLarge(limit))
+        elif line.strip(b" \t\r"):
+            out.append(line.strip(b" \t\r"))
+    return out
+
+
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=24), st.sampled_from([b"", b" \r", b"\r", b"x" * 40])),
+        max_size=12,
+    ),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    st.integers(min_value=1, max_value=30),
+)
+def test_any_lines_any_chunking_against_the_rule(
+    lines: list[bytes], cuts: list[int], limit: int
+) -> None:
+    stream = b"\n".join(line.replace(b"\n", b"") for line in lines)
+    points = sorted({0, len(stream), *(c for c in cuts if c <= len(stream))})
+    chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
+    assert feed_chunks(LineFramer(max_frame=limit), chunks) == expected_frames(stream, limit)
