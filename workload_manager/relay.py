@@ -40,6 +40,7 @@ from workload_manager.errors import ConfigurationError
 from workload_manager.workload import Workload, WorkloadRemoval, WorkloadState
 
 __all__ = [
+    "PROBE_MAX",
     "Action",
     "DeliverToBroker",
     "Drop",
@@ -95,6 +96,9 @@ _DROPPED_STALE: Final = (Drop(DropReason.STALE),)
 _DROPPED_REMOVED: Final = (Drop(DropReason.REMOVED),)
 _DROPPED_OWN_ORIGIN: Final = (Drop(DropReason.OWN_ORIGIN),)
 _NO_EXCLUDE: Final[tuple[str, ...]] = ()
+# A removal looks up its id under each run of its origin while the origin has at most this
+# many runs (a facade's starts within the retention); past it, under the origin's index by id.
+PROBE_MAX: Final = 64
 _TERMINAL: Final = tuple(state for state in WorkloadState if state.is_terminal)
 
 
@@ -120,6 +124,7 @@ class RelayCore:
 
     __slots__ = (
         "_arrivals",
+        "_by_id",
         "_finished_at",
         "_latest",
         "_removed_at",
@@ -127,14 +132,22 @@ class RelayCore:
         "counters",
         "max_workloads",
         "own_id",
+        "probe_max",
         "retention_s",
     )
 
-    def __init__(self, *, retention_s: float = 3600.0, max_workloads: int = 100_000) -> None:
-        if retention_s < 0 or max_workloads < 1:
-            raise ConfigurationError("retention_s must be >= 0 and max_workloads >= 1")
+    def __init__(
+        self,
+        *,
+        retention_s: float = 3600.0,
+        max_workloads: int = 100_000,
+        probe_max: int = PROBE_MAX,
+    ) -> None:
+        if retention_s < 0 or max_workloads < 1 or probe_max < 1:
+            raise ConfigurationError("retention_s must be >= 0, max_workloads and probe_max >= 1")
         self.retention_s = retention_s
         self.max_workloads = max_workloads
+        self.probe_max = probe_max
         self.counters = RelayCounters()
         # This node's id, once it has one (the manager sets it): peers' events claiming it as
         # their origin are dropped.
@@ -143,8 +156,13 @@ class RelayCore:
         # For removals, which name (originatedFrom, id) and no runId: each origin's runIds
         # and how many records each has here. A runId is a facade's nonce per start, so an
         # origin has a few, and keeping this costs a lookup in a small dict per new record
-        # (an index per (originatedFrom, id) cost one in a dict as large as `_latest`).
+        # (an index per (originatedFrom, id) cost one in a dict as large as `_latest`). A
+        # removal looks up its id under each run of its origin -- but under an origin with
+        # more than `probe_max` runs (a member making up runIds to make removals costly) it
+        # reads that origin's own index by id, made once and kept until the origin's last
+        # record goes.
         self._runs: dict[str, dict[str, int]] = {}
+        self._by_id: dict[str, dict[str, tuple[str, ...]]] = {}
         # FIFOs are OrderedDicts: taking the oldest entry of a plain dict after many
         # deletions from its front costs a scan over the deleted slots.
         self._finished_at: OrderedDict[_Key, float] = OrderedDict()  # terminal, oldest first
@@ -214,6 +232,8 @@ class RelayCore:
                 self._runs[workload.originatedFrom] = {workload.runId: 1}
             else:
                 runs[workload.runId] = runs.get(workload.runId, 0) + 1
+            if self._by_id:
+                self._index(workload)
             arrivals = self._arrivals
             arrivals.append(key)
             if len(arrivals) > 2 * len(latest) + 1024:
@@ -234,6 +254,7 @@ class RelayCore:
                 self._uncount(previous)
                 runs = self._runs.setdefault(workload.originatedFrom, {})
                 runs[workload.runId] = runs.get(workload.runId, 0) + 1
+                self._index(workload)
         latest[key] = workload
         if workload.state in _TERMINAL:
             self._finished_at[key] = now
@@ -319,11 +340,17 @@ class RelayCore:
         if pair in self._removed_at:
             self.counters.duplicate_removals += 1
             return _DROPPED_DUPLICATE
-        # Each run of the origin is looked at: a few (a facade's starts). A member that made
-        # up a runId per record would make its own removals cost as many lookups.
         origin, workload_id = pair
+        runs = self._runs.get(origin, {})
+        if len(runs) <= self.probe_max:
+            candidates: tuple[str, ...] = tuple(runs)  # a few: a facade's starts
+        else:
+            index = self._by_id.get(origin)
+            if index is None:
+                index = self._by_id[origin] = self._index_of(origin)
+            candidates = index.get(workload_id, ())
         latest = self._latest
-        for run_id in tuple(self._runs.get(origin, ())):
+        for run_id in candidates:
             key = (run_id, workload_id)
             held = latest.get(key)
             if held is not None and held.originatedFrom == origin:
@@ -340,14 +367,39 @@ class RelayCore:
         self._uncount(self._latest.pop(key))
 
     def _uncount(self, workload: Workload) -> None:
-        runs = self._runs[workload.originatedFrom]
+        origin = workload.originatedFrom
+        runs = self._runs[origin]
         left = runs[workload.runId] - 1
         if left:
             runs[workload.runId] = left
         elif len(runs) > 1:
             del runs[workload.runId]
         else:
-            del self._runs[workload.originatedFrom]
+            del self._runs[origin]
+            self._by_id.pop(origin, None)
+            return
+        if self._by_id:
+            index = self._by_id.get(origin)
+            if index is not None:
+                kept = tuple(run for run in index[workload.id] if run != workload.runId)
+                if kept:
+                    index[workload.id] = kept
+                else:
+                    del index[workload.id]
+
+    def _index(self, workload: Workload) -> None:
+        # A record counted under an origin that has its index by id: in the index too.
+        index = self._by_id.get(workload.originatedFrom)
+        if index is not None:
+            index[workload.id] = (*index.get(workload.id, ()), workload.runId)
+
+    def _index_of(self, origin: str) -> dict[str, tuple[str, ...]]:
+        # One pass over every record held: a removal under an origin of many runs, once.
+        index: dict[str, tuple[str, ...]] = {}
+        for held in self._latest.values():
+            if held.originatedFrom == origin:
+                index[held.id] = (*index.get(held.id, ()), held.runId)
+        return index
 
     def _evict_one(self) -> None:
         # Over the cap: the oldest finished record goes first, else the oldest record.

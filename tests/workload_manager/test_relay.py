@@ -290,41 +290,44 @@ def test_a_peers_event_claiming_this_node_as_origin_is_dropped_and_counted() -> 
 
 
 ORIGINS = ["nod_a", "nod_b"]
+RUNS = ["r1", "r2", "r3", "r4"]
 
 
 @st.composite
 def histories(draw: st.DrawFn) -> list[Event]:
-    """Records over two origins, two runs and three ids, some claiming another origin for a
+    """Records over two origins, four runs and three ids, some claiming another origin for a
     key another origin holds (a forgery), and removals, in any order."""
     made: list[Event] = []
-    for _ in range(draw(st.integers(min_value=1, max_value=40))):
+    for _ in range(draw(st.integers(min_value=1, max_value=60))):
         origin = draw(st.sampled_from(ORIGINS))
         wid = draw(st.sampled_from("xyz"))
         if draw(st.integers(min_value=0, max_value=5)) == 0:
             made.append(WorkloadRemoval(workloadId=wid, originatedFrom=origin))
         else:
             seq = draw(st.integers(min_value=1, max_value=5))
-            made.append(event(seq, wid=wid, run=draw(st.sampled_from(["r1", "r2"])), origin=origin))
+            made.append(event(seq, wid=wid, run=draw(st.sampled_from(RUNS)), origin=origin))
     return made
 
 
-@settings(max_examples=200)
+@settings(max_examples=300)
 @given(
     histories(),
     st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=3),
     st.sampled_from(ORIGINS),
     st.sampled_from("xyz"),
 )
 def test_a_removal_takes_exactly_its_origins_records_whatever_came_before(
-    history: list[Event], cap: int, origin: str, wid: str
+    history: list[Event], cap: int, probe_max: int, origin: str, wid: str
 ) -> None:
     # Whatever the relay took, evicted (a small cap) and removed before, removing
-    # (origin, id) leaves no record of that origin and id, and every other record as it was;
-    # and what it keeps for removals holds only what it still holds.
-    relay = RelayCore(max_workloads=cap)
+    # (origin, id) leaves no record of that origin and id, and every other record as it was,
+    # whether it looks under each run of the origin or, past `probe_max` runs, in the
+    # origin's index by id; and what it keeps for removals holds only what it still holds.
+    relay = RelayCore(max_workloads=cap, probe_max=probe_max)
     for ev in history:
         relay.receive_remote(ev, "nod_peer", now=0)
-    keys = [(run, w) for run in ("r1", "r2") for w in "xyz"]
+    keys = [(run, w) for run in RUNS for w in "xyz"]
     before = {key: relay.latest(*key) for key in keys}
     relay.receive_remote(WorkloadRemoval(workloadId=wid, originatedFrom=origin), "nod_c", now=0)
     for key, held in before.items():
@@ -333,9 +336,51 @@ def test_a_removal_takes_exactly_its_origins_records_whatever_came_before(
         else:
             assert relay.latest(*key) == held, f"{key} changed by another's removal"
     counted: dict[str, dict[str, int]] = {}
+    by_id: dict[str, dict[str, set[str]]] = {}
     for key in keys:
         held = relay.latest(*key)
         if held is not None:
             runs = counted.setdefault(held.originatedFrom, {})
             runs[held.runId] = runs.get(held.runId, 0) + 1
+            by_id.setdefault(held.originatedFrom, {}).setdefault(held.id, set()).add(held.runId)
     assert relay._runs == counted
+    for indexed, index in relay._by_id.items():
+        assert {i: set(runs) for i, runs in index.items()} == by_id[indexed]
+
+
+class CountingDict(dict[Any, Any]):
+    """The relay's records, counting lookups and whole passes."""
+
+    gets = 0
+    passes = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.gets += 1
+        return super().get(key, default)
+
+    def values(self) -> Any:
+        self.passes += 1
+        return super().values()
+
+
+def test_made_up_runids_do_not_make_each_removal_look_under_every_run() -> None:
+    # A member that gives each record a runId of its own would make a removal that looks
+    # up its id under every run of the origin cost one lookup per record. Past `probe_max`
+    # runs the origin is indexed by id, once: removals then cost a lookup or two.
+    relay = RelayCore(probe_max=64)
+    for i in range(5000):
+        relay.receive_remote(event(1, wid=f"w{i}", run=f"run-{i}", origin="nod_x"), "nod_p", 0)
+    for i in range(3):  # the control: an origin of three runs
+        relay.receive_remote(event(1, wid="w", run=f"run-{i}", origin="nod_y"), "nod_p", 0)
+    relay._latest = counting = CountingDict(relay._latest)
+    relay.receive_remote(WorkloadRemoval(workloadId="w17", originatedFrom="nod_x"), "nod_p", 0)
+    assert relay.latest("run-17", "w17") is None
+    assert counting.passes == 1  # the index made, once
+    counting.gets = 0
+    relay.receive_remote(WorkloadRemoval(workloadId="w18", originatedFrom="nod_x"), "nod_p", 0)
+    assert (counting.passes, counting.gets) == (1, 1)
+    assert relay.latest("run-18", "w18") is None
+    counting.gets = 0
+    relay.receive_remote(WorkloadRemoval(workloadId="w", originatedFrom="nod_y"), "nod_p", 0)
+    assert (counting.passes, counting.gets) == (1, 3)  # one per run of the origin, no index
+    assert all(relay.latest(f"run-{i}", "w") is None for i in range(3))
