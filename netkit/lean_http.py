@@ -309,13 +309,11 @@ class LeanConnection(asyncio.Protocol):
             self.transport.pause_reading()
             self._reading = False
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
+        # The client sent all it will: a FIN, which a client that half-closes and one that
+        # went alike send. Taken as gone (the connection closes, a handler in flight is
+        # cancelled), so an engine does not go on generating for nobody.
         self._eof = True
-        if self._lingering >= 0:
-            return None  # the client is done sending after a refusal: close
-        if self._task is None and not self._ahead:
-            return None  # nothing in flight: close
-        return True  # half-closed: the answers in flight still go out, then it closes
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True

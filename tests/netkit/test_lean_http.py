@@ -207,6 +207,21 @@ async def test_a_client_that_goes_away_cancels_its_handler() -> None:
         await asyncio.wait_for(app.cancelled.wait(), TIMEOUT_S)
 
 
+async def test_a_client_that_half_closes_is_gone_too() -> None:
+    # A client that shuts its sending side after a request cannot be told from one that
+    # went (both are a FIN): its handler is cancelled, so an engine does not generate for
+    # nobody. The control: the same request, the connection left open, is still served.
+    app = App()
+    async with serving(app) as server:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(post("/hang", b""))
+        await asyncio.wait_for(app.hanging.wait(), TIMEOUT_S)
+        assert not app.cancelled.is_set()
+        writer.write_eof()
+        await asyncio.wait_for(app.cancelled.wait(), TIMEOUT_S)
+        writer.close()
+
+
 async def test_an_idle_connection_makes_room_and_busy_ones_do_not() -> None:
     app = App()
     async with serving(app, NVPAIR_MAX_CONNECTIONS="2") as server:
