@@ -425,6 +425,7 @@ async def test_a_full_batch_goes_at_once_while_its_sender_lingers(
         run = record(origin, "first", 1)["runId"]
         a.handle_local(submitted(origin, "first"))  # after a quiet spell: goes at once
         await eventually(lambda: (run, "first") in b.jobs, "the first event reaches b")
+        await eventually(lambda: broadcaster.status()[0]["queued"] == 0, "b's answer is in")
         for wid in range(7):  # a trickle: waits for the linger
             a.handle_local(submitted(origin, str(wid)))
         [status] = broadcaster.status()
