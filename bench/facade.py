@@ -14,7 +14,7 @@ relayed to every member), in paired rounds of alternating order.
 - 16 in flight, local: requests/s through the facade / requests/s direct -- the last line,
   `ratio:`. On two cores the client, the facade and the engine share the CPU; a byte pipe
   (`_byte_pipe.py`: no HTTP parsed, nothing scheduled or recorded) is measured in the same
-  rounds as the ceiling any proxy process reaches here.
+  rounds as the ceiling any proxy process reaches here, and the facade against it.
 
 With `--tracing`, a third agent T (a cluster of its own, A's engine) traces every request
 (`[tracing]`, sampling all) to an OTLP/HTTP sink (`_otlp_sink.py`), and T's facade is
@@ -316,6 +316,13 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             print(
                 f"{IN_FLIGHT} in flight: a byte pipe (no HTTP parsed, nothing recorded) reaches "
                 f"{ceiling:.2f} of direct -- the ceiling for any proxy process on this machine"
+            )
+            # The facade against that ceiling, round by round: both proxies share the rounds'
+            # kernel placement, which moves the direct baseline by up to half.
+            of_pipe = [s / p for p, s in zip(rates["pipe"], rates["subject"], strict=True)]
+            print(
+                f"{IN_FLIGHT} in flight: facade / byte pipe, per round: "
+                f"{' '.join(f'{r:.2f}' for r in of_pipe)}, median {statistics.median(of_pipe):.2f}"
             )
             if args.tracing:
                 async with session.get(f"http://127.0.0.1:{ports['t']['api']}/metrics") as r:
