@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -53,7 +54,17 @@ async def echo(trio: list[Node]) -> str:
     assert code == 0, err
     assert "deployment echo (dep_" in out
     await eventually(lambda: ready_everywhere(trio, "echo", 1), "echo ready", within_s=60)
-    (declared,) = [d for d in await trio[2].get("/v1/deployments") if d["name"] == "echo"]
+
+    async def held() -> list[dict[str, Any]]:
+        return [d for d in await trio[2].get("/v1/deployments") if d["name"] == "echo"]
+
+    async def holds() -> bool:
+        return bool(await held())
+
+    # The replica's record (from big) can reach the third member before the deployment does
+    # (from the member it was declared on).
+    await eventually(holds, "the third member holds echo")
+    (declared,) = await held()
     assert declared["args"] == ["--latency-ms", "1"]
     assert declared["engine"] == "mock"
     (replica,) = await replicas(trio[0], "echo")
