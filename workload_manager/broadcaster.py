@@ -220,11 +220,6 @@ class Broadcaster:
             if target is not None and target.outbox.add(event) >= target.wake_at:
                 target.wake.set()
             return
-        if not exclude:  # a local event: for every peer
-            for sender in self._senders.values():
-                if sender.outbox.add(event) >= sender.wake_at:
-                    sender.wake.set()
-            return
         for node_id, sender in self._senders.items():
             if node_id not in exclude and sender.outbox.add(event) >= sender.wake_at:
                 sender.wake.set()

@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeGuard
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
@@ -278,7 +278,7 @@ class Manager:
                         self.send_to_broker(_UPSERT_HEAD + _encode(workload) + b"}}")
                         self.send_to_peers(workload, (sender, workload.originatedFrom))
                     return NOTHING
-            elif isinstance(decoded, list) and _all_lifecycle(decoded):
+            elif _all_lifecycle(decoded):
                 if defer is None:
                     self._relay_frames(decoded, sender)
                 else:
@@ -326,7 +326,7 @@ class Manager:
             return True
         if not _all_lifecycle(decoded):  # not one frame: a list, or something else
             return False
-        self._relay_frames(decoded, sender)  # type: ignore[arg-type]
+        self._relay_frames(decoded, sender)
         return True
 
     def _relay_frames(self, frames: list[_LifecycleFrame], sender: str | None) -> None:
@@ -406,7 +406,7 @@ class Manager:
         }
 
 
-def _all_lifecycle(decoded: object) -> bool:
+def _all_lifecycle(decoded: object) -> TypeGuard[list[_LifecycleFrame]]:
     # A non-empty batch (a list the fast decoder made) of lifecycle notifications only.
     return (
         isinstance(decoded, list)
