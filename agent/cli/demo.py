@@ -36,6 +36,7 @@ from agent.apis.local_guard import read_token
 __all__ = ["add_command"]
 
 Member = tuple[str, str, str, Path]  # name, facade URL, local API URL, NVPAIR_HOME
+Agent = tuple[str, asyncio.subprocess.Process, Path]  # name, its process, its log
 
 NODES = (("gpu-a", "h100-80gb-sxm:8"), ("gpu-b", "l40s:4"), ("gpu-c", "l4:2"))
 # `nvpair deploy` arguments: name, then flags; the mock engine's own flags after `--`.
@@ -45,7 +46,8 @@ DEPLOYMENTS = (
     ("mistral-7b", "--device-class", "l4", "--", "--fail-rate", "0.1"),
 )
 REPLICAS = 5  # what DEPLOYMENTS add up to
-ENGINE_PORTS = 100  # per agent: one host, three agents, each its own range
+PORT_BAND = 100  # per agent: its four listeners, then its engines' range
+AGENT_PORTS = ("manager", "node", "api", "facade")
 
 
 def add_command(commands: Any) -> None:
@@ -63,11 +65,19 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+def _free_ports(low: int, high: int, count: int) -> list[int]:
+    """The first `count` ports in [low, high) nothing listens on or is bound to now."""
+    found = []
+    for port in range(low, high):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"no {count} free ports in {low}-{high - 1}")
 
 
 def say(text: str) -> None:
@@ -130,18 +140,21 @@ async def _cli(args: list[str], env: dict[str, str]) -> str:
 async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Member]:
     """Agents up and paired; returns (name, facade URL, API URL, home) per node."""
     nodes = []
-    # Below the kernel's ephemeral ports (32768 up on Linux: a client socket there would make
-    # an engine's bind fail) and below the bands the test suite hands out (20000-32000).
-    base = random.randrange(10000, 18000 - ENGINE_PORTS * len(NODES), ENGINE_PORTS)
+    # Every port below the kernel's ephemeral ones (32768 up on Linux), where no outgoing
+    # connection takes one between our probe and the agent's bind, and below the bands the
+    # test suite hands out (20000-32000).
+    base = random.randrange(10000, 18000 - PORT_BAND * len(NODES), PORT_BAND)
     for n, (name, gpus) in enumerate(NODES):
         env = {**os.environ, "NVPAIR_HOME": str(root / name), "NVPAIR_BIND": "127.0.0.1"}
         (root / name).mkdir(mode=0o700)
-        low = base + n * ENGINE_PORTS  # a port taken by another program is skipped anyway
+        band = base + n * PORT_BAND
+        ports = dict(zip(AGENT_PORTS, _free_ports(band, band + PORT_BAND // 2, 4), strict=True))
+        low, high = band + PORT_BAND // 2, band + PORT_BAND - 1  # a taken one is skipped anyway
         (root / name / "nvpair.toml").write_text(
-            f'[engines]\nport_range = "{low}-{low + ENGINE_PORTS - 1}"\nstop_grace_s = 5.0\n'
+            f'[engines]\nport_range = "{low}-{high}"\nstop_grace_s = 5.0\n'
         )
-        ports = {k: _free_port() for k in ("manager", "node", "api", "facade")}
         nodes.append((name, gpus, env, ports))
+    watch: list[Agent] = []
     async with aiohttp.ClientSession() as session:
         for n, (name, gpus, env, ports) in enumerate(nodes):
             if n == 0:
@@ -158,20 +171,20 @@ async def _start(root: Path, procs: list[asyncio.subprocess.Process]) -> list[Me
             for key, port in ports.items():
                 args += [f"--{key}-port", str(port)]
             procs.append(await _spawn(args, env, root / f"{name}.log"))
+            watch.append((name, procs[-1], root / f"{name}.log"))
             if n == 0:  # the others join through it; they start side by side
-                await _until(
-                    session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
-                )
+                healthz = f"http://127.0.0.1:{ports['api']}/healthz"
+                await _until(session, healthz, lambda h: bool(h.get("ok")), watch=watch)
         for *_, ports in nodes:
-            await _until(
-                session, f"http://127.0.0.1:{ports['api']}/healthz", lambda h: bool(h.get("ok"))
-            )
+            healthz = f"http://127.0.0.1:{ports['api']}/healthz"
+            await _until(session, healthz, lambda h: bool(h.get("ok")), watch=watch)
         for name, *_, ports in nodes:
             await _until(
                 session,
                 f"http://127.0.0.1:{ports['api']}/v1/nodes",
                 lambda listed: len(listed) == 3 and all(n["reachable"] for n in listed),
                 headers=_owner(root / name),
+                watch=watch,
             )
         say("three members, each sees the others' GPUs:")
         first = f"http://127.0.0.1:{nodes[0][3]['api']}/v1/nodes"
@@ -265,16 +278,32 @@ async def _until(
     check: Any,
     headers: dict[str, str] | None = None,
     within_s: float = 30.0,
+    watch: list[Agent] | None = None,
 ) -> None:
+    """Poll `url` until `check` holds; an agent in `watch` that stops ends the wait at once."""
     deadline = time.monotonic() + within_s
     while True:
         with contextlib.suppress(aiohttp.ClientError, ValueError):
             async with session.get(url, headers=headers) as response:
                 if response.status == 200 and check(await response.json()):
                     return
+        for name, proc, log in watch or ():
+            if proc.returncode is not None:
+                raise RuntimeError(
+                    f"{name}'s agent stopped (exit {proc.returncode}); the end of its log:\n"
+                    + _tail(log)
+                )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {url}")
+            logs = "".join(f"\n{name}'s log ends:\n{_tail(log)}" for name, _, log in watch or ())
+            raise RuntimeError(f"timed out waiting for {url}{logs}")
         await asyncio.sleep(0.2)
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as error:
+        return f"(unreadable: {error})"
 
 
 async def _burst(facades: list[Member], count: int) -> None:

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 import uuid
 from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agent.cli.demo import _free_ports, _until
 
 from ..harness import eventually
 
@@ -74,3 +80,38 @@ async def test_demo_runs_and_cleans_up() -> None:
     assert "AS GPU-A SEES IT  AS GPU-B SEES IT  AS GPU-C SEES IT" in out
     assert "12 jobs; every member shows the same list: yes" in out
     assert started_by(marker) == {"agent run": [], "mock-engine": [], "other": []}
+
+
+def test_the_demos_ports_skip_a_taken_one() -> None:
+    # A port in the ephemeral range (32768 up) can be taken by any outgoing connection
+    # between the demo's probe and the agent's bind: seen in CI as an agent that never came up.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = _free_ports(taken, taken + 50, 3)
+    assert taken not in ports
+    assert ports == sorted(set(ports))
+    assert len(ports) == 3
+
+
+async def test_an_agent_that_stops_ends_the_demos_wait_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "gpu-b.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import sys; print('cannot bind 127.0.0.1:1'); sys.exit(3)",
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    await proc.wait()
+    with socket.socket() as closed:  # a port nothing listens on: the wait would go on
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/healthz"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RuntimeError) as stopped:
+            await _until(session, url, bool, within_s=600, watch=[("gpu-b", proc, log)])
+    assert "gpu-b's agent stopped (exit 3)" in str(stopped.value)
+    assert "cannot bind 127.0.0.1:1" in str(stopped.value)
+    # The control: without the watch, the same wait runs out (here after a moment).
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RuntimeError, match="timed out waiting for"):
+            await _until(session, url, bool, within_s=0.3)
