@@ -83,7 +83,7 @@ class InterNodeServer:
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUse(self.port, self.host) from exc
             raise CannotListen(self.port, self.host, exc.strerror or str(exc)) from exc
-        log.info("inter-node server listening on %s:%d", self.host, self.port)
+        log.info("inter-node server listening on %s:%d", self.host or "*", self.port)
         return self.port
 
     async def aclose(self) -> None:
