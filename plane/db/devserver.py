@@ -6,6 +6,7 @@ worth keeping -- and removed at exit.
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import tempfile
@@ -17,12 +18,25 @@ from plane.db.embedded import EmbeddedPostgres
 __all__ = ["free_port", "throwaway_postgres"]
 
 
+# Below the kernel's ephemeral ports (32768 up on Linux): a port it hands out for port 0 is
+# one it may give any outgoing connection before the server we pass it to binds it (a
+# PostgreSQL's start takes a second). Apart from `nvpair demo`'s band (10000-18000) and the
+# one the test harness hands out (20000-32000).
+_LOW, _HIGH = 18_000, 20_000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing is bound to (at the time of asking), below the
+    kernel's ephemeral range, so that no outgoing connection takes it meanwhile."""
+    for _ in range(1000):
+        port = random.randrange(_LOW, _HIGH)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         return port
+    raise RuntimeError(f"no free port in {_LOW}-{_HIGH - 1}")
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
+from plane.db.devserver import free_port
 from plane.db.embedded import EmbeddedPostgres
 from tests.fixtures.waiting import eventually
 
@@ -167,3 +169,14 @@ def test_a_server_left_running_on_the_data_is_ended_and_a_stale_pid_file_ignored
             assert other.poll() is None  # and it was left alone
         finally:
             other.kill()
+
+
+def test_a_throwaway_servers_port_is_free_and_below_the_kernels_ephemeral_range() -> None:
+    # The kernel may give a port of its ephemeral range to any outgoing connection between
+    # our probe and the server's bind, and a PostgreSQL takes a second to start.
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert port < ephemeral_low
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))  # free: this does not raise
