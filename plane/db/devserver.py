@@ -20,9 +20,9 @@ __all__ = ["free_port", "throwaway_postgres"]
 
 # Below the kernel's ephemeral ports (32768 up on Linux): a port it hands out for port 0 is
 # one it may give any outgoing connection before the server we pass it to binds it (a
-# PostgreSQL's start takes a second). Apart from `nvpair demo`'s band (10000-18000) and the
-# one the test harness hands out (20000-32000).
-_LOW, _HIGH = 18_000, 20_000
+# PostgreSQL's start takes a second). Apart from `nvpair demo`'s band (10000-18000), the
+# engines' default range (18000-18999) and the one the test harness hands out (20000-32000).
+_LOW, _HIGH = 19_000, 20_000
 
 
 def free_port() -> int:
