@@ -127,6 +127,14 @@ async def rate(
     return count / (time.perf_counter() - start), latencies
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of the whole machine since boot, every CPU (`/proc/stat`)."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, first[1:9])
+    every = user + nice + system + idle + iowait + irq + softirq + steal
+    return every - idle - iowait, every
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile of `values`, in ms."""
     ordered = sorted(values)
@@ -305,11 +313,36 @@ async def main_async(args: argparse.Namespace, root: Path) -> None:
             sides = [("base", direct("a")), ("subject", facade), ("pipe", pipe)]
             sides += [("traced", traced)] if args.tracing else []
             sides += [("old", old)] if args.old else []
+            # The whole machine's CPU over each side's measurements (every process: client,
+            # agents, managers, engine), to tell a proxy that waits from one that works.
+            busy = dict.fromkeys(rates, 0)
+            ticks = dict.fromkeys(rates, 0)
             for i in range(args.rounds):
                 turn = i % len(sides)
                 for which, url in sides[turn:] + sides[:turn]:  # each first in turn
+                    before = machine_ticks()
                     value, _ = await rate(session, url, "local-model", args.requests, IN_FLIGHT)
+                    after = machine_ticks()
                     rates[which].append(value)
+                    busy[which] += after[0] - before[0]
+                    ticks[which] += after[1] - before[1]
+            tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+            cpu = {
+                which: (
+                    busy[which] * tick_us / (args.requests * args.rounds),
+                    busy[which] / ticks[which],
+                )
+                for which, _ in sides
+                if ticks[which]
+            }
+            if {"base", "pipe", "subject"} <= cpu.keys():
+                print(
+                    f"{IN_FLIGHT} in flight: the whole machine's CPU a request (/proc/stat, every "
+                    f"process): direct {cpu['base'][0]:.0f} us ({cpu['base'][1]:.0%} busy), "
+                    f"byte pipe {cpu['pipe'][0]:.0f} us ({cpu['pipe'][1]:.0%}), facade "
+                    f"{cpu['subject'][0]:.0f} us ({cpu['subject'][1]:.0%}); with every core busy "
+                    f"the facade would reach {cpu['base'][0] / cpu['subject'][0]:.2f} of direct"
+                )
             ceiling = statistics.median(
                 p / b for b, p in zip(rates["base"], rates["pipe"], strict=True)
             )
