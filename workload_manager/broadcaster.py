@@ -218,10 +218,12 @@ class Broadcaster:
         if exclude and self.relay_mode == "ring":
             target = self.successor(exclude)
             if target is not None and target.outbox.add(event) >= target.wake_at:
+                target.wake_at = _NEVER  # woken once: the rest of a burst need not again
                 target.wake.set()
             return
         for node_id, sender in self._senders.items():
             if node_id not in exclude and sender.outbox.add(event) >= sender.wake_at:
+                sender.wake_at = _NEVER
                 sender.wake.set()
 
     def successor(self, exclude: tuple[str, ...]) -> _Sender | None:

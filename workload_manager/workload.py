@@ -56,6 +56,11 @@ class WorkloadState(enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    # Members are singletons compared by identity, so identity's hash agrees with equality;
+    # Enum's own hashes the name in Python, and a state is hashed on every event (`in
+    # _TERMINAL`, a method by state).
+    __hash__ = object.__hash__
+
     @property
     def is_terminal(self) -> bool:
         """Whether no further lifecycle event is expected after this state."""
