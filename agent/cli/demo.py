@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from agent.apis.local_guard import read_token
+from netkit.ports import bindable
 
 __all__ = ["add_command"]
 
@@ -67,17 +67,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _free_ports(low: int, high: int, count: int) -> list[int]:
     """The first `count` ports in [low, high) nothing listens on or is bound to now."""
-    found = []
-    for port in range(low, high):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise RuntimeError(f"no {count} free ports in {low}-{high - 1}")
+    found = list(itertools.islice((p for p in range(low, high) if bindable(p)), count))
+    if len(found) < count:
+        raise RuntimeError(f"no {count} free ports in {low}-{high - 1}")
+    return found
 
 
 def say(text: str) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from netkit.ports import bindable
 from plane.db.embedded import EmbeddedPostgres
 
 __all__ = ["free_port", "throwaway_postgres"]
@@ -30,12 +30,8 @@ def free_port() -> int:
     kernel's ephemeral range, so that no outgoing connection takes it meanwhile."""
     for _ in range(1000):
         port = random.randrange(_LOW, _HIGH)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if bindable(port):
+            return port
     raise RuntimeError(f"no free port in {_LOW}-{_HIGH - 1}")
 
 
