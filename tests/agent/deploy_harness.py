@@ -111,8 +111,14 @@ async def replicas(node: Node, deployment: str) -> list[dict[str, Any]]:
 
 
 async def ready_everywhere(nodes: list[Node], deployment: str, count: int) -> bool:
+    """Every member lists `count` ready replicas of `deployment` and (with any) holds the
+    deployment itself: a replica's record can reach a member before the deployment does
+    (the record comes from the member running it, the deployment from the one it was
+    declared on), and a member serves, counts and explains by the deployment."""
     for node in nodes:
         seen = await replicas(node, deployment)
         if len(seen) != count or any(r["state"] != "ready" for r in seen):
+            return False
+        if count and deployment not in {d["name"] for d in await node.get("/v1/deployments")}:
             return False
     return True
