@@ -266,6 +266,18 @@ class Broadcaster:
             log.info("%s is back; sending to it now", node_id)
             sender.wake.set()
 
+    def manager_hooks(self) -> dict[str, Any]:
+        """The `Manager` arguments that connect a manager to this broadcaster: the events
+        it relays, the peer list, sync requests, its view loaded, a peer heard, status."""
+        return {
+            "send_to_peers": self.enqueue,
+            "on_peers": self.set_peers,
+            "on_sync_request": self.enqueue_view,
+            "on_view_loaded": self.view_loaded,
+            "on_peer_heard": self.peer_heard,
+            "status_extras": self.manager_status,
+        }
+
     def manager_status(self) -> dict[str, Any]:
         """What `manager:status` shows of the broadcaster: per-peer counters, the relay mode."""
         return {"broadcast": self.status(), "relay": self.relay_mode}

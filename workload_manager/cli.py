@@ -183,14 +183,7 @@ async def _run(args: argparse.Namespace, relay: RelayCore) -> None:
             # The peers' side: the broadcaster, whose senders the manager feeds, then the
             # server that hands the manager what peers send.
             peers = await stack.enter_async_context(Broadcaster(cluster, relay))
-            manager = built(
-                send_to_peers=peers.enqueue,
-                on_peers=peers.set_peers,
-                on_sync_request=peers.enqueue_view,
-                on_view_loaded=peers.view_loaded,
-                on_peer_heard=peers.peer_heard,
-                status_extras=peers.manager_status,
-            )
+            manager = built(**peers.manager_hooks())
             await start_inter_node(manager, cluster, stack)
         gc.freeze()  # what start-up made lives as long as we do: kept out of every collection
         async with asyncio.TaskGroup() as tasks:

@@ -356,12 +356,7 @@ async def in_process(
         port=member.port,
         identity=member.cluster.node_id,
         relay=relay,
-        send_to_peers=broadcaster.enqueue,
-        on_peers=broadcaster.set_peers,
-        on_sync_request=broadcaster.enqueue_view,
-        on_view_loaded=broadcaster.view_loaded,
-        on_peer_heard=broadcaster.peer_heard,
-        status_extras=broadcaster.manager_status,
+        **broadcaster.manager_hooks(),
     )
     await start_inter_node(manager, member.cluster, stack)
     return broadcaster, manager
